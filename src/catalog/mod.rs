@@ -1,0 +1,308 @@
+//! The catalog: buckets, object records and blob reference counts.
+//!
+//! The catalog is the store's source of truth for names. Every change is a
+//! transaction: an object record and the reference counts of the blobs it
+//! gains and loses change together, or not at all, and a change is durable
+//! when the call returns. A blob whose count falls to zero is remembered as
+//! unreferenced from that moment; the collector removes it only after a
+//! grace period, and a new reference before then revives it.
+
+#[cfg(test)]
+pub mod conformance;
+pub mod rocks;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{BlobRef, Digest, Locator};
+
+/// Milliseconds since the Unix epoch: how the catalog keeps time.
+pub type Millis = u64;
+
+pub fn now_millis() -> Millis {
+    to_millis(SystemTime::now())
+}
+
+pub fn to_millis(t: SystemTime) -> Millis {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub fn from_millis(ms: Millis) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// A bucket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketRecord {
+    #[serde(skip)]
+    pub name: String,
+    pub created: Millis,
+    /// Anonymous clients may read and list.
+    pub public_read: bool,
+}
+
+/// One blob of an object's body, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub digest: Digest,
+    pub size: u64,
+}
+
+/// What the catalog knows of one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRecord {
+    #[serde(skip)]
+    pub key: String,
+    pub size: u64,
+    /// The body is these blobs, concatenated.
+    pub parts: Vec<Part>,
+    /// Hex MD5 of the body (S3's `md5-of-md5s-N` for multipart uploads).
+    pub etag: String,
+    /// SHA-256 of the whole body.
+    pub sha256: Digest,
+    pub content_type: String,
+    pub modified: Millis,
+    /// User metadata (`x-amz-meta-*`), in the order given.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// What the catalog knows of one blob.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRecord {
+    #[serde(skip, default = "zero_digest")]
+    pub digest: Digest,
+    pub size: u64,
+    pub locator: Locator,
+    /// Object parts referring to the blob.
+    pub refs: u64,
+    /// When `refs` last fell to zero.
+    pub unreferenced_since: Option<Millis>,
+}
+
+fn zero_digest() -> Digest {
+    Digest([0; 32])
+}
+
+impl BlobRecord {
+    pub fn blob_ref(&self) -> BlobRef {
+        BlobRef {
+            digest: self.digest,
+            size: self.size,
+            locator: self.locator.clone(),
+        }
+    }
+}
+
+/// A condition a write must meet, checked inside the transaction.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Precondition {
+    /// `If-None-Match: *`: the key must not exist.
+    pub if_absent: bool,
+    /// `If-Match`: the current ETag must be one of these (`*` matches any
+    /// existing object).
+    pub if_match: Option<Vec<String>>,
+}
+
+impl Precondition {
+    pub fn check(&self, current: Option<&ObjectRecord>) -> bool {
+        if self.if_absent && current.is_some() {
+            return false;
+        }
+        match (&self.if_match, current) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(tags), Some(obj)) => tags.iter().any(|t| t == "*" || *t == obj.etag),
+        }
+    }
+}
+
+/// One object to write: its record, and the blobs its parts name, as the
+/// engine stored them (used when a blob is new to the catalog).
+#[derive(Clone, Debug)]
+pub struct ObjectPut {
+    pub bucket: String,
+    pub record: ObjectRecord,
+    pub blobs: Vec<BlobRef>,
+    pub precondition: Precondition,
+}
+
+/// What a put changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The record the put replaced, if the key existed.
+    pub replaced: Option<ObjectRecord>,
+    /// Every blob of the new record was already stored.
+    pub deduplicated: bool,
+    /// Blobs whose bytes the catalog already had under another locator: the
+    /// bytes just written for them are redundant.
+    pub redundant: Vec<BlobRef>,
+}
+
+/// A listing request.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    pub prefix: String,
+    /// Only keys after this one (exclusive). A value ending in the
+    /// delimiter also skips every key under that common prefix.
+    pub after: Option<String>,
+    /// Roll keys up to the first delimiter after the prefix.
+    pub delimiter: Option<char>,
+    /// Entries plus common prefixes, at most.
+    pub limit: usize,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    pub objects: Vec<ObjectRecord>,
+    /// Common prefixes, each ending in the delimiter.
+    pub prefixes: Vec<String>,
+    /// Where the next page starts (`after`), if the listing was cut short.
+    pub next: Option<String>,
+}
+
+/// Totals the catalog keeps as it goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogStats {
+    pub objects: i64,
+    /// Sum of object sizes.
+    pub logical_bytes: i64,
+    pub blobs: i64,
+    /// Sum of blob sizes: what is stored once dedup is done.
+    pub blob_bytes: i64,
+}
+
+/// Errors from a catalog.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatalogError {
+    #[error("bucket {0:?} does not exist")]
+    NoSuchBucket(String),
+    #[error("bucket {0:?} already exists")]
+    BucketExists(String),
+    #[error("bucket {0:?} is not empty")]
+    BucketNotEmpty(String),
+    #[error("precondition failed")]
+    PreconditionFailed,
+    #[error("catalog unavailable: {0}")]
+    Unavailable(String),
+    #[error("catalog sync failed, writes are disabled until restart: {0}")]
+    SyncFailed(String),
+    #[error("catalog: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = CatalogError> = std::result::Result<T, E>;
+
+/// Maps bucket/key to object records and counts blob references.
+#[async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Creates a bucket; [`CatalogError::BucketExists`] if it is there.
+    async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()>;
+
+    /// Removes an empty bucket.
+    async fn delete_bucket(&self, name: &str) -> Result<()>;
+
+    async fn bucket(&self, name: &str) -> Result<Option<BucketRecord>>;
+
+    /// Every bucket, by name.
+    async fn buckets(&self) -> Result<Vec<BucketRecord>>;
+
+    /// Records for `keys` of one bucket, in the same order.
+    async fn get_objects(&self, bucket: &str, keys: &[String])
+    -> Result<Vec<Option<ObjectRecord>>>;
+
+    /// Writes objects, all or none: each replaces its key's record, gains
+    /// references to its blobs and releases those of the record it replaced.
+    /// Fails with [`CatalogError::PreconditionFailed`] if any precondition
+    /// fails, and with [`CatalogError::NoSuchBucket`] for a missing bucket.
+    async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>>;
+
+    /// Deletes objects, releasing their blobs; returns the deleted records
+    /// (`None` where a key was absent). All or none.
+    async fn delete_objects(
+        &self,
+        bucket: &str,
+        keys: &[String],
+        precondition: &Precondition,
+    ) -> Result<Vec<Option<ObjectRecord>>>;
+
+    /// A page of a bucket's keys in byte order.
+    async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage>;
+
+    /// Blob records, in the same order as `digests`.
+    async fn get_blobs(&self, digests: &[Digest]) -> Result<Vec<Option<BlobRecord>>>;
+
+    /// Up to `limit` blobs unreferenced since at or before `before`.
+    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>>;
+
+    /// Removes a blob record if it is still unreferenced since at or before
+    /// `before`; returns whether it did. The caller then deletes the bytes.
+    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool>;
+
+    async fn stats(&self) -> Result<CatalogStats>;
+}
+
+/// Conveniences over the required operations.
+#[async_trait]
+pub trait CatalogExt: Catalog {
+    async fn get_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
+        Ok(self
+            .get_objects(bucket, &[key.to_string()])
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn put_object(&self, put: ObjectPut) -> Result<PutOutcome> {
+        let mut out = self.put_objects(vec![put]).await?;
+        out.pop()
+            .ok_or_else(|| CatalogError::Internal("put returned no outcome".into()))
+    }
+
+    async fn delete_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        precondition: &Precondition,
+    ) -> Result<Option<ObjectRecord>> {
+        Ok(self
+            .delete_objects(bucket, &[key.to_string()], precondition)
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn get_blob(&self, digest: &Digest) -> Result<Option<BlobRecord>> {
+        Ok(self.get_blobs(&[*digest]).await?.pop().flatten())
+    }
+}
+
+impl<T: Catalog + ?Sized> CatalogExt for T {}
+
+/// The catalogs depot knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CatalogKind {
+    Rocksdb,
+    Postgres(String),
+}
+
+impl std::str::FromStr for CatalogKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        if s == "rocksdb" {
+            Ok(CatalogKind::Rocksdb)
+        } else if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            Ok(CatalogKind::Postgres(s.to_string()))
+        } else {
+            Err(format!(
+                "unknown catalog {s:?}: use \"rocksdb\" or a postgres:// URL"
+            ))
+        }
+    }
+}

@@ -1,0 +1,774 @@
+//! The embedded catalog, in RocksDB.
+//!
+//! Column families:
+//!
+//! | family | key | value |
+//! |---|---|---|
+//! | `buckets` | name | [`BucketRecord`] |
+//! | `objects` | bucket `0x00` key | [`ObjectRecord`] |
+//! | `blobs` | digest(32) | [`BlobRecord`] |
+//! | `dead` | unreferenced-since(8, big-endian) digest(32) | empty: blobs waiting for the collector |
+//! | `meta` | `stats` | [`CatalogStats`], summed by a merge operator |
+//!
+//! Bucket names cannot hold `0x00` and keys cannot hold NUL, so one bucket's
+//! keys are contiguous and in byte order. A transaction takes striped locks
+//! on the object keys and blob digests it touches (in one global order, so
+//! transactions never deadlock), reads, and commits one synced write batch.
+//! Concurrent commits share a WAL sync (RocksDB's group commit).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, MergeOperands, WriteBatch,
+    WriteOptions,
+};
+
+use super::{
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis,
+    ObjectPut, ObjectRecord, Precondition, PutOutcome, Result, now_millis,
+};
+use crate::engine::{BlobRef, Digest};
+
+const STRIPES: usize = 1024;
+const STATS_KEY: &[u8] = b"stats";
+
+fn err(e: impl std::fmt::Display) -> CatalogError {
+    CatalogError::Internal(e.to_string())
+}
+
+fn decode<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T> {
+    postcard::from_bytes(v).map_err(|e| CatalogError::Internal(format!("corrupt record: {e}")))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).expect("records always serialise")
+}
+
+fn object_key(bucket: &str, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(bucket.len() + 1 + key.len());
+    k.extend_from_slice(bucket.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+fn dead_key(since: Millis, digest: &Digest) -> [u8; 40] {
+    let mut k = [0u8; 40];
+    k[..8].copy_from_slice(&since.to_be_bytes());
+    k[8..].copy_from_slice(&digest.0);
+    k
+}
+
+fn stats_bytes(s: &CatalogStats) -> [u8; 32] {
+    let mut v = [0u8; 32];
+    for (i, n) in [s.objects, s.logical_bytes, s.blobs, s.blob_bytes]
+        .into_iter()
+        .enumerate()
+    {
+        v[i * 8..i * 8 + 8].copy_from_slice(&n.to_le_bytes());
+    }
+    v
+}
+
+fn stats_from(v: &[u8]) -> [i64; 4] {
+    let mut out = [0i64; 4];
+    for (i, n) in out.iter_mut().enumerate() {
+        if let Some(b) = v.get(i * 8..i * 8 + 8) {
+            *n = i64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
+    }
+    out
+}
+
+/// Sums stats deltas, so writers never read-modify-write the totals.
+fn merge_stats(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let mut total = existing.map(stats_from).unwrap_or_default();
+    for op in operands {
+        for (t, d) in total.iter_mut().zip(stats_from(op)) {
+            *t += d;
+        }
+    }
+    let s = CatalogStats {
+        objects: total[0],
+        logical_bytes: total[1],
+        blobs: total[2],
+        blob_bytes: total[3],
+    };
+    Some(stats_bytes(&s).to_vec())
+}
+
+/// The RocksDB catalog.
+#[derive(Clone)]
+pub struct RocksCatalog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: DB,
+    key_stripes: Box<[Mutex<()>]>,
+    digest_stripes: Box<[Mutex<()>]>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Object writes share it; creating or deleting a bucket takes it alone,
+    /// so no object lands in a bucket being deleted.
+    buckets: RwLock<()>,
+}
+
+impl RocksCatalog {
+    /// Opens (creating if needed) the catalog at `path`.
+    pub fn open(path: &Path) -> Result<RocksCatalog> {
+        let opts = crate::engine::rocks::base_options();
+        let mut meta = crate::engine::rocks::base_options();
+        meta.set_merge_operator_associative("stats", merge_stats);
+        let cfs = vec![
+            ColumnFamilyDescriptor::new("buckets", opts.clone()),
+            ColumnFamilyDescriptor::new("objects", opts.clone()),
+            ColumnFamilyDescriptor::new("blobs", opts.clone()),
+            ColumnFamilyDescriptor::new("dead", opts.clone()),
+            ColumnFamilyDescriptor::new("meta", meta),
+        ];
+        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(err)?;
+        Ok(RocksCatalog {
+            inner: Arc::new(Inner {
+                db,
+                key_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+                digest_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+                hasher: Default::default(),
+                buckets: RwLock::new(()),
+            }),
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(err)?
+    }
+}
+
+impl Inner {
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .expect("column families are created at open")
+    }
+
+    fn stripe_of(&self, item: impl Hash) -> usize {
+        (self.hasher.hash_one(item) % STRIPES as u64) as usize
+    }
+
+    /// Locks stripes in index order. Transactions lock object keys first,
+    /// then (once they know which blobs they touch) digests, so no two
+    /// transactions ever wait on each other in a cycle.
+    fn lock<'a, T: Hash>(
+        &'a self,
+        stripes: &'a [Mutex<()>],
+        items: &[T],
+    ) -> Vec<MutexGuard<'a, ()>> {
+        let mut idx: Vec<usize> = items.iter().map(|k| self.stripe_of(k)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| stripes[i].lock()).collect()
+    }
+
+    fn commit(&self, batch: WriteBatch) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(|e| CatalogError::SyncFailed(e.to_string()))
+    }
+
+    fn bucket_exists(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .db
+            .get_pinned_cf(self.cf("buckets"), name)
+            .map_err(err)?
+            .is_some())
+    }
+
+    fn read_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
+        let raw = self
+            .db
+            .get_pinned_cf(self.cf("objects"), object_key(bucket, key))
+            .map_err(err)?;
+        raw.map(|v| {
+            decode::<ObjectRecord>(&v).map(|r| ObjectRecord {
+                key: key.to_string(),
+                ..r
+            })
+        })
+        .transpose()
+    }
+
+    fn read_blob(&self, digest: &Digest) -> Result<Option<BlobRecord>> {
+        let raw = self
+            .db
+            .get_pinned_cf(self.cf("blobs"), digest.0)
+            .map_err(err)?;
+        raw.map(|v| {
+            decode::<BlobRecord>(&v).map(|r| BlobRecord {
+                digest: *digest,
+                ..r
+            })
+        })
+        .transpose()
+    }
+}
+
+/// Reads and changes made inside one transaction, applied as one batch.
+struct Txn<'a> {
+    inner: &'a Inner,
+    now: Millis,
+    objects: HashMap<(String, String), Option<ObjectRecord>>,
+    blobs: HashMap<Digest, Option<BlobRecord>>,
+    /// `unreferenced_since` of each blob as stored, to keep `dead` in step.
+    dead_before: HashMap<Digest, Option<Millis>>,
+    stats: CatalogStats,
+}
+
+impl<'a> Txn<'a> {
+    fn new(inner: &'a Inner) -> Txn<'a> {
+        Txn {
+            inner,
+            now: now_millis(),
+            objects: HashMap::new(),
+            blobs: HashMap::new(),
+            dead_before: HashMap::new(),
+            stats: CatalogStats::default(),
+        }
+    }
+
+    fn object(&mut self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
+        let id = (bucket.to_string(), key.to_string());
+        if let Some(o) = self.objects.get(&id) {
+            return Ok(o.clone());
+        }
+        let o = self.inner.read_object(bucket, key)?;
+        self.objects.insert(id, o.clone());
+        Ok(o)
+    }
+
+    fn blob(&mut self, digest: &Digest) -> Result<&mut Option<BlobRecord>> {
+        if !self.blobs.contains_key(digest) {
+            let b = self.inner.read_blob(digest)?;
+            self.dead_before
+                .insert(*digest, b.as_ref().and_then(|b| b.unreferenced_since));
+            self.blobs.insert(*digest, b);
+        }
+        Ok(self.blobs.get_mut(digest).expect("just inserted"))
+    }
+
+    /// Adds a reference; returns whether the blob was already stored, and
+    /// under which locator.
+    fn add_ref(&mut self, stored: &BlobRef) -> Result<Option<BlobRef>> {
+        let slot = self.blob(&stored.digest)?;
+        match slot {
+            Some(b) => {
+                b.refs += 1;
+                b.unreferenced_since = None;
+                Ok(Some(b.blob_ref()))
+            }
+            None => {
+                *slot = Some(BlobRecord {
+                    digest: stored.digest,
+                    size: stored.size,
+                    locator: stored.locator.clone(),
+                    refs: 1,
+                    unreferenced_since: None,
+                });
+                self.stats.blobs += 1;
+                self.stats.blob_bytes += stored.size as i64;
+                Ok(None)
+            }
+        }
+    }
+
+    fn release(&mut self, digest: &Digest) -> Result<()> {
+        let now = self.now;
+        if let Some(b) = self.blob(digest)?.as_mut() {
+            b.refs = b.refs.saturating_sub(1);
+            if b.refs == 0 {
+                b.unreferenced_since = Some(now);
+            }
+        }
+        Ok(())
+    }
+
+    fn set_object(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        record: Option<ObjectRecord>,
+    ) -> Result<Option<ObjectRecord>> {
+        let old = self.object(bucket, key)?;
+        if let Some(o) = &old {
+            self.stats.objects -= 1;
+            self.stats.logical_bytes -= o.size as i64;
+            for p in &o.parts {
+                self.release(&p.digest)?;
+            }
+        }
+        if let Some(r) = &record {
+            self.stats.objects += 1;
+            self.stats.logical_bytes += r.size as i64;
+        }
+        self.objects
+            .insert((bucket.to_string(), key.to_string()), record);
+        Ok(old)
+    }
+
+    /// Turns the overlay into one batch, diffing blob records against what
+    /// is stored so the dead-blob index follows every change.
+    fn commit(self) -> Result<()> {
+        let inner = self.inner;
+        let mut batch = WriteBatch::default();
+        for ((bucket, key), record) in &self.objects {
+            let k = object_key(bucket, key);
+            match record {
+                Some(r) => batch.put_cf(inner.cf("objects"), k, encode(r)),
+                None => batch.delete_cf(inner.cf("objects"), k),
+            }
+        }
+        for (digest, record) in &self.blobs {
+            if let Some(since) = self.dead_before[digest] {
+                batch.delete_cf(inner.cf("dead"), dead_key(since, digest));
+            }
+            match record {
+                Some(r) => {
+                    if let Some(since) = r.unreferenced_since {
+                        batch.put_cf(inner.cf("dead"), dead_key(since, digest), b"");
+                    }
+                    batch.put_cf(inner.cf("blobs"), digest.0, encode(r));
+                }
+                None => batch.delete_cf(inner.cf("blobs"), digest.0),
+            }
+        }
+        if self.stats != CatalogStats::default() {
+            batch.merge_cf(inner.cf("meta"), STATS_KEY, stats_bytes(&self.stats));
+        }
+        inner.commit(batch)
+    }
+}
+
+#[async_trait]
+impl Catalog for RocksCatalog {
+    async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
+        let name = name.to_string();
+        self.blocking(move |inner| {
+            let _w = inner.buckets.write();
+            if inner.bucket_exists(&name)? {
+                return Err(CatalogError::BucketExists(name));
+            }
+            let record = BucketRecord {
+                name: name.clone(),
+                created: now_millis(),
+                public_read,
+            };
+            let mut batch = WriteBatch::default();
+            batch.put_cf(inner.cf("buckets"), &name, encode(&record));
+            inner.commit(batch)
+        })
+        .await
+    }
+
+    async fn delete_bucket(&self, name: &str) -> Result<()> {
+        let name = name.to_string();
+        self.blocking(move |inner| {
+            let _w = inner.buckets.write();
+            if !inner.bucket_exists(&name)? {
+                return Err(CatalogError::NoSuchBucket(name));
+            }
+            let prefix = object_key(&name, "");
+            let mut it = inner.db.iterator_cf(
+                inner.cf("objects"),
+                IteratorMode::From(&prefix, Direction::Forward),
+            );
+            if let Some(item) = it.next() {
+                let (k, _) = item.map_err(err)?;
+                if k.starts_with(&prefix) {
+                    return Err(CatalogError::BucketNotEmpty(name));
+                }
+            }
+            let mut batch = WriteBatch::default();
+            batch.delete_cf(inner.cf("buckets"), &name);
+            inner.commit(batch)
+        })
+        .await
+    }
+
+    async fn bucket(&self, name: &str) -> Result<Option<BucketRecord>> {
+        let name = name.to_string();
+        self.blocking(move |inner| {
+            let raw = inner
+                .db
+                .get_pinned_cf(inner.cf("buckets"), &name)
+                .map_err(err)?;
+            raw.map(|v| decode::<BucketRecord>(&v).map(|b| BucketRecord { name, ..b }))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn buckets(&self) -> Result<Vec<BucketRecord>> {
+        self.blocking(|inner| {
+            let mut out = Vec::new();
+            for item in inner
+                .db
+                .iterator_cf(inner.cf("buckets"), IteratorMode::Start)
+            {
+                let (k, v) = item.map_err(err)?;
+                let name = String::from_utf8_lossy(&k).into_owned();
+                out.push(BucketRecord {
+                    name,
+                    ..decode(&v)?
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn get_objects(
+        &self,
+        bucket: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<ObjectRecord>>> {
+        let bucket = bucket.to_string();
+        let keys = keys.to_vec();
+        self.blocking(move |inner| {
+            if !inner.bucket_exists(&bucket)? {
+                return Err(CatalogError::NoSuchBucket(bucket));
+            }
+            let cf = inner.cf("objects");
+            let wanted: Vec<Vec<u8>> = keys.iter().map(|k| object_key(&bucket, k)).collect();
+            let raw = inner.db.batched_multi_get_cf(cf, &wanted, false);
+            raw.into_iter()
+                .zip(keys)
+                .map(|(r, key)| match r.map_err(err)? {
+                    Some(v) => Ok(Some(ObjectRecord { key, ..decode(&v)? })),
+                    None => Ok(None),
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
+        self.blocking(move |inner| {
+            let _r = inner.buckets.read();
+            let keys: Vec<_> = puts
+                .iter()
+                .map(|p| object_key(&p.bucket, &p.record.key))
+                .collect();
+            let _keys = inner.lock(&inner.key_stripes, &keys);
+            let mut txn = Txn::new(inner);
+            // The records being replaced release their blobs too.
+            let mut digests: Vec<Digest> = puts
+                .iter()
+                .flat_map(|p| p.record.parts.iter().map(|x| x.digest))
+                .collect();
+            for p in &puts {
+                if let Some(old) = txn.object(&p.bucket, &p.record.key)? {
+                    digests.extend(old.parts.iter().map(|x| x.digest));
+                }
+            }
+            let _digests = inner.lock(&inner.digest_stripes, &digests);
+            let mut outcomes = Vec::with_capacity(puts.len());
+            for put in puts {
+                if !inner.bucket_exists(&put.bucket)? {
+                    return Err(CatalogError::NoSuchBucket(put.bucket));
+                }
+                let current = txn.object(&put.bucket, &put.record.key)?;
+                if !put.precondition.check(current.as_ref()) {
+                    return Err(CatalogError::PreconditionFailed);
+                }
+                let mut deduplicated = true;
+                let mut redundant = Vec::new();
+                for part in &put.record.parts {
+                    let stored = put
+                        .blobs
+                        .iter()
+                        .find(|b| b.digest == part.digest)
+                        .cloned()
+                        .ok_or_else(|| {
+                            CatalogError::Internal(format!(
+                                "no blob given for part {}",
+                                part.digest
+                            ))
+                        })?;
+                    match txn.add_ref(&stored)? {
+                        None => deduplicated = false,
+                        Some(existing) if existing.locator != stored.locator => {
+                            if !redundant.contains(&stored) {
+                                redundant.push(stored);
+                            }
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let (bucket, key) = (put.bucket.clone(), put.record.key.clone());
+                let replaced = txn.set_object(&bucket, &key, Some(put.record))?;
+                outcomes.push(PutOutcome {
+                    replaced,
+                    deduplicated,
+                    redundant,
+                });
+            }
+            txn.commit()?;
+            Ok(outcomes)
+        })
+        .await
+    }
+
+    async fn delete_objects(
+        &self,
+        bucket: &str,
+        keys: &[String],
+        precondition: &Precondition,
+    ) -> Result<Vec<Option<ObjectRecord>>> {
+        let bucket = bucket.to_string();
+        let keys = keys.to_vec();
+        let precondition = precondition.clone();
+        self.blocking(move |inner| {
+            let _r = inner.buckets.read();
+            if !inner.bucket_exists(&bucket)? {
+                return Err(CatalogError::NoSuchBucket(bucket));
+            }
+            let object_keys: Vec<_> = keys.iter().map(|k| object_key(&bucket, k)).collect();
+            let _keys = inner.lock(&inner.key_stripes, &object_keys);
+            let mut txn = Txn::new(inner);
+            let mut digests = Vec::new();
+            for k in &keys {
+                if let Some(old) = txn.object(&bucket, k)? {
+                    digests.extend(old.parts.iter().map(|x| x.digest));
+                }
+            }
+            let _digests = inner.lock(&inner.digest_stripes, &digests);
+            let mut out = Vec::with_capacity(keys.len());
+            for key in &keys {
+                let current = txn.object(&bucket, key)?;
+                if current.is_some() && !precondition.check(current.as_ref()) {
+                    return Err(CatalogError::PreconditionFailed);
+                }
+                out.push(if current.is_some() {
+                    txn.set_object(&bucket, key, None)?
+                } else {
+                    None
+                });
+            }
+            txn.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
+        let bucket = bucket.to_string();
+        let query = query.clone();
+        self.blocking(move |inner| {
+            if !inner.bucket_exists(&bucket)? {
+                return Err(CatalogError::NoSuchBucket(bucket));
+            }
+            list_page(inner, &bucket, &query)
+        })
+        .await
+    }
+
+    async fn get_blobs(&self, digests: &[Digest]) -> Result<Vec<Option<BlobRecord>>> {
+        let digests = digests.to_vec();
+        self.blocking(move |inner| {
+            let raw = inner.db.batched_multi_get_cf(
+                inner.cf("blobs"),
+                digests.iter().map(|d| &d.0),
+                false,
+            );
+            raw.into_iter()
+                .zip(digests)
+                .map(|(r, digest)| match r.map_err(err)? {
+                    Some(v) => Ok(Some(BlobRecord {
+                        digest,
+                        ..decode(&v)?
+                    })),
+                    None => Ok(None),
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>> {
+        self.blocking(move |inner| {
+            let mut out = Vec::new();
+            for item in inner.db.iterator_cf(inner.cf("dead"), IteratorMode::Start) {
+                let (k, _) = item.map_err(err)?;
+                let since = u64::from_be_bytes(k[..8].try_into().map_err(err)?);
+                if since > before || out.len() >= limit {
+                    break;
+                }
+                let digest = Digest(k[8..].try_into().map_err(err)?);
+                if let Some(b) = inner.read_blob(&digest)? {
+                    out.push(b);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
+        let digest = *digest;
+        self.blocking(move |inner| {
+            let _lock = inner.lock(&inner.digest_stripes, &[digest]);
+            let Some(b) = inner.read_blob(&digest)? else {
+                return Ok(false);
+            };
+            match b.unreferenced_since {
+                Some(since) if b.refs == 0 && since <= before => {
+                    let mut batch = WriteBatch::default();
+                    batch.delete_cf(inner.cf("blobs"), digest.0);
+                    batch.delete_cf(inner.cf("dead"), dead_key(since, &digest));
+                    let delta = CatalogStats {
+                        blobs: -1,
+                        blob_bytes: -(b.size as i64),
+                        ..Default::default()
+                    };
+                    batch.merge_cf(inner.cf("meta"), STATS_KEY, stats_bytes(&delta));
+                    inner.commit(batch)?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+        .await
+    }
+
+    async fn stats(&self) -> Result<CatalogStats> {
+        self.blocking(|inner| {
+            let v = inner
+                .db
+                .get_cf(inner.cf("meta"), STATS_KEY)
+                .map_err(err)?
+                .unwrap_or_default();
+            let [objects, logical_bytes, blobs, blob_bytes] = stats_from(&v);
+            Ok(CatalogStats {
+                objects,
+                logical_bytes,
+                blobs,
+                blob_bytes,
+            })
+        })
+        .await
+    }
+}
+
+/// The smallest string greater than every string starting with `prefix`
+/// (for a prefix ending in an ASCII delimiter: bump the last byte).
+fn past_prefix(prefix: &[u8]) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    while let Some(last) = p.pop() {
+        if last < 0xFF {
+            p.push(last + 1);
+            return p;
+        }
+    }
+    vec![0xFF; prefix.len() + 1]
+}
+
+fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage> {
+    let base = object_key(bucket, "");
+    let full_prefix = object_key(bucket, &query.prefix);
+    let mut seek = full_prefix.clone();
+    if let Some(after) = &query.after {
+        let a = object_key(bucket, after);
+        let skip_all_under =
+            query.delimiter.is_some_and(|d| after.ends_with(d)) && after.starts_with(&query.prefix);
+        let from = if skip_all_under {
+            past_prefix(&a)
+        } else {
+            let mut a = a;
+            a.push(0); // the first key after `after`
+            a
+        };
+        if from > seek {
+            seek = from;
+        }
+    }
+    let limit = query.limit.max(1);
+    let mut page = ListPage::default();
+    let cf = inner.cf("objects");
+    let mut it = inner.db.raw_iterator_cf(cf);
+    it.seek(&seek);
+    while it.valid() {
+        let k = it.key().expect("valid iterator has a key");
+        if !k.starts_with(&full_prefix) {
+            break;
+        }
+        if page.objects.len() + page.prefixes.len() >= limit {
+            // Something remains: say where to continue.
+            page.next = page
+                .objects
+                .last()
+                .map(|o| o.key.clone())
+                .into_iter()
+                .chain(page.prefixes.last().cloned())
+                .max();
+            return Ok(page);
+        }
+        let key = std::str::from_utf8(&k[base.len()..])
+            .map_err(err)?
+            .to_string();
+        let rest = &key[query.prefix.len()..];
+        if let Some(at) = query.delimiter.and_then(|d| rest.find(d)) {
+            let d_len = query.delimiter.map(char::len_utf8).unwrap_or(1);
+            let common = key[..query.prefix.len() + at + d_len].to_string();
+            it.seek(past_prefix(&object_key(bucket, &common)));
+            page.prefixes.push(common);
+            continue;
+        }
+        let record: ObjectRecord = decode(it.value().expect("valid iterator has a value"))?;
+        page.objects.push(ObjectRecord { key, ..record });
+        it.next();
+    }
+    it.status().map_err(err)?;
+    Ok(page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conformance() {
+        let dir = tempfile::tempdir().unwrap();
+        super::super::conformance::run_all(&RocksCatalog::open(dir.path()).unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn records_and_totals_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let c = RocksCatalog::open(dir.path()).unwrap();
+            super::super::conformance::objects_and_references(&c).await;
+        }
+        let c = RocksCatalog::open(dir.path()).unwrap();
+        let stats = c.stats().await.unwrap();
+        assert_eq!((stats.objects, stats.blobs), (2, 2));
+        use super::super::CatalogExt;
+        assert!(c.get_object("refs", "a").await.unwrap().is_some());
+    }
+
+    #[test]
+    fn past_prefix_is_the_next_string() {
+        assert_eq!(past_prefix(b"a/"), b"a0");
+        assert_eq!(past_prefix(b"a\xff"), b"b");
+    }
+}

@@ -1,0 +1,350 @@
+//! `depot put|get|ls|rm`: a client for people who don't live in curl.
+//! Bodies stream from and to files; transfers over a megabyte show a
+//! progress bar.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+
+/// Where the server is and how to authenticate.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ClientArgs {
+    /// The server's base URL.
+    #[arg(
+        long,
+        env = "DEPOT_SERVER",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub server: String,
+    /// Secret sent as `Authorization: Bearer` when the server needs one.
+    #[arg(
+        long = "secret-key",
+        env = "DEPOT_SECRET_KEY",
+        hide_env_values = true,
+        global = true
+    )]
+    pub secret: Option<String>,
+}
+
+const BAR_FROM: u64 = 1024 * 1024;
+
+/// Characters escaped in a key placed in a URL path.
+const KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+struct Client {
+    base: String,
+    http: reqwest::Client,
+    secret: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: String,
+    message: String,
+}
+
+impl Client {
+    fn new(args: &ClientArgs) -> anyhow::Result<Client> {
+        let base = args.server.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") {
+            bail!("--server must be an http:// URL, got {base:?}");
+        }
+        Ok(Client {
+            base,
+            http: reqwest::Client::new(),
+            secret: args.secret.clone(),
+        })
+    }
+
+    fn url(&self, bucket: &str, key: &str) -> String {
+        format!(
+            "{}/{}/{}",
+            self.base,
+            bucket,
+            percent_encoding::utf8_percent_encode(key, KEY)
+        )
+    }
+
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, url);
+        match &self.secret {
+            Some(s) => r.bearer_auth(s),
+            None => r,
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the depot server at {}", self.base))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        match resp.json::<ErrorBody>().await {
+            Ok(e) => bail!("{} ({}): {}", e.error, status.as_u16(), e.message),
+            Err(_) => bail!("the server answered {status}"),
+        }
+    }
+}
+
+/// Splits `bucket/key` (the key may be empty).
+fn split_target(target: &str) -> (&str, &str) {
+    target.split_once('/').unwrap_or((target, ""))
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    if len < BAR_FROM {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// `depot put FILE... [BUCKET/KEY]`: the last argument names the target
+/// when there are several and it is not a local file. A target ending in
+/// `/` (or a bare bucket) takes each file's name as its key.
+pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
+    let (files, target) = match paths {
+        [] => bail!("nothing to upload: give one or more files"),
+        [one] => (vec![one.clone()], "files/".to_string()),
+        [files @ .., last] if !last.exists() => {
+            (files.to_vec(), last.to_string_lossy().into_owned())
+        }
+        all => (all.to_vec(), "files/".to_string()),
+    };
+    let (bucket, key) = split_target(&target);
+    if files.len() > 1 && !(key.is_empty() || key.ends_with('/')) {
+        bail!("several files need a target ending in '/', like {bucket}/{key}/");
+    }
+    let client = Client::new(args)?;
+    runtime()?.block_on(async {
+        for file in &files {
+            let name = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .with_context(|| format!("{} has no usable file name", file.display()))?;
+            let key = if key.is_empty() || key.ends_with('/') {
+                format!("{key}{name}")
+            } else {
+                key.to_string()
+            };
+            put_one(&client, file, bucket, &key).await?;
+        }
+        Ok(())
+    })
+}
+
+async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyhow::Result<()> {
+    let f = tokio::fs::File::open(file)
+        .await
+        .with_context(|| format!("opening {}", file.display()))?;
+    let len = f.metadata().await?.len();
+    let progress = bar(len, &format!("{bucket}/{key}"));
+    let p = progress.clone();
+    let stream = tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).inspect(move |c| {
+        if let Ok(c) = c {
+            p.inc(c.len() as u64);
+        }
+    });
+    let req = client
+        .request(reqwest::Method::PUT, &client.url(bucket, key))
+        .header(reqwest::header::CONTENT_LENGTH, len)
+        .body(reqwest::Body::wrap_stream(stream));
+    let resp = client.send(req).await;
+    progress.finish_and_clear();
+    let body: serde_json::Value = resp?.json().await?;
+    let dedup = if body["deduplicated"].as_bool() == Some(true) {
+        ", deduplicated"
+    } else {
+        ""
+    };
+    println!(
+        "{bucket}/{key}  {}  sha256 {}{dedup}",
+        HumanBytes(len),
+        body["sha256"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// `depot get BUCKET/KEY [FILE]`: to FILE (`-` for standard output), or a
+/// file named after the key in the current directory. The file appears
+/// only once complete.
+pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Result<()> {
+    let (bucket, key) = split_target(target);
+    if key.is_empty() {
+        bail!("give BUCKET/KEY, e.g. files/photo.jpg");
+    }
+    let client = Client::new(args)?;
+    runtime()?.block_on(async {
+        let resp = client
+            .send(client.request(reqwest::Method::GET, &client.url(bucket, key)))
+            .await?;
+        let len = resp.content_length().unwrap_or(0);
+        let mut body = resp.bytes_stream();
+        if out == Some(Path::new("-")) {
+            let mut stdout = tokio::io::stdout();
+            while let Some(chunk) = body.next().await {
+                stdout.write_all(&chunk?).await?;
+            }
+            stdout.flush().await?;
+            return Ok(());
+        }
+        let dest = match out {
+            Some(p) => p.to_path_buf(),
+            None => PathBuf::from(
+                key.rsplit('/')
+                    .find(|s| !s.is_empty())
+                    .unwrap_or("download"),
+            ),
+        };
+        let partial = dest.with_extension(format!(
+            "{}depot-part",
+            dest.extension()
+                .map(|e| format!("{}.", e.to_string_lossy()))
+                .unwrap_or_default()
+        ));
+        let progress = bar(len, target);
+        let mut f = tokio::fs::File::create(&partial)
+            .await
+            .with_context(|| format!("creating {}", partial.display()))?;
+        let result: anyhow::Result<()> = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.context("the download was cut off")?;
+                f.write_all(&chunk).await?;
+                progress.inc(chunk.len() as u64);
+            }
+            f.sync_all().await?;
+            Ok(())
+        }
+        .await;
+        progress.finish_and_clear();
+        if let Err(e) = result {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(e);
+        }
+        tokio::fs::rename(&partial, &dest).await?;
+        println!("{}  {}", dest.display(), HumanBytes(len));
+        Ok(())
+    })
+}
+
+#[derive(Deserialize)]
+struct Listing {
+    entries: Vec<Entry>,
+    dirs: Vec<String>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    key: String,
+    size: u64,
+    modified: String,
+}
+
+#[derive(Deserialize)]
+struct Buckets {
+    buckets: Vec<BucketEntry>,
+}
+
+#[derive(Deserialize)]
+struct BucketEntry {
+    name: String,
+    created: String,
+}
+
+/// `depot ls [BUCKET[/PREFIX]]`: buckets, or one folder of a bucket.
+pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
+    let client = Client::new(args)?;
+    runtime()?.block_on(async {
+        let Some(target) = target else {
+            let req = client
+                .request(reqwest::Method::GET, &format!("{}/", client.base))
+                .header("accept", "application/json");
+            let list: Buckets = client.send(req).await?.json().await?;
+            for b in list.buckets {
+                println!("{:<24}  {}/", b.created, b.name);
+            }
+            return Ok(());
+        };
+        let (bucket, prefix) = split_target(target);
+        let prefix = if prefix.is_empty() || prefix.ends_with('/') {
+            prefix.to_string()
+        } else {
+            format!("{prefix}/")
+        };
+        let mut after: Option<String> = None;
+        loop {
+            let mut url = client.url(bucket, &prefix);
+            if let Some(a) = &after {
+                url.push_str(&format!(
+                    "?after={}",
+                    percent_encoding::utf8_percent_encode(a, percent_encoding::NON_ALPHANUMERIC)
+                ));
+            }
+            let req = client
+                .request(reqwest::Method::GET, &url)
+                .header("accept", "application/json");
+            let page: Listing = client.send(req).await?.json().await?;
+            for d in &page.dirs {
+                println!("{:>10}  {:<24}  {d}", "-", "");
+            }
+            for e in &page.entries {
+                println!(
+                    "{:>10}  {:<24}  {}",
+                    HumanBytes(e.size).to_string(),
+                    e.modified,
+                    e.key
+                );
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return Ok(()),
+            }
+        }
+    })
+}
+
+/// `depot rm BUCKET/KEY...`.
+pub fn rm(args: &ClientArgs, targets: &[String]) -> anyhow::Result<()> {
+    let client = Client::new(args)?;
+    runtime()?.block_on(async {
+        for target in targets {
+            let (bucket, key) = split_target(target);
+            if key.is_empty() {
+                bail!("give BUCKET/KEY, e.g. files/photo.jpg (to remove a bucket: curl -X DELETE)");
+            }
+            client
+                .send(client.request(reqwest::Method::DELETE, &client.url(bucket, key)))
+                .await?;
+            println!("removed {target}");
+        }
+        Ok(())
+    })
+}

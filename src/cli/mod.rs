@@ -1,0 +1,73 @@
+//! The command line: one definition from which clap builds parsing and
+//! help, and a dispatcher to the commands.
+
+pub mod client;
+pub mod serve;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::ServeArgs;
+use client::ClientArgs;
+
+/// depot: a content-addressed file server over every storage engine.
+#[derive(Debug, Parser)]
+#[command(name = "depot", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Remove unreferenced blobs past their grace period, and orphaned bytes
+    /// (run it while the server is stopped; the server also does it itself).
+    Gc(ServeArgs),
+    /// Upload files: depot put FILE... [BUCKET/KEY]
+    Put {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Files, then optionally BUCKET/KEY (or BUCKET/PREFIX/).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Download an object: depot get BUCKET/KEY [FILE|-]
+    Get {
+        #[command(flatten)]
+        client: ClientArgs,
+        target: String,
+        out: Option<PathBuf>,
+    },
+    /// List buckets, or the objects of a bucket: depot ls [BUCKET[/PREFIX]]
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+        target: Option<String>,
+    },
+    /// Delete objects: depot rm BUCKET/KEY...
+    Rm {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(required = true)]
+        targets: Vec<String>,
+    },
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve::serve(&args),
+        Command::Gc(args) => serve::gc(&args),
+        Command::Put { client, paths } => client::put(&client, &paths),
+        Command::Get {
+            client,
+            target,
+            out,
+        } => client::get(&client, &target, out.as_deref()),
+        Command::Ls { client, target } => client::ls(&client, target.as_deref()),
+        Command::Rm { client, targets } => client::rm(&client, &targets),
+    }
+}

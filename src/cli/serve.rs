@@ -1,0 +1,139 @@
+//! `depot serve` and the offline maintenance commands that open a data
+//! directory directly.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::catalog::rocks::RocksCatalog;
+use crate::config::{ServeArgs, Settings};
+use crate::engine::{self, EngineKind};
+use crate::http::{self, App, Limits};
+use crate::store::{Store, StoreConfig};
+
+/// Records which engine a data directory was created with: the catalog
+/// points into that engine, so opening it with another would lose data.
+const ENGINE_MARKER: &str = "ENGINE";
+
+fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
+    let marker = data.join(ENGINE_MARKER);
+    match std::fs::read_to_string(&marker) {
+        Ok(existing) if existing.trim() == kind.name() => Ok(()),
+        Ok(existing) => bail!(
+            "{} holds a store of the {} engine; start it with --engine {} (or use a new --data directory)",
+            data.display(),
+            existing.trim(),
+            existing.trim()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&marker, format!("{}\n", kind.name()))
+                .with_context(|| format!("writing {}", marker.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", marker.display())),
+    }
+}
+
+/// Opens the store in a data directory as the settings describe.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    let data = &settings.data;
+    std::fs::create_dir_all(data)
+        .with_context(|| format!("creating the data directory {}", data.display()))?;
+    check_engine_marker(data, settings.engine)?;
+    let catalog = RocksCatalog::open(&data.join("catalog")).map_err(|e| {
+        anyhow::anyhow!(
+            "opening the catalog in {} (is another depot using it?): {e}",
+            data.display()
+        )
+    })?;
+    let engine = engine::open(
+        settings.engine,
+        &data.join(settings.engine.name()),
+        settings.inline_threshold,
+    )?;
+    let config = StoreConfig {
+        gc_grace: settings.gc_grace,
+    };
+    Ok(Store::open(Arc::new(catalog), engine, config).await?)
+}
+
+fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?)
+}
+
+/// `depot serve`.
+pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(args)?;
+    runtime(settings.threads)?.block_on(run(settings))
+}
+
+async fn run(settings: Settings) -> anyhow::Result<()> {
+    let store = open_store(&settings).await?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    let secrets = settings
+        .credentials
+        .iter()
+        .map(|c| c.secret_key.clone())
+        .collect();
+    let app = Arc::new(App::new(store, Limits::default(), secrets));
+    if settings.credentials.is_empty() {
+        tracing::warn!("no credentials configured: anyone who can reach {addr} can read and write");
+    }
+    tracing::info!(
+        "depot listening on http://{addr} (engine {}, data {})",
+        settings.engine.name(),
+        settings.data.display()
+    );
+    if !settings.gc_interval.is_zero() {
+        let (app, every) = (app.clone(), settings.gc_interval);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match app.store.gc().await {
+                    Ok(r) if r.dead_blobs + r.orphans > 0 => {
+                        tracing::info!(?r, "garbage collected")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("garbage collection failed: {e}"),
+                }
+            }
+        });
+    }
+    http::serve(listener, app, shutdown_signal(), Duration::from_secs(30)).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}
+
+/// `depot gc`: one collection pass over a data directory the server is not
+/// using.
+pub fn gc(args: &ServeArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(args)?;
+    runtime(1)?.block_on(async {
+        let store = open_store(&settings).await?;
+        let report = store.gc().await?;
+        println!(
+            "removed {} unreferenced blob(s) and {} orphan(s), {} freed",
+            report.dead_blobs,
+            report.orphans,
+            indicatif::HumanBytes(report.bytes_freed)
+        );
+        Ok(())
+    })
+}

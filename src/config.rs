@@ -1,0 +1,274 @@
+//! Server settings: flags, then `DEPOT_*` environment variables (both read
+//! by clap), then an optional `depot.toml`, then built-in defaults. The
+//! values are parsed first and validated into [`Settings`] in a second step.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+use crate::engine::EngineKind;
+use crate::engine::hybrid::DEFAULT_THRESHOLD;
+
+/// One access key and its secret.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+pub struct Credential {
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credential({}, secret hidden)", self.access_key)
+    }
+}
+
+/// `serve` options as given (flag or environment); `None` when not given.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Data directory.
+    #[arg(long, env = "DEPOT_DATA", value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "DEPOT_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Blob engine: fs, rocksdb, hybrid or memory.
+    #[arg(long, env = "DEPOT_ENGINE", value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Largest blob the hybrid engine keeps in RocksDB, in bytes.
+    #[arg(long, env = "DEPOT_INLINE_THRESHOLD", value_name = "BYTES")]
+    pub inline_threshold: Option<u64>,
+    /// Worker threads (default: the number of CPU cores).
+    #[arg(long, env = "DEPOT_THREADS", value_name = "N")]
+    pub threads: Option<usize>,
+    /// Seconds an unreferenced blob is kept before garbage collection.
+    #[arg(long, env = "DEPOT_GC_GRACE", value_name = "SECS")]
+    pub gc_grace: Option<u64>,
+    /// Seconds between background garbage-collection passes (0: never).
+    #[arg(long, env = "DEPOT_GC_INTERVAL", value_name = "SECS")]
+    pub gc_interval: Option<u64>,
+    /// Access key of the one credential pair given on the command line.
+    #[arg(long, env = "DEPOT_ACCESS_KEY", value_name = "KEY")]
+    pub access_key: Option<String>,
+    /// Secret of that pair (also accepted as `Authorization: Bearer`).
+    #[arg(
+        long,
+        env = "DEPOT_SECRET_KEY",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
+    pub secret_key: Option<String>,
+    /// Allow a non-loopback address without credentials.
+    #[arg(long, env = "DEPOT_ALLOW_ANONYMOUS_WRITE")]
+    pub allow_anonymous_write: bool,
+    /// Settings file (default: ./depot.toml when present).
+    #[arg(long, env = "DEPOT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// The settings file's contents; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    engine: Option<String>,
+    inline_threshold: Option<u64>,
+    threads: Option<usize>,
+    gc_grace: Option<u64>,
+    gc_interval: Option<u64>,
+    allow_anonymous_write: Option<bool>,
+    #[serde(default)]
+    credentials: Vec<Credential>,
+}
+
+/// Validated server settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub data: PathBuf,
+    pub listen: SocketAddr,
+    pub engine: EngineKind,
+    pub inline_threshold: u64,
+    pub threads: usize,
+    pub gc_grace: Duration,
+    pub gc_interval: Duration,
+    pub credentials: Vec<Credential>,
+    pub allow_anonymous_write: bool,
+}
+
+impl Settings {
+    /// Merges flags and environment with the settings file and defaults.
+    pub fn resolve(args: &ServeArgs) -> anyhow::Result<Settings> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None if Path::new("depot.toml").exists() => read_file(Path::new("depot.toml"))?,
+            None => FileSettings::default(),
+        };
+        let engine_name = args
+            .engine
+            .clone()
+            .or(file.engine)
+            .unwrap_or_else(|| "hybrid".into());
+        let engine: EngineKind = engine_name.parse().map_err(anyhow::Error::msg)?;
+        if !engine.available() {
+            bail!(
+                "the {} engine is not built into this version of depot yet",
+                engine.name()
+            );
+        }
+        let mut credentials = file.credentials;
+        match (&args.access_key, &args.secret_key) {
+            (Some(a), Some(s)) => credentials.insert(
+                0,
+                Credential {
+                    access_key: a.clone(),
+                    secret_key: s.clone(),
+                },
+            ),
+            (None, None) => {}
+            _ => bail!("--access-key and --secret-key go together"),
+        }
+        if let Some(c) = credentials
+            .iter()
+            .find(|c| c.access_key.is_empty() || c.secret_key.len() < 8)
+        {
+            bail!(
+                "credential {:?}: the access key must not be empty and the secret needs at least 8 characters",
+                c.access_key
+            );
+        }
+        let threads = args
+            .threads
+            .or(file.threads)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        if threads == 0 {
+            bail!("--threads must be at least 1");
+        }
+        let settings = Settings {
+            data: args
+                .data
+                .clone()
+                .or(file.data)
+                .unwrap_or_else(|| PathBuf::from("depot-data")),
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
+            engine,
+            inline_threshold: args
+                .inline_threshold
+                .or(file.inline_threshold)
+                .unwrap_or(DEFAULT_THRESHOLD),
+            threads,
+            gc_grace: Duration::from_secs(args.gc_grace.or(file.gc_grace).unwrap_or(3600)),
+            gc_interval: Duration::from_secs(args.gc_interval.or(file.gc_interval).unwrap_or(600)),
+            credentials,
+            allow_anonymous_write: args.allow_anonymous_write
+                || file.allow_anonymous_write.unwrap_or(false),
+        };
+        if !settings.listen.ip().is_loopback()
+            && settings.credentials.is_empty()
+            && !settings.allow_anonymous_write
+        {
+            bail!(
+                "refusing to listen on {} without credentials: anyone could write. \
+                 Set --access-key and --secret-key, or pass --allow-anonymous-write",
+                settings.listen
+            );
+        }
+        Ok(settings)
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documentation() {
+        let s = Settings::resolve(&ServeArgs::default()).unwrap();
+        assert_eq!(s.data, PathBuf::from("depot-data"));
+        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.engine, EngineKind::Hybrid);
+        assert_eq!(s.inline_threshold, DEFAULT_THRESHOLD);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        std::fs::write(&path, "engine = \"fs\"\nthreads = 3\n[[credentials]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            threads: Some(5),
+            ..Default::default()
+        };
+        let s = Settings::resolve(&args).unwrap();
+        assert_eq!(
+            (s.engine, s.threads, s.credentials.len()),
+            (EngineKind::Fs, 5, 1)
+        );
+        std::fs::write(&path, "engin = \"fs\"\n").unwrap();
+        assert!(
+            Settings::resolve(&args).is_err(),
+            "unknown settings are errors, not ignored"
+        );
+    }
+
+    #[test]
+    fn public_address_needs_credentials() {
+        let args = ServeArgs {
+            listen: Some("0.0.0.0:8080".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(
+            Settings::resolve(&args)
+                .unwrap_err()
+                .to_string()
+                .contains("without credentials")
+        );
+        let open = ServeArgs {
+            allow_anonymous_write: true,
+            ..args.clone()
+        };
+        assert!(Settings::resolve(&open).is_ok());
+        let keyed = ServeArgs {
+            access_key: Some("k".into()),
+            secret_key: Some("secret-123".into()),
+            ..args
+        };
+        assert!(Settings::resolve(&keyed).is_ok());
+    }
+
+    #[test]
+    fn engines_not_built_are_named() {
+        let args = ServeArgs {
+            engine: Some("gridfs".into()),
+            ..Default::default()
+        };
+        assert!(
+            Settings::resolve(&args)
+                .unwrap_err()
+                .to_string()
+                .contains("not built")
+        );
+        let args = ServeArgs {
+            engine: Some("floppy".into()),
+            ..Default::default()
+        };
+        assert!(
+            Settings::resolve(&args)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown engine")
+        );
+    }
+}

@@ -1,0 +1,354 @@
+//! `fs`: one file per blob, at `blobs/ab/cd/<sha256>` under the engine's root.
+//!
+//! A blob is written to a staging file under `tmp/` on the same file system,
+//! synced, renamed into place and the directory synced, so a blob is either
+//! whole at its final path or absent. Staging in one directory (rather than
+//! beside the final file, whose name is only known once the last byte is
+//! hashed) lets start-up remove every abandoned upload with one directory scan.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+
+use super::{
+    BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result,
+};
+
+const NAME: &str = "fs";
+/// Bytes gathered before one write system call, and the size of read chunks.
+const IO_CHUNK: usize = 256 * 1024;
+
+/// The file-system engine; clones share one directory.
+#[derive(Clone, Debug)]
+pub struct FsEngine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    blobs: PathBuf,
+    tmp: PathBuf,
+    next_tmp: AtomicU64,
+}
+
+impl FsEngine {
+    /// Opens (creating if needed) an engine rooted at `root`, and removes the
+    /// staging files that a previous process left behind.
+    pub fn open(root: &Path) -> Result<FsEngine> {
+        let blobs = root.join("blobs");
+        let tmp = root.join("tmp");
+        for dir in [&blobs, &tmp] {
+            fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
+        }
+        for entry in fs::read_dir(&tmp).map_err(|e| EngineError::io(NAME, e))? {
+            let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
+            fs::remove_file(entry.path()).map_err(|e| EngineError::io(NAME, e))?;
+        }
+        Ok(FsEngine {
+            inner: Arc::new(Inner {
+                blobs,
+                tmp,
+                next_tmp: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The path of a blob's file. Only a digest, never a user's key, becomes
+    /// part of a path.
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.inner.blob_path(digest)
+    }
+}
+
+impl Inner {
+    fn blob_path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.to_hex();
+        self.blobs.join(&hex[0..2]).join(&hex[2..4]).join(hex)
+    }
+}
+
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?
+}
+
+fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(EngineError::SyncFailed)
+}
+
+/// Creates `dir` if missing; a new directory's entry is made durable in its
+/// parent so the blob renamed into it cannot vanish with a crash.
+fn ensure_dir(dir: &Path) -> Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => sync_dir(dir.parent().expect("blob directories have parents")),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(EngineError::io(NAME, e)),
+    }
+}
+
+struct FsWriter {
+    inner: Arc<Inner>,
+    path: PathBuf,
+    file: Option<File>,
+    buf: BytesMut,
+}
+
+impl FsWriter {
+    async fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let buf = self.buf.split().freeze();
+        let mut file = self.file.take().expect("writer used after finish");
+        let file = blocking(move || {
+            file.write_all(&buf).map_err(|e| EngineError::io(NAME, e))?;
+            Ok(file)
+        })
+        .await?;
+        self.file = Some(file);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BlobWriter for FsWriter {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        self.buf.extend_from_slice(&chunk);
+        if self.buf.len() >= IO_CHUNK {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        self.flush().await?;
+        let file = self.file.take().expect("writer used after finish");
+        let tmp = std::mem::take(&mut self.path);
+        let inner = self.inner.clone();
+        blocking(move || {
+            let size = file.metadata().map_err(|e| EngineError::io(NAME, e))?.len();
+            file.sync_data().map_err(EngineError::SyncFailed)?;
+            drop(file);
+            let dest = inner.blob_path(&digest);
+            let leaf = dest.parent().expect("blob path has a directory");
+            ensure_dir(leaf.parent().expect("two levels"))?;
+            ensure_dir(leaf)?;
+            // Renaming over an existing blob of the same digest replaces
+            // identical bytes and refreshes the file's age for the collector.
+            fs::rename(&tmp, &dest).map_err(|e| EngineError::io(NAME, e))?;
+            sync_dir(leaf)?;
+            Ok(BlobRef {
+                digest,
+                size,
+                locator: Vec::new(),
+            })
+        })
+        .await
+    }
+
+    async fn abort(mut self: Box<Self>) {
+        self.file.take();
+        let _ = fs::remove_file(std::mem::take(&mut self.path));
+    }
+}
+
+impl Drop for FsWriter {
+    fn drop(&mut self) {
+        // A writer dropped mid-stream (client gone) leaves no staging file.
+        if !self.path.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[async_trait]
+impl BlobEngine for FsEngine {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
+        let n = self.inner.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let path = self.inner.tmp.join(format!("{}-{n}", std::process::id()));
+        let p = path.clone();
+        let file =
+            blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
+        Ok(Box::new(FsWriter {
+            inner: self.inner.clone(),
+            path,
+            file: Some(file),
+            buf: BytesMut::with_capacity(IO_CHUNK),
+        }))
+    }
+
+    async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        let path = self.blob_path(&blob.digest);
+        let digest = blob.digest;
+        let file = blocking(move || {
+            let mut file = File::open(&path).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => EngineError::NotFound(digest),
+                _ => EngineError::io(NAME, e),
+            })?;
+            if range.start > 0 {
+                file.seek(SeekFrom::Start(range.start))
+                    .map_err(|e| EngineError::io(NAME, e))?;
+            }
+            Ok(file)
+        })
+        .await?;
+        Ok(read_file_range(file, range.len()))
+    }
+
+    async fn delete(&self, blob: &BlobRef) -> Result<()> {
+        let path = self.blob_path(&blob.digest);
+        blocking(move || match fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(EngineError::io(NAME, e)),
+            _ => Ok(()),
+        })
+        .await
+    }
+
+    async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
+        let path = self.blob_path(&blob.digest);
+        blocking(move || match fs::metadata(path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(EngineError::io(NAME, e)),
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<BlobInfo>> {
+        let inner = self.inner.clone();
+        blocking(move || walk_blobs(&inner.blobs, |_, _| ())).await
+    }
+
+    async fn disk_usage(&self) -> Result<Option<u64>> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut total = 0;
+            walk_blobs(&inner.blobs, |_, m| total += m.blocks() * 512)?;
+            Ok(Some(total))
+        })
+        .await
+    }
+}
+
+/// Visits every blob file under `blobs/ab/cd/`, skipping names that are not
+/// digests.
+fn walk_blobs(blobs: &Path, mut visit: impl FnMut(&Path, &fs::Metadata)) -> Result<Vec<BlobInfo>> {
+    let io = |e| EngineError::io(NAME, e);
+    let mut out = Vec::new();
+    for a in fs::read_dir(blobs).map_err(io)? {
+        let a = a.map_err(io)?.path();
+        if !a.is_dir() {
+            continue;
+        }
+        for b in fs::read_dir(&a).map_err(io)? {
+            let b = b.map_err(io)?.path();
+            if !b.is_dir() {
+                continue;
+            }
+            for f in fs::read_dir(&b).map_err(io)? {
+                let f = f.map_err(io)?;
+                let Some(digest) = f.file_name().to_str().and_then(Digest::from_hex) else {
+                    continue;
+                };
+                let meta = f.metadata().map_err(io)?;
+                visit(&f.path(), &meta);
+                out.push(BlobInfo {
+                    digest,
+                    size: meta.len(),
+                    locator: Vec::new(),
+                    modified: meta.modified().map_err(io)?,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Streams `len` bytes from the file's current position in bounded chunks,
+/// reading on the blocking pool one chunk ahead of the consumer.
+fn read_file_range(file: File, len: u64) -> ByteStream {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(2);
+    tokio::task::spawn_blocking(move || {
+        let mut file = file;
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(IO_CHUNK as u64) as usize;
+            let mut buf = BytesMut::zeroed(n);
+            let item = match file.read_exact(&mut buf) {
+                Ok(()) => Ok(buf.freeze()),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(EngineError::other(
+                    NAME,
+                    "blob file is shorter than its record: it was truncated on disk",
+                )),
+                Err(e) => Err(EngineError::io(NAME, e)),
+            };
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+            left -= n as u64;
+        }
+    });
+    Box::pin(tokio_stream_from(rx))
+}
+
+/// Adapts a channel receiver into a stream.
+pub(crate) fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::BlobEngineExt;
+    use crate::engine::conformance;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conformance() {
+        let dir = tempfile::tempdir().unwrap();
+        conformance::run_all(&FsEngine::open(dir.path()).unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn blobs_live_under_their_digest_and_staging_is_cleared_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FsEngine::open(dir.path()).unwrap();
+        let blob = engine.put_bytes(conformance::pattern(10, 1)).await.unwrap();
+        let hex = blob.digest.to_hex();
+        let expected = dir
+            .path()
+            .join("blobs")
+            .join(&hex[..2])
+            .join(&hex[2..4])
+            .join(&hex);
+        assert_eq!(engine.blob_path(&blob.digest), expected);
+        assert!(expected.is_file());
+        // A crash mid-upload leaves a staging file; reopening removes it.
+        let mut w = engine.writer(None).await.unwrap();
+        w.write(conformance::pattern(5000, 2)).await.unwrap();
+        std::mem::forget(w);
+        std::fs::write(dir.path().join("tmp").join("left-by-a-crash"), b"x").unwrap();
+        drop(engine);
+        FsEngine::open(dir.path()).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+            0
+        );
+    }
+}

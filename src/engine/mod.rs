@@ -1,0 +1,321 @@
+//! Blob engines: where the bytes of immutable, content-addressed blobs live.
+//!
+//! A [`BlobEngine`] stores blobs named by the SHA-256 of their content. It
+//! knows nothing of buckets, keys or HTTP; the [`Store`](crate::store::Store)
+//! decides which blobs exist and when they may go. Every engine:
+//!
+//! - takes a blob as a stream through a [`BlobWriter`] and makes it durable in
+//!   [`BlobWriter::finish`] before returning: a blob that `finish` returned for
+//!   survives a crash, a blob whose writer was aborted or dropped leaves no
+//!   bytes behind once the engine has been reopened;
+//! - reads any byte range without reading what comes before it, as a stream of
+//!   bounded chunks: no engine holds a whole blob in memory (but `memory`);
+//! - is safe to write the same content twice, concurrently: both writers
+//!   succeed and one blob remains.
+//!
+//! The same conformance suite ([`conformance`]) runs against every engine.
+
+pub mod conformance;
+pub mod fs;
+pub mod hybrid;
+pub mod memory;
+pub mod rocks;
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::Stream;
+
+/// The SHA-256 of a blob's content: its address.
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses 64 hex digits (either case).
+    pub fn from_hex(s: &str) -> Option<Digest> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(Digest(out))
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", &self.to_hex()[..12])
+    }
+}
+
+/// Where an engine put a blob, beyond its digest: opaque to everyone else and
+/// kept in the catalog's blob record. Most engines leave it empty; a tiered
+/// engine records the tier.
+pub type Locator = Vec<u8>;
+
+/// A blob as the catalog knows it: enough for an engine to find it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlobRef {
+    pub digest: Digest,
+    pub size: u64,
+    pub locator: Locator,
+}
+
+/// A half-open byte range `start..end` within a blob, already resolved
+/// against the blob's size (`start <= end <= size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl ByteRange {
+    pub fn full(size: u64) -> ByteRange {
+        ByteRange {
+            start: 0,
+            end: size,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}
+
+/// What engines report about one stored blob when listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlobInfo {
+    pub digest: Digest,
+    pub size: u64,
+    pub locator: Locator,
+    /// When the bytes were last written; the garbage collector leaves blobs
+    /// younger than its grace period alone.
+    pub modified: SystemTime,
+}
+
+/// Errors from an engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    #[error("blob {0} not found")]
+    NotFound(Digest),
+    /// Durability can no longer be promised: a sync failed. The store stops
+    /// taking writes, because retrying an fsync can silently lose data.
+    #[error("sync failed, writes are disabled until restart: {0}")]
+    SyncFailed(std::io::Error),
+    #[error("no space left on the storage device")]
+    NoSpace,
+    #[error("{engine} engine: {source}")]
+    Io {
+        engine: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{engine} engine: {message}")]
+    Other {
+        engine: &'static str,
+        message: String,
+    },
+}
+
+impl EngineError {
+    /// Classifies an I/O error, keeping out-of-space apart from the rest.
+    pub fn io(engine: &'static str, source: std::io::Error) -> EngineError {
+        if source.raw_os_error() == Some(28) || source.kind() == std::io::ErrorKind::StorageFull {
+            EngineError::NoSpace
+        } else {
+            EngineError::Io { engine, source }
+        }
+    }
+
+    pub fn other(engine: &'static str, message: impl fmt::Display) -> EngineError {
+        EngineError::Other {
+            engine,
+            message: message.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// A stream of a blob's bytes in chunks of bounded size.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;
+
+/// Receives one blob's bytes. Dropping a writer without calling
+/// [`finish`](BlobWriter::finish) abandons the blob: no bytes of it remain
+/// visible, and any staged bytes are removed by the writer or on reopen.
+#[async_trait]
+pub trait BlobWriter: Send {
+    /// Appends bytes to the blob.
+    async fn write(&mut self, chunk: Bytes) -> Result<()>;
+
+    /// Makes the blob durable under `digest`, the SHA-256 of everything
+    /// written, and returns where it is. If a blob with that digest exists
+    /// already, the result is one blob; it still counts as freshly written
+    /// for the garbage collector's grace period.
+    async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef>;
+
+    /// Abandons the blob and removes whatever was staged for it.
+    async fn abort(self: Box<Self>);
+}
+
+/// A store of immutable blobs addressed by SHA-256.
+#[async_trait]
+pub trait BlobEngine: Send + Sync + 'static {
+    /// The engine's name as given to `--engine`.
+    fn name(&self) -> &'static str;
+
+    /// Starts a new blob. `size_hint` is the expected length when known,
+    /// which lets a tiered engine choose a tier before the first byte.
+    async fn writer(&self, size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>>;
+
+    /// Reads `range` of a blob as a stream, without reading the bytes
+    /// before `range.start`.
+    async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream>;
+
+    /// Deletes a blob. Deleting a blob that is not there is not an error.
+    async fn delete(&self, blob: &BlobRef) -> Result<()>;
+
+    /// Whether a blob is stored, and its size.
+    async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>>;
+
+    /// Every stored blob, in no particular order. Used by garbage
+    /// collection and verification, never on a request path.
+    async fn list(&self) -> Result<Vec<BlobInfo>>;
+
+    /// Bytes the engine occupies on its storage, when it can tell.
+    async fn disk_usage(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+}
+
+/// Conveniences every engine gets from the required operations.
+#[async_trait]
+pub trait BlobEngineExt: BlobEngine {
+    /// Stores a whole blob held in memory: for tests and tiny values.
+    async fn put_bytes(&self, bytes: Bytes) -> Result<BlobRef> {
+        let digest = Digest(sha2_digest(&bytes));
+        let mut writer = self.writer(Some(bytes.len() as u64)).await?;
+        if !bytes.is_empty() {
+            writer.write(bytes).await?;
+        }
+        writer.finish(digest).await
+    }
+
+    /// Reads a range into memory: for tests and tiny values.
+    async fn read_to_vec(&self, blob: &BlobRef, range: ByteRange) -> Result<Vec<u8>> {
+        use futures::TryStreamExt;
+        let mut stream = self.read(blob, range).await?;
+        let mut out = Vec::with_capacity(range.len() as usize);
+        while let Some(chunk) = stream.try_next().await? {
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+}
+
+impl<T: BlobEngine + ?Sized> BlobEngineExt for T {}
+
+/// SHA-256 of a byte slice.
+pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// The engines depot knows, whether or not this build includes them, so a
+/// configuration error can say "not built yet" rather than "unknown".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    Fs,
+    Rocksdb,
+    Hybrid,
+    Memory,
+    Sqlite,
+    Postgres,
+    Gridfs,
+    S3,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 8] = [
+        EngineKind::Fs,
+        EngineKind::Rocksdb,
+        EngineKind::Hybrid,
+        EngineKind::Memory,
+        EngineKind::Sqlite,
+        EngineKind::Postgres,
+        EngineKind::Gridfs,
+        EngineKind::S3,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Fs => "fs",
+            EngineKind::Rocksdb => "rocksdb",
+            EngineKind::Hybrid => "hybrid",
+            EngineKind::Memory => "memory",
+            EngineKind::Sqlite => "sqlite",
+            EngineKind::Postgres => "postgres",
+            EngineKind::Gridfs => "gridfs",
+            EngineKind::S3 => "s3",
+        }
+    }
+
+    /// Whether this build can run the engine.
+    pub fn available(self) -> bool {
+        matches!(
+            self,
+            EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory
+        )
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EngineKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = EngineKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown engine {s:?}; engines: {}", names.join(", "))
+            })
+    }
+}
+
+/// A shared handle to any engine.
+pub type DynEngine = Arc<dyn BlobEngine>;
+
+/// Opens an engine of `kind` with its files under `root`.
+pub fn open(kind: EngineKind, root: &std::path::Path, inline_threshold: u64) -> Result<DynEngine> {
+    Ok(match kind {
+        EngineKind::Fs => Arc::new(fs::FsEngine::open(root)?),
+        EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open(root)?),
+        EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, inline_threshold)?),
+        EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
+        other => {
+            return Err(EngineError::other(
+                "depot",
+                format!("the {} engine is not built yet", other.name()),
+            ));
+        }
+    })
+}

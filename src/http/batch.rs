@@ -1,0 +1,328 @@
+//! Batch routes, for many small objects in one round trip.
+//!
+//! - `POST /_/batch/get?bucket=B`: keys, one per line. The answer gives,
+//!   in request order, `<length>\n<bytes>\n` per key, or `-1\n` when absent.
+//! - `POST /_/batch/put?bucket=B`: `<key>\n<length>\n<bytes>\n` repeated;
+//!   every entry is stored, or none.
+//! - `POST /_/batch/delete?bucket=B`: keys, one per line.
+
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::native::{query, query_value, read_body};
+use super::{App, Request, Response, json};
+use crate::store::StoreError;
+
+/// Keys looked up in one catalog round.
+const WINDOW: usize = 4096;
+/// Bytes gathered before a piece of the answer is sent.
+const SEND_AT: usize = 64 * 1024;
+
+fn bucket_param(req: &Request) -> Result<String, ApiError> {
+    query_value(&query(req), "bucket")
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::bad_request("the batch routes need ?bucket=NAME"))
+}
+
+/// Splits a body into keys: one per line, `\r\n` tolerated, blank lines
+/// skipped.
+fn keys_of(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("the key list is not UTF-8"))?;
+    let keys: Vec<String> = text
+        .split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    if keys.len() > max {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "TooManyKeys",
+            format!(
+                "{} keys in one batch; at most {max} are allowed",
+                keys.len()
+            ),
+        ));
+    }
+    Ok(keys)
+}
+
+pub(super) async fn get(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
+    let bucket = bucket_param(&req)?;
+    app.store.bucket(&bucket).await?;
+    let body = read_body(req, app.limits.max_batch_keys_bytes).await?;
+    let keys = keys_of(&body, app.limits.max_batch_entries)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let app = app.clone();
+    tokio::spawn(async move {
+        if let Err(e) = answer_gets(&app, &bucket, &keys, &tx).await {
+            // The status is sent already: cut the answer short so the
+            // client sees a truncated body rather than wrong data.
+            tracing::error!("batch get failed midway: {e}");
+            let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+        }
+    });
+    let stream = super::super::engine::fs::tokio_stream_from(rx);
+    let body = http_body_util::StreamBody::new(stream.map(|r| r.map(hyper::body::Frame::data)));
+    let mut r = http::Response::new(body.boxed_unsync());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(r)
+}
+
+async fn answer_gets(
+    app: &App,
+    bucket: &str,
+    keys: &[String],
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> Result<(), StoreError> {
+    let mut out = BytesMut::with_capacity(SEND_AT * 2);
+    let closed = || StoreError::Internal("client went away".into());
+    for window in keys.chunks(WINDOW) {
+        for found in app.store.get_many(bucket, window).await? {
+            let Some((record, blobs)) = found else {
+                out.extend_from_slice(b"-1\n");
+                continue;
+            };
+            out.extend_from_slice(format!("{}\n", record.size).as_bytes());
+            for blob in &blobs {
+                let mut stream = app.store.read_blob(blob).await?;
+                while let Some(chunk) = stream.next().await {
+                    out.extend_from_slice(&chunk?);
+                    if out.len() >= SEND_AT {
+                        tx.send(Ok(out.split().freeze()))
+                            .await
+                            .map_err(|_| closed())?;
+                    }
+                }
+            }
+            out.extend_from_slice(b"\n");
+            if out.len() >= SEND_AT {
+                tx.send(Ok(out.split().freeze()))
+                    .await
+                    .map_err(|_| closed())?;
+            }
+        }
+    }
+    if !out.is_empty() {
+        tx.send(Ok(out.freeze())).await.map_err(|_| closed())?;
+    }
+    Ok(())
+}
+
+pub(super) async fn delete(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
+    let bucket = bucket_param(&req)?;
+    let body = read_body(req, app.limits.max_batch_keys_bytes).await?;
+    let keys = keys_of(&body, app.limits.max_batch_entries)?;
+    let done = app.store.delete_many(&bucket, &keys).await?;
+    let deleted = done.iter().filter(|d| **d).count();
+    Ok(json(
+        StatusCode::OK,
+        &json!({ "bucket": bucket, "deleted": deleted, "missing": done.len() - deleted }),
+    ))
+}
+
+pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
+    let bucket = bucket_param(&req)?;
+    app.store.bucket(&bucket).await?;
+    let mut batch = app.store.batch(&bucket)?;
+    let mut body = Framed::new(req.into_body().into_data_stream());
+    let bad = |m: String| ApiError::bad_request(format!("batch body: {m}"));
+    while let Some(key) = body.line(crate::store::names::MAX_KEY_BYTES).await? {
+        let key = String::from_utf8(key).map_err(|_| bad("a key is not UTF-8".into()))?;
+        let len_line = body
+            .line(24)
+            .await?
+            .ok_or_else(|| bad(format!("the body ends before the length of {key:?}")))?;
+        let len: u64 = std::str::from_utf8(&len_line)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad(format!("the length of {key:?} is not a number")))?;
+        if batch.len() >= app.limits.max_batch_entries {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "TooManyKeys",
+                "too many entries in one batch",
+            ));
+        }
+        batch.add(&key, len, body.take(len)).await?;
+        if !body.newline().await? {
+            return Err(bad(format!(
+                "the {len} bytes of {key:?} are not followed by a newline: is the length right?"
+            )));
+        }
+    }
+    let stored = batch.commit().await?;
+    Ok(json(
+        StatusCode::OK,
+        &json!({ "bucket": bucket, "stored": stored.len() }),
+    ))
+}
+
+/// Reads the `key\nlength\nbytes\n` framing from a body stream, holding
+/// at most one network chunk at a time.
+struct Framed<S> {
+    stream: S,
+    buf: Bytes,
+}
+
+impl<S, E> Framed<S>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin + Send,
+    E: std::fmt::Display,
+{
+    fn new(stream: S) -> Self {
+        Framed {
+            stream,
+            buf: Bytes::new(),
+        }
+    }
+
+    /// Makes `buf` non-empty; false at the end of the body.
+    async fn fill(&mut self) -> Result<bool, ApiError> {
+        while self.buf.is_empty() {
+            match self.stream.next().await {
+                None => return Ok(false),
+                Some(Err(e)) => return Err(StoreError::Body(e.to_string()).into()),
+                Some(Ok(b)) => self.buf = b,
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next line without its `\n`, of at most `max` bytes; `None` at
+    /// the end of the body when no byte of a line has come.
+    async fn line(&mut self, max: usize) -> Result<Option<Vec<u8>>, ApiError> {
+        let mut line = Vec::new();
+        loop {
+            if !self.fill().await? {
+                return if line.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ApiError::bad_request(
+                        "batch body: the last line has no newline",
+                    ))
+                };
+            }
+            match self.buf.iter().position(|b| *b == b'\n') {
+                Some(at) => {
+                    line.extend_from_slice(&self.buf[..at]);
+                    self.buf.advance(at + 1);
+                    if line.len() > max {
+                        return Err(ApiError::bad_request(format!(
+                            "batch body: a line is longer than {max} bytes"
+                        )));
+                    }
+                    return Ok(Some(line));
+                }
+                None => {
+                    line.extend_from_slice(&self.buf);
+                    self.buf.clear();
+                    if line.len() > max {
+                        return Err(ApiError::bad_request(format!(
+                            "batch body: a line is longer than {max} bytes"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Consumes one `\n`; false if the next byte is something else.
+    async fn newline(&mut self) -> Result<bool, ApiError> {
+        if !self.fill().await? || self.buf[0] != b'\n' {
+            return Ok(false);
+        }
+        self.buf.advance(1);
+        Ok(true)
+    }
+
+    /// The next `n` bytes as a stream; it ends early (and the store then
+    /// reports a short body) if the body does.
+    fn take(&mut self, n: u64) -> impl Stream<Item = Result<Bytes, ApiError>> + Send + Unpin + '_ {
+        Box::pin(futures::stream::unfold(
+            (self, n),
+            |(this, left)| async move {
+                if left == 0 {
+                    return None;
+                }
+                match this.fill().await {
+                    Err(e) => Some((Err(e), (this, 0))),
+                    Ok(false) => None,
+                    Ok(true) => {
+                        let k = (left as usize).min(this.buf.len());
+                        let piece = this.buf.split_to(k);
+                        Some((Ok(piece), (this, left - k as u64)))
+                    }
+                }
+            },
+        ))
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(
+        pieces: &[&'static [u8]],
+    ) -> Framed<impl Stream<Item = Result<Bytes, String>> + Unpin + Send> {
+        Framed::new(futures::stream::iter(
+            pieces
+                .iter()
+                .map(|p| Ok(Bytes::from_static(p)))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn lines_and_bodies_cross_chunk_boundaries() {
+        let mut f = framed(&[b"ke", b"y\n1", b"1\nhello", b" worl", b"d", b"\nx\n3\nabc!"]);
+        assert_eq!(f.line(100).await.unwrap(), Some(b"key".to_vec()));
+        assert_eq!(f.line(100).await.unwrap(), Some(b"11".to_vec()));
+        let body: Vec<Bytes> = f.take(11).map(|r| r.unwrap()).collect().await;
+        assert_eq!(body.concat(), b"hello world");
+        assert!(f.newline().await.unwrap());
+        assert_eq!(f.line(100).await.unwrap(), Some(b"x".to_vec()));
+        assert_eq!(f.line(100).await.unwrap(), Some(b"3".to_vec()));
+        let body: Vec<Bytes> = f.take(3).map(|r| r.unwrap()).collect().await;
+        assert_eq!(body.concat(), b"abc");
+        assert!(
+            !f.newline().await.unwrap(),
+            "a wrong length shows as a missing newline"
+        );
+    }
+
+    #[tokio::test]
+    async fn long_lines_and_missing_newlines_are_errors() {
+        let mut f = framed(&[b"abcdef\n"]);
+        assert!(f.line(3).await.is_err());
+        let mut f = framed(&[b"abc"]);
+        assert!(f.line(10).await.is_err());
+    }
+
+    #[test]
+    fn key_lists() {
+        assert_eq!(keys_of(b"a\r\nb\n\nc", 10).unwrap(), ["a", "b", "c"]);
+        assert_eq!(
+            keys_of(b"a\nb\nc\n", 2).unwrap_err().status,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert!(keys_of(b"\xff\n", 10).is_err());
+    }
+}

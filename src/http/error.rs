@@ -1,0 +1,62 @@
+//! Errors as HTTP responses: one place maps every store error to the status
+//! and code an S3 client would expect, with a message a person can act on.
+
+use http::StatusCode;
+
+use crate::store::StoreError;
+
+/// An error answer: status, S3-style code, message.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequest", message)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        use StatusCode as S;
+        let (status, code) = match &e {
+            StoreError::InvalidBucketName(_) => (S::BAD_REQUEST, "InvalidBucketName"),
+            StoreError::InvalidKey(_) => (S::BAD_REQUEST, "InvalidKey"),
+            StoreError::NoSuchBucket(_) => (S::NOT_FOUND, "NoSuchBucket"),
+            StoreError::NoSuchKey(_) => (S::NOT_FOUND, "NoSuchKey"),
+            StoreError::NoSuchBlob(_) => (S::NOT_FOUND, "NoSuchBlob"),
+            StoreError::BucketExists(_) => (S::CONFLICT, "BucketAlreadyOwnedByYou"),
+            StoreError::BucketNotEmpty(_) => (S::CONFLICT, "BucketNotEmpty"),
+            StoreError::PreconditionFailed => (S::PRECONDITION_FAILED, "PreconditionFailed"),
+            StoreError::BadDigest { .. } => (S::BAD_REQUEST, "BadDigest"),
+            StoreError::IncompleteBody { .. } | StoreError::Body(_) => {
+                (S::BAD_REQUEST, "IncompleteBody")
+            }
+            StoreError::BadRequest(_) => (S::BAD_REQUEST, "InvalidRequest"),
+            StoreError::NoSpace => (S::INSUFFICIENT_STORAGE, "InsufficientStorage"),
+            StoreError::WritesDisabled(_) | StoreError::Unavailable(_) => {
+                (S::SERVICE_UNAVAILABLE, "ServiceUnavailable")
+            }
+            _ => (S::INTERNAL_SERVER_ERROR, "InternalError"),
+        };
+        if status.is_server_error() {
+            tracing::error!(code, "{e}");
+        }
+        ApiError {
+            status,
+            code,
+            message: e.to_string(),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Listings of buckets and of keys, folder-style by `/`: JSON for programs
+//! (`Accept: application/json`), an HTML page for browsers.
+
+use std::sync::Arc;
+
+use http::{StatusCode, header};
+use serde_json::json;
+
+use super::error::ApiError;
+use super::native::{query, query_value};
+use super::{App, Request, Response, full, json};
+use crate::catalog::{ListQuery, from_millis};
+
+/// Most entries in one page.
+const MAX_LIMIT: usize = 10_000;
+const DEFAULT_LIMIT: usize = 1000;
+
+fn wants_json(req: &Request) -> bool {
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    accept.contains("application/json") || query_value(&query(req), "format") == Some("json")
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(from_millis(ms)).to_string()
+}
+
+pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
+    let buckets = app.store.buckets().await?;
+    if wants_json(req) {
+        let list: Vec<_> = buckets
+            .iter()
+            .map(|b| json!({ "name": b.name, "created": rfc3339(b.created) }))
+            .collect();
+        return Ok(json(StatusCode::OK, &json!({ "buckets": list })));
+    }
+    let mut rows = String::new();
+    for b in &buckets {
+        let href = escape(&percent_encoding::utf8_percent_encode(&b.name, PATH).to_string());
+        rows.push_str(&format!(
+            "<tr><td><a href=\"/{href}/\">{}/</a></td><td>{}</td></tr>\n",
+            escape(&b.name),
+            rfc3339(b.created)
+        ));
+    }
+    Ok(page(
+        "Buckets",
+        "<tr><th>Bucket</th><th>Created</th></tr>",
+        &rows,
+    ))
+}
+
+pub(super) async fn objects(
+    app: &Arc<App>,
+    req: &Request,
+    bucket: &str,
+    prefix: &str,
+) -> Result<Response, ApiError> {
+    let q = query(req);
+    let limit = match query_value(&q, "limit") {
+        None => DEFAULT_LIMIT,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("limit must be a number from 1 to {MAX_LIMIT}"))
+            })?,
+    };
+    let list = ListQuery {
+        prefix: prefix.to_string(),
+        after: query_value(&q, "after").map(str::to_string),
+        delimiter: Some('/'),
+        limit,
+    };
+    let page_of = app.store.list(bucket, &list).await?;
+    if wants_json(req) {
+        let entries: Vec<_> = page_of
+            .objects
+            .iter()
+            .map(|o| {
+                json!({
+                    "key": o.key,
+                    "size": o.size,
+                    "etag": o.etag,
+                    "modified": rfc3339(o.modified),
+                    "content_type": o.content_type,
+                })
+            })
+            .collect();
+        let body = json!({
+            "bucket": bucket,
+            "prefix": prefix,
+            "entries": entries,
+            "dirs": page_of.prefixes,
+            "next": page_of.next,
+        });
+        return Ok(json(StatusCode::OK, &body));
+    }
+    let link = |key: &str| {
+        escape(&format!(
+            "/{bucket}/{}",
+            percent_encoding::utf8_percent_encode(key, PATH)
+        ))
+    };
+    let mut rows = String::new();
+    if let Some(parent) = parent_of(prefix) {
+        rows.push_str(&format!(
+            "<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n",
+            link(parent)
+        ));
+    }
+    for d in &page_of.prefixes {
+        rows.push_str(&format!(
+            "<tr><td><a href=\"{}\">{}</a></td><td>-</td><td></td></tr>\n",
+            link(d),
+            escape(&d[prefix.len()..])
+        ));
+    }
+    for o in &page_of.objects {
+        rows.push_str(&format!(
+            "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td></tr>\n",
+            link(&o.key),
+            escape(&o.key[prefix.len()..]),
+            o.size,
+            rfc3339(o.modified)
+        ));
+    }
+    if let Some(next) = &page_of.next {
+        let href = format!(
+            "?after={}&limit={limit}",
+            percent_encoding::utf8_percent_encode(next, percent_encoding::NON_ALPHANUMERIC)
+        );
+        rows.push_str(&format!(
+            "<tr><td><a href=\"{}\">next page</a></td><td></td><td></td></tr>\n",
+            escape(&href)
+        ));
+    }
+    let title = format!("/{bucket}/{prefix}");
+    Ok(page(
+        &title,
+        "<tr><th>Name</th><th>Size</th><th>Modified</th></tr>",
+        &rows,
+    ))
+}
+
+/// The folder above `prefix` (`a/b/` → `a/`, `a/` → ``).
+fn parent_of(prefix: &str) -> Option<&str> {
+    let trimmed = prefix.strip_suffix('/')?;
+    Some(trimmed.rfind('/').map_or("", |i| &trimmed[..=i]))
+}
+
+/// Characters escaped in links: everything but unreserved characters and `/`.
+const PATH: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+pub(super) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn page(title: &str, head: &str, rows: &str) -> Response {
+    let title = escape(title);
+    let html = format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
+         <title>{title}</title><style>body{{font:14px system-ui,sans-serif;margin:2em}}td,th{{padding:2px 12px;text-align:left}}</style>\
+         </head><body><h1>{title}</h1><table>{head}\n{rows}</table></body></html>\n"
+    );
+    full(StatusCode::OK, "text/html; charset=utf-8", html)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents() {
+        assert_eq!(parent_of(""), None);
+        assert_eq!(parent_of("a/"), Some(""));
+        assert_eq!(parent_of("a/b/"), Some("a/"));
+    }
+
+    #[test]
+    fn escapes_html() {
+        assert_eq!(
+            escape("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! HTTP: one port, one URL space. This module runs the connections and
+//! turns each request into a store call through [`native`]; errors become
+//! responses in [`error`], once.
+
+mod batch;
+pub mod conditional;
+pub mod error;
+mod listing;
+pub mod metrics;
+mod native;
+pub mod range;
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use http::{HeaderValue, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use crate::store::Store;
+use error::ApiError;
+use metrics::Metrics;
+
+pub type Body = UnsyncBoxBody<Bytes, io::Error>;
+pub type Response = http::Response<Body>;
+pub type Request = http::Request<Incoming>;
+
+/// Limits on what a client may send.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request.
+    pub max_headers: usize,
+    /// Time allowed to send a request head.
+    pub header_timeout: Duration,
+    /// Most ranges honoured in one Range header.
+    pub max_ranges: usize,
+    /// Most entries in one batch request.
+    pub max_batch_entries: usize,
+    /// Largest list of keys sent to a batch route, in bytes.
+    pub max_batch_keys_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(30),
+            max_ranges: 64,
+            max_batch_entries: 1_000_000,
+            max_batch_keys_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// What every request handler shares.
+pub struct App {
+    pub store: Store,
+    pub limits: Limits,
+    pub metrics: Metrics,
+    /// Secrets accepted as `Authorization: Bearer`; empty: no
+    /// authentication.
+    secrets: Vec<String>,
+}
+
+impl App {
+    pub fn new(store: Store, limits: Limits, secrets: Vec<String>) -> App {
+        App {
+            store,
+            limits,
+            metrics: Metrics::default(),
+            secrets,
+        }
+    }
+
+    /// Whether the request may proceed: always without configured secrets,
+    /// and for the health check. Secrets are compared in constant time.
+    fn authorized(&self, req: &Request) -> bool {
+        use subtle::ConstantTimeEq;
+        if self.secrets.is_empty() || req.uri().path() == "/_/health" {
+            return true;
+        }
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let Some(token) = token else { return false };
+        self.secrets.iter().fold(false, |ok, s| {
+            ok | bool::from(s.as_bytes().ct_eq(token.as_bytes()))
+        })
+    }
+
+    /// Answers one request; never fails (errors are responses).
+    pub async fn handle(self: Arc<Self>, req: Request) -> Response {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let bytes_in = content_length(req.headers()).unwrap_or(0);
+        let response = if !self.authorized(&req) {
+            error_response(&ApiError::new(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                "this server needs credentials: send Authorization: Bearer <secret>",
+            ))
+        } else {
+            match native::route(&self, req).await {
+                Ok(r) => r,
+                Err(e) => error_response(&e),
+            }
+        };
+        let bytes_out = content_length(response.headers()).unwrap_or(0);
+        self.metrics.record(
+            &method,
+            response.status().as_u16(),
+            started.elapsed(),
+            bytes_in,
+            bytes_out,
+        );
+        response
+    }
+}
+
+pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// A JSON error body: `{"error": code, "message": ...}`.
+pub fn error_response(e: &ApiError) -> Response {
+    let body = serde_json::json!({ "error": e.code, "message": e.message });
+    let mut r = json(e.status, &body);
+    if e.status == StatusCode::METHOD_NOT_ALLOWED {
+        r.headers_mut().insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, PUT, DELETE, POST"),
+        );
+    }
+    r
+}
+
+pub fn full(status: StatusCode, content_type: &str, bytes: impl Into<Bytes>) -> Response {
+    let bytes = bytes.into();
+    let len = bytes.len();
+    let mut r = http::Response::new(
+        Full::new(bytes)
+            .map_err(|e: Infallible| match e {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    h.insert(header::CONTENT_LENGTH, len.into());
+    r
+}
+
+pub fn json(status: StatusCode, value: &serde_json::Value) -> Response {
+    let mut body = serde_json::to_vec(value).expect("JSON values serialise");
+    body.push(b'\n');
+    full(status, "application/json", body)
+}
+
+pub fn empty(status: StatusCode) -> Response {
+    let mut r = http::Response::new(
+        http_body_util::Empty::new()
+            .map_err(|e: Infallible| match e {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    r
+}
+
+/// A streamed body; `len` is sent as Content-Length.
+pub fn streamed(status: StatusCode, len: u64, stream: crate::engine::ByteStream) -> Response {
+    let body = StreamBody::new(stream.map_ok(Frame::data).map_err(io::Error::other));
+    let mut r = http::Response::new(body.boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_LENGTH, len.into());
+    r
+}
+
+/// Accepts connections until `shutdown` resolves, then lets requests in
+/// flight finish (for at most `drain`).
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl std::future::Future<Output = ()>,
+    drain: Duration,
+) -> io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(Some(app.limits.header_timeout))
+        .max_buf_size(app.limits.max_header_bytes.max(8192))
+        .max_headers(app.limits.max_headers)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(app.handle(req).await) }
+        });
+        let conn = graceful.watch(http1.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(drain) => tracing::warn!("requests still running after {drain:?}; stopping anyway"),
+    }
+    Ok(())
+}

@@ -1,0 +1,517 @@
+//! The native REST API: URLs parsed into an [`Endpoint`], then one handler
+//! per kind of request.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use http_body_util::BodyExt;
+use percent_encoding::percent_decode_str;
+use serde_json::json;
+
+use super::conditional::{self, Validators, Verdict};
+use super::error::ApiError;
+use super::range::{self, RangeAnswer};
+use super::{App, Request, Response, batch, content_length, empty, json, listing, streamed};
+use crate::catalog::{ObjectRecord, Part, Precondition, from_millis};
+use crate::engine::{ByteRange, Digest};
+use crate::store::{PutOptions, StoreError};
+
+/// What a request's path names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/`: the buckets.
+    Root,
+    Health,
+    Metrics,
+    BatchGet,
+    BatchPut,
+    BatchDelete,
+    /// `/_/blobs/{sha256}`.
+    Blob(String),
+    /// `/{bucket}` or `/{bucket}/`.
+    Bucket(String),
+    /// `/{bucket}/{key}`; a key ending in `/` is a folder for GET and HEAD.
+    Object {
+        bucket: String,
+        key: String,
+    },
+    /// Anything else under `/_/`.
+    UnknownInternal,
+}
+
+fn decode(raw: &str, what: &str) -> Result<String, ApiError> {
+    percent_decode_str(raw)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "InvalidKey",
+                format!("the {what} is not valid UTF-8 once percent-decoded"),
+            )
+        })
+}
+
+impl Endpoint {
+    /// Parses a request path (without the query). Keys are percent-decoded
+    /// and taken as they are: `..`, `//` and `\` are ordinary characters.
+    pub fn parse(path: &str) -> Result<Endpoint, ApiError> {
+        let rest = path
+            .strip_prefix('/')
+            .ok_or_else(|| ApiError::bad_request("the path must start with '/'"))?;
+        let (first, key) = match rest.split_once('/') {
+            Some((b, k)) => (b, Some(k)),
+            None => (rest, None),
+        };
+        if first == "_" {
+            return Ok(match key.unwrap_or("") {
+                "health" => Endpoint::Health,
+                "metrics" => Endpoint::Metrics,
+                "batch/get" => Endpoint::BatchGet,
+                "batch/put" => Endpoint::BatchPut,
+                "batch/delete" => Endpoint::BatchDelete,
+                other => match other.strip_prefix("blobs/") {
+                    Some(hex) => Endpoint::Blob(hex.to_string()),
+                    None => Endpoint::UnknownInternal,
+                },
+            });
+        }
+        if first.is_empty() && key.is_none() {
+            return Ok(Endpoint::Root);
+        }
+        let bucket = decode(first, "bucket name")?;
+        match key {
+            None | Some("") => Ok(Endpoint::Bucket(bucket)),
+            Some(k) => Ok(Endpoint::Object {
+                bucket,
+                key: decode(k, "key")?,
+            }),
+        }
+    }
+}
+
+/// The query string's pairs.
+pub(super) fn query(req: &Request) -> Vec<(String, String)> {
+    form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
+
+pub(super) fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn method_not_allowed(method: &Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        format!("{method} is not allowed here"),
+    )
+}
+
+pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
+    let endpoint = Endpoint::parse(req.uri().path())?;
+    let method = req.method().clone();
+    let read = method == Method::GET || method == Method::HEAD;
+    match endpoint {
+        Endpoint::Health if read => Ok(json(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Metrics if read => {
+            let stats = app.store.stats().await?;
+            let text = app.metrics.render(&stats, app.store.engine().name());
+            Ok(super::full(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                text,
+            ))
+        }
+        Endpoint::Root if read => listing::buckets(app, &req).await,
+        Endpoint::BatchGet if method == Method::POST => batch::get(app, req).await,
+        Endpoint::BatchPut if method == Method::POST => batch::put(app, req).await,
+        Endpoint::BatchDelete if method == Method::POST => batch::delete(app, req).await,
+        Endpoint::Blob(hex) if read => get_blob(app, &req, &hex).await,
+        Endpoint::UnknownInternal => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NoSuchRoute",
+            format!("no route {}", req.uri().path()),
+        )),
+        Endpoint::Bucket(bucket) if read => listing::objects(app, &req, &bucket, "").await,
+        Endpoint::Bucket(bucket) if method == Method::PUT => {
+            app.store.create_bucket(&bucket, false).await?;
+            Ok(json(StatusCode::CREATED, &json!({ "bucket": bucket })))
+        }
+        Endpoint::Bucket(bucket) if method == Method::DELETE => {
+            app.store.delete_bucket(&bucket).await?;
+            Ok(empty(StatusCode::NO_CONTENT))
+        }
+        Endpoint::Object { bucket, key } if read && key.ends_with('/') => {
+            listing::objects(app, &req, &bucket, &key).await
+        }
+        Endpoint::Object { bucket, key } if read => {
+            let record = app.store.head(&bucket, &key).await?;
+            serve(app, &req, &record).await
+        }
+        Endpoint::Object { bucket, key } if method == Method::PUT => {
+            put_object(app, req, &bucket, &key).await
+        }
+        Endpoint::Object { bucket, key } if method == Method::DELETE => {
+            let precondition = Precondition {
+                if_match: if_match(req.headers()),
+                ..Default::default()
+            };
+            app.store.delete(&bucket, &key, &precondition).await?;
+            Ok(empty(StatusCode::NO_CONTENT))
+        }
+        _ => Err(method_not_allowed(&method)),
+    }
+}
+
+fn if_match(headers: &HeaderMap) -> Option<Vec<String>> {
+    headers
+        .get(header::IF_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(conditional::etag_list)
+}
+
+async fn put_object(
+    app: &Arc<App>,
+    req: Request,
+    bucket: &str,
+    key: &str,
+) -> Result<Response, ApiError> {
+    let headers = req.headers();
+    let expected_sha256 = match headers.get("x-depot-sha256") {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(Digest::from_hex).ok_or_else(|| {
+            ApiError::bad_request("X-Depot-Sha256 must be 64 hexadecimal digits")
+        })?),
+    };
+    let if_none_match = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok());
+    let precondition = Precondition {
+        if_absent: if_none_match.is_some_and(|v| v.trim() == "*"),
+        if_match: if_match(headers),
+    };
+    let mut metadata = Vec::new();
+    for (name, value) in headers {
+        if let Some(meta) = name.as_str().strip_prefix("x-amz-meta-") {
+            let value = value.to_str().map_err(|_| {
+                ApiError::bad_request(format!("metadata {name} is not visible ASCII"))
+            })?;
+            metadata.push((meta.to_string(), value.to_string()));
+        }
+    }
+    let opts = PutOptions {
+        content_length: content_length(headers),
+        content_type: headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        expected_sha256,
+        precondition,
+        metadata,
+    };
+    let body = req.into_body().into_data_stream();
+    let put = app.store.put(bucket, key, body, opts).await?;
+    let r = &put.record;
+    let status = if put.replaced {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let mut response = json(
+        status,
+        &json!({
+            "bucket": bucket,
+            "key": key,
+            "size": r.size,
+            "etag": r.etag,
+            "sha256": r.sha256.to_hex(),
+            "deduplicated": put.deduplicated,
+        }),
+    );
+    response.headers_mut().insert(header::ETAG, quoted(&r.etag));
+    Ok(response)
+}
+
+async fn get_blob(app: &Arc<App>, req: &Request, hex: &str) -> Result<Response, ApiError> {
+    let digest = Digest::from_hex(hex)
+        .ok_or_else(|| ApiError::bad_request("a blob address is 64 hexadecimal digits"))?;
+    let blob = app.store.blob(&digest).await?;
+    // A blob served as an object of its own, named by its digest.
+    let record = ObjectRecord {
+        key: hex.to_string(),
+        size: blob.size,
+        parts: vec![Part {
+            digest,
+            size: blob.size,
+        }],
+        etag: digest.to_hex(),
+        sha256: digest,
+        content_type: "application/octet-stream".into(),
+        modified: 0,
+        metadata: Vec::new(),
+    };
+    serve(app, req, &record).await
+}
+
+fn quoted(etag: &str) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{etag}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+}
+
+/// Headers every answer about an object carries, 304 included.
+fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
+    h.insert(header::ETAG, quoted(&record.etag));
+    if record.modified > 0 {
+        let date = httpdate::fmt_http_date(from_millis(record.modified));
+        h.insert(
+            header::LAST_MODIFIED,
+            HeaderValue::from_str(&date).expect("HTTP dates are ASCII"),
+        );
+    }
+    h.insert(
+        "x-depot-sha256",
+        HeaderValue::from_str(&record.sha256.to_hex()).expect("hex is ASCII"),
+    );
+}
+
+fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
+    validator_headers(h, record);
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Ok(v) = HeaderValue::from_str(&record.content_type) {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    for (name, value) in &record.metadata {
+        if let (Ok(n), Ok(v)) = (
+            header::HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            h.append(n, v);
+        }
+    }
+    if query_value(&query(req), "download").is_some() {
+        let name = record.key.rsplit('/').next().unwrap_or(&record.key);
+        let ascii: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() && c != '"' && c != '\\' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let encoded =
+            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        let v = format!("attachment; filename=\"{ascii}\"; filename*=UTF-8''{encoded}");
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(header::CONTENT_DISPOSITION, v);
+        }
+    }
+}
+
+/// Serves an object: conditionals, then ranges, then the body.
+pub(super) async fn serve(
+    app: &Arc<App>,
+    req: &Request,
+    record: &ObjectRecord,
+) -> Result<Response, ApiError> {
+    let method = req.method();
+    let headers = req.headers();
+    let validators = Validators {
+        etag: &record.etag,
+        modified: from_millis(record.modified),
+    };
+    match conditional::evaluate(method, headers, Some(validators)) {
+        Verdict::Proceed => {}
+        Verdict::NotModified => {
+            let mut r = empty(StatusCode::NOT_MODIFIED);
+            validator_headers(r.headers_mut(), record);
+            return Ok(r);
+        }
+        Verdict::Failed => return Err(StoreError::PreconditionFailed.into()),
+    }
+    let size = record.size;
+    let mut answer = RangeAnswer::Full;
+    if method == Method::GET
+        && let Some(value) = headers.get(header::RANGE).and_then(|v| v.to_str().ok())
+        && conditional::if_range_holds(headers, validators)
+        && let Some(specs) = range::parse(value)
+    {
+        answer = range::resolve(&specs, size, app.limits.max_ranges);
+    }
+    let head_only = method == Method::HEAD;
+    let mut response = match answer {
+        RangeAnswer::Full => {
+            let body = if head_only {
+                None
+            } else {
+                Some(app.store.read(record, ByteRange::full(size)).await?)
+            };
+            body_response(StatusCode::OK, size, body)
+        }
+        RangeAnswer::Unsatisfiable => {
+            let mut r = super::error_response(&ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "InvalidRange",
+                format!("the requested range is not satisfiable for an object of {size} bytes"),
+            ));
+            r.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
+            );
+            r.headers_mut()
+                .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+            return Ok(r);
+        }
+        RangeAnswer::Partial(ranges) if ranges.len() == 1 => {
+            let r = ranges[0];
+            let mut resp = body_response(
+                StatusCode::PARTIAL_CONTENT,
+                r.len(),
+                Some(app.store.read(record, r).await?),
+            );
+            let cr = format!("bytes {}-{}/{size}", r.start, r.end - 1);
+            resp.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&cr).expect("ASCII"),
+            );
+            resp
+        }
+        RangeAnswer::Partial(ranges) => return multipart_ranges(app, req, record, ranges).await,
+    };
+    object_headers(response.headers_mut(), record, req);
+    Ok(response)
+}
+
+fn body_response(
+    status: StatusCode,
+    len: u64,
+    body: Option<crate::engine::ByteStream>,
+) -> Response {
+    match body {
+        Some(stream) => streamed(status, len, stream),
+        None => {
+            let mut r = empty(status);
+            r.headers_mut().insert(header::CONTENT_LENGTH, len.into());
+            r
+        }
+    }
+}
+
+/// A `multipart/byteranges` answer, streamed range by range.
+async fn multipart_ranges(
+    app: &Arc<App>,
+    req: &Request,
+    record: &ObjectRecord,
+    ranges: Vec<ByteRange>,
+) -> Result<Response, ApiError> {
+    use futures::{StreamExt, TryStreamExt};
+    let boundary = format!("depot-{:016x}", rand::random::<u64>());
+    let mut total = 0u64;
+    let mut pieces: Vec<crate::engine::ByteStream> = Vec::new();
+    for r in &ranges {
+        let head = format!(
+            "\r\n--{boundary}\r\nContent-Type: {}\r\nContent-Range: bytes {}-{}/{}\r\n\r\n",
+            record.content_type,
+            r.start,
+            r.end - 1,
+            record.size
+        );
+        total += head.len() as u64 + r.len();
+        pieces.push(Box::pin(futures::stream::once(async move {
+            Ok(bytes::Bytes::from(head))
+        })));
+        // Each range is opened only when the previous one has been sent.
+        let (store_app, record, r) = (app.clone(), record.clone(), *r);
+        let lazy = futures::stream::once(async move { store_app.store.read(&record, r).await })
+            .map(|res| res.map_err(|e| crate::engine::EngineError::other("store", e)))
+            .try_flatten();
+        pieces.push(Box::pin(lazy));
+    }
+    let tail = format!("\r\n--{boundary}--\r\n");
+    total += tail.len() as u64;
+    pieces.push(Box::pin(futures::stream::once(async move {
+        Ok(bytes::Bytes::from(tail))
+    })));
+    let body: crate::engine::ByteStream = if req.method() == Method::HEAD {
+        Box::pin(futures::stream::empty())
+    } else {
+        Box::pin(futures::stream::iter(pieces).flatten())
+    };
+    let mut r = streamed(StatusCode::PARTIAL_CONTENT, total, body);
+    object_headers(r.headers_mut(), record, req);
+    let ct = format!("multipart/byteranges; boundary={boundary}");
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(&ct).expect("ASCII"),
+    );
+    Ok(r)
+}
+
+/// Reads a whole request body of at most `limit` bytes.
+pub(super) async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(req.into_body(), limit);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "EntityTooLarge",
+            format!("the request body is larger than {limit} bytes"),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "IncompleteBody",
+            format!("reading the body failed: {e}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint::{self, *};
+
+    fn object(bucket: &str, key: &str) -> Endpoint {
+        Object {
+            bucket: bucket.into(),
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn paths_map_to_endpoints() {
+        let table = [
+            ("/", Root),
+            ("/_/health", Health),
+            ("/_/metrics", Metrics),
+            ("/_/batch/get", BatchGet),
+            ("/_/batch/put", BatchPut),
+            ("/_/batch/delete", BatchDelete),
+            ("/_/blobs/abc", Blob("abc".into())),
+            ("/_/nope", UnknownInternal),
+            ("/files", Bucket("files".into())),
+            ("/files/", Bucket("files".into())),
+            ("/files/a/b.txt", object("files", "a/b.txt")),
+            ("/files/dir/", object("files", "dir/")),
+            ("/files/a//b", object("files", "a//b")),
+            (
+                "/files/../../etc/passwd",
+                object("files", "../../etc/passwd"),
+            ),
+            ("/files/%2e%2e/x", object("files", "../x")),
+            ("/files/%F0%9F%A6%80", object("files", "🦀")),
+            ("/files/a%5Cb", object("files", "a\\b")),
+        ];
+        for (path, want) in table {
+            assert_eq!(Endpoint::parse(path).unwrap(), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_is_a_400() {
+        let e = Endpoint::parse("/files/%FF%FE").unwrap_err();
+        assert_eq!(e.status, http::StatusCode::BAD_REQUEST);
+        assert!(Endpoint::parse("no-slash").is_err());
+    }
+}

@@ -1,0 +1,16 @@
+//! depot: a content-addressed file server. Layers, top to bottom:
+//!
+//! - [`http`]: the native REST API on one port;
+//! - [`store`]: buckets, objects, dedup, ranges, garbage collection;
+//! - [`catalog`] (names and reference counts) and [`engine`] (the bytes);
+//! - [`cli`] and [`config`]: the command line and settings.
+
+#![deny(clippy::unwrap_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod catalog;
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod http;
+pub mod store;

@@ -1,0 +1,650 @@
+//! The store: the one place that combines a [`Catalog`] and a
+//! [`BlobEngine`]. It hashes bodies while they stream into the engine,
+//! deduplicates by SHA-256, assembles ranges across parts, and collects
+//! garbage.
+//!
+//! Order of a write: bytes first, made durable by the engine; then the
+//! catalog transaction that points at them. A crash between the two leaves
+//! unreferenced bytes, which [`Store::gc`] removes; it never leaves a record
+//! pointing at missing bytes.
+
+mod guards;
+pub mod names;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use md5::Digest as _;
+
+use crate::catalog::{
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery,
+    ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
+};
+use crate::engine::{BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineError};
+use guards::BlobGuards;
+
+/// The bucket every store has from its first start.
+pub const DEFAULT_BUCKET: &str = "files";
+
+/// Errors of store operations; the HTTP layers map each to a status.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("{0}")]
+    InvalidBucketName(String),
+    #[error("{0}")]
+    InvalidKey(String),
+    #[error("the bucket {0:?} does not exist")]
+    NoSuchBucket(String),
+    #[error("the key {0:?} does not exist")]
+    NoSuchKey(String),
+    #[error("no blob has the SHA-256 {0}")]
+    NoSuchBlob(String),
+    #[error("the bucket {0:?} already exists")]
+    BucketExists(String),
+    #[error("the bucket {0:?} is not empty")]
+    BucketNotEmpty(String),
+    #[error("a precondition of the request failed")]
+    PreconditionFailed,
+    #[error("the body's SHA-256 is {actual}, not the declared {declared}")]
+    BadDigest { declared: String, actual: String },
+    #[error("the body ended after {got} of {expected} bytes")]
+    IncompleteBody { expected: u64, got: u64 },
+    #[error("reading the request body failed: {0}")]
+    Body(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no space left on the storage device")]
+    NoSpace,
+    #[error("writes are disabled until restart: {0}")]
+    WritesDisabled(String),
+    #[error("the storage backend is unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+impl From<CatalogError> for StoreError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::NoSuchBucket(b) => StoreError::NoSuchBucket(b),
+            CatalogError::BucketExists(b) => StoreError::BucketExists(b),
+            CatalogError::BucketNotEmpty(b) => StoreError::BucketNotEmpty(b),
+            CatalogError::PreconditionFailed => StoreError::PreconditionFailed,
+            CatalogError::Unavailable(m) => StoreError::Unavailable(m),
+            CatalogError::SyncFailed(m) => StoreError::WritesDisabled(m),
+            e => StoreError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<EngineError> for StoreError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::NoSpace => StoreError::NoSpace,
+            EngineError::SyncFailed(e) => StoreError::WritesDisabled(e.to_string()),
+            e => StoreError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Store settings.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// How long an unreferenced blob stays before the collector removes it.
+    pub gc_grace: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            gc_grace: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What a put is told besides the body.
+#[derive(Clone, Debug, Default)]
+pub struct PutOptions {
+    /// The declared body length, if known.
+    pub content_length: Option<u64>,
+    /// The Content-Type; guessed from the key when absent.
+    pub content_type: Option<String>,
+    /// A declared SHA-256 the body must have.
+    pub expected_sha256: Option<Digest>,
+    pub precondition: Precondition,
+    pub metadata: Vec<(String, String)>,
+}
+
+/// What a put did.
+#[derive(Clone, Debug)]
+pub struct PutResult {
+    pub record: ObjectRecord,
+    /// The key existed before.
+    pub replaced: bool,
+    /// No new bytes were stored.
+    pub deduplicated: bool,
+}
+
+/// A blob written and durable, not yet in the catalog.
+struct Written {
+    blob: BlobRef,
+    md5: [u8; 16],
+    guard: guards::Guard,
+}
+
+/// What one pass of the collector did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GcReport {
+    /// Blobs that lost their last reference longer ago than the grace.
+    pub dead_blobs: u64,
+    /// Bytes in the engine that no catalog record pointed at.
+    pub orphans: u64,
+    pub bytes_freed: u64,
+}
+
+/// Buckets, objects and blobs over one catalog and one engine.
+pub struct Store {
+    catalog: Arc<dyn Catalog>,
+    engine: DynEngine,
+    config: StoreConfig,
+    guards: BlobGuards,
+    /// Set after a failed sync: writes stay refused until restart.
+    poisoned: AtomicBool,
+}
+
+impl Store {
+    /// A store over `catalog` and `engine`; creates the default bucket.
+    pub async fn open(
+        catalog: Arc<dyn Catalog>,
+        engine: DynEngine,
+        config: StoreConfig,
+    ) -> Result<Store> {
+        match catalog.create_bucket(DEFAULT_BUCKET, false).await {
+            Ok(()) | Err(CatalogError::BucketExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Store {
+            catalog,
+            engine,
+            config,
+            guards: BlobGuards::default(),
+            poisoned: AtomicBool::new(false),
+        })
+    }
+
+    pub fn engine(&self) -> &dyn BlobEngine {
+        self.engine.as_ref()
+    }
+
+    pub fn catalog(&self) -> &dyn Catalog {
+        self.catalog.as_ref()
+    }
+
+    /// Records a failure; a failed sync disables writes from now on.
+    fn note<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(StoreError::WritesDisabled(m)) = &r {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                tracing::error!("a sync failed; refusing writes until restart: {m}");
+            }
+        }
+        r
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(StoreError::WritesDisabled(
+                "an earlier sync failed; restart the server".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    // ----- buckets -----
+
+    pub async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
+        names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
+        self.check_writable()?;
+        let r = self
+            .catalog
+            .create_bucket(name, public_read)
+            .await
+            .map_err(Into::into);
+        self.note(r)
+    }
+
+    pub async fn delete_bucket(&self, name: &str) -> Result<()> {
+        names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
+        self.check_writable()?;
+        let r = self.catalog.delete_bucket(name).await.map_err(Into::into);
+        self.note(r)
+    }
+
+    pub async fn bucket(&self, name: &str) -> Result<BucketRecord> {
+        names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
+        self.catalog
+            .bucket(name)
+            .await?
+            .ok_or_else(|| StoreError::NoSuchBucket(name.to_string()))
+    }
+
+    pub async fn buckets(&self) -> Result<Vec<BucketRecord>> {
+        Ok(self.catalog.buckets().await?)
+    }
+
+    // ----- objects -----
+
+    /// Stores `body` under bucket/key. The body streams through the hashes
+    /// into the engine; nothing is visible until the bytes are durable and
+    /// the catalog has committed.
+    pub async fn put<S, E>(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: S,
+        opts: PutOptions,
+    ) -> Result<PutResult>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_writable()?;
+        self.bucket(bucket).await?;
+        if opts.precondition != Precondition::default() {
+            // Fail before streaming when we already know; the catalog checks
+            // again inside its transaction.
+            let current = self.catalog.get_object(bucket, key).await?;
+            if !opts.precondition.check(current.as_ref()) {
+                return Err(StoreError::PreconditionFailed);
+            }
+        }
+        let written = self.note(
+            self.write_blob(body, opts.content_length, opts.expected_sha256)
+                .await,
+        )?;
+        let record = ObjectRecord {
+            key: key.to_string(),
+            size: written.blob.size,
+            parts: vec![Part {
+                digest: written.blob.digest,
+                size: written.blob.size,
+            }],
+            etag: hex::encode(written.md5),
+            sha256: written.blob.digest,
+            content_type: opts.content_type.unwrap_or_else(|| guess_content_type(key)),
+            modified: now_millis(),
+            metadata: opts.metadata,
+        };
+        let put = ObjectPut {
+            bucket: bucket.to_string(),
+            record: record.clone(),
+            blobs: vec![written.blob.clone()],
+            precondition: opts.precondition,
+        };
+        let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
+        self.drop_redundant(&outcome.redundant).await;
+        drop(written.guard);
+        Ok(PutResult {
+            record,
+            replaced: outcome.replaced.is_some(),
+            deduplicated: outcome.deduplicated,
+        })
+    }
+
+    /// Streams a body into a new blob, hashing as it goes.
+    async fn write_blob<S, E>(
+        &self,
+        mut body: S,
+        declared_len: Option<u64>,
+        expected: Option<Digest>,
+    ) -> Result<Written>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        let mut writer = self.engine.writer(declared_len).await?;
+        let mut sha = sha2::Sha256::new();
+        let mut md5 = md5::Md5::new();
+        let mut size = 0u64;
+        let failure = loop {
+            match body.next().await {
+                None => break None,
+                Some(Err(e)) => break Some(StoreError::Body(e.to_string())),
+                Some(Ok(chunk)) => {
+                    sha.update(&chunk);
+                    md5.update(&chunk);
+                    size += chunk.len() as u64;
+                    if let Err(e) = writer.write(chunk).await {
+                        break Some(e.into());
+                    }
+                }
+            }
+        };
+        let digest = Digest(sha.finalize().into());
+        let failure = failure.or_else(|| match (declared_len, expected) {
+            (Some(n), _) if n != size => Some(StoreError::IncompleteBody {
+                expected: n,
+                got: size,
+            }),
+            (_, Some(e)) if e != digest => Some(StoreError::BadDigest {
+                declared: e.to_hex(),
+                actual: digest.to_hex(),
+            }),
+            _ => None,
+        });
+        if let Some(e) = failure {
+            writer.abort().await;
+            return Err(e);
+        }
+        let guard = self.guards.writing(digest).await;
+        let blob = writer.finish(digest).await?;
+        Ok(Written {
+            blob,
+            md5: md5.finalize().into(),
+            guard,
+        })
+    }
+
+    /// Deletes bytes the catalog said it already had elsewhere.
+    async fn drop_redundant(&self, redundant: &[BlobRef]) {
+        for blob in redundant {
+            if let Err(e) = self.engine.delete(blob).await {
+                tracing::warn!("could not delete a redundant copy of {}: {e}", blob.digest);
+            }
+        }
+    }
+
+    /// The record of bucket/key.
+    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectRecord> {
+        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        self.catalog
+            .get_object(bucket, key)
+            .await?
+            .ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
+    }
+
+    /// Streams `range` of an object's body, across its parts.
+    pub async fn read(&self, record: &ObjectRecord, range: ByteRange) -> Result<ByteStream> {
+        if range.is_empty() {
+            return Ok(Box::pin(futures::stream::empty()));
+        }
+        let mut pieces = Vec::new();
+        let mut at = 0u64;
+        for part in &record.parts {
+            let (start, end) = (at, at + part.size);
+            at = end;
+            if end <= range.start || start >= range.end {
+                continue;
+            }
+            let within = ByteRange {
+                start: range.start.max(start) - start,
+                end: range.end.min(end) - start,
+            };
+            pieces.push((part.digest, within));
+        }
+        let digests: Vec<Digest> = pieces.iter().map(|(d, _)| *d).collect();
+        let blobs = self.catalog.get_blobs(&digests).await?;
+        let mut refs = Vec::with_capacity(pieces.len());
+        for ((digest, within), blob) in pieces.into_iter().zip(blobs) {
+            let blob = blob.ok_or_else(|| {
+                StoreError::Internal(format!("blob {digest} of an object is not in the catalog"))
+            })?;
+            refs.push((blob.blob_ref(), within));
+        }
+        if refs.len() == 1 {
+            let (blob, within) = refs.pop().expect("one part");
+            return self.read_blob_range(&blob, within).await;
+        }
+        let engine = self.engine.clone();
+        let stream = futures::stream::iter(refs)
+            .then(move |(blob, within)| {
+                let engine = engine.clone();
+                async move { engine.read(&blob, within).await }
+            })
+            .try_flatten();
+        Ok(Box::pin(stream))
+    }
+
+    async fn read_blob_range(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        self.engine.read(blob, range).await.map_err(|e| match e {
+            EngineError::NotFound(d) => StoreError::Internal(format!(
+                "blob {d} is in the catalog but its bytes are missing"
+            )),
+            e => e.into(),
+        })
+    }
+
+    pub async fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+        precondition: &Precondition,
+    ) -> Result<ObjectRecord> {
+        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        self.check_writable()?;
+        let r = self
+            .catalog
+            .delete_object(bucket, key, precondition)
+            .await
+            .map_err(Into::into);
+        self.note(r)?
+            .ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
+    }
+
+    pub async fn list(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        Ok(self.catalog.list_objects(bucket, query).await?)
+    }
+
+    // ----- batches -----
+
+    /// Records and blob references for many keys at once, in order.
+    pub async fn get_many(
+        &self,
+        bucket: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<(ObjectRecord, Vec<BlobRecord>)>>> {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        let records = self.catalog.get_objects(bucket, keys).await?;
+        let digests: Vec<Digest> = records
+            .iter()
+            .flatten()
+            .flat_map(|r| r.parts.iter().map(|p| p.digest))
+            .collect();
+        let mut blobs = self.catalog.get_blobs(&digests).await?.into_iter();
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            out.push(match record {
+                None => None,
+                Some(r) => {
+                    let b: Option<Vec<BlobRecord>> = blobs.by_ref().take(r.parts.len()).collect();
+                    let b = b.ok_or_else(|| {
+                        StoreError::Internal(format!("a blob of {:?} is missing", r.key))
+                    })?;
+                    Some((r, b))
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Reads a whole blob given its record: for batch answers.
+    pub async fn read_blob(&self, blob: &BlobRecord) -> Result<ByteStream> {
+        self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size))
+            .await
+    }
+
+    /// Starts a batch of puts that commit together.
+    pub fn batch(&self, bucket: &str) -> Result<PutBatch<'_>> {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        self.check_writable()?;
+        Ok(PutBatch {
+            store: self,
+            bucket: bucket.to_string(),
+            entries: Vec::new(),
+        })
+    }
+
+    pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Result<Vec<bool>> {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        for key in keys {
+            names::check_key(key).map_err(StoreError::InvalidKey)?;
+        }
+        self.check_writable()?;
+        let r = self
+            .catalog
+            .delete_objects(bucket, keys, &Precondition::default())
+            .await
+            .map_err(Into::into);
+        Ok(self.note(r)?.iter().map(Option::is_some).collect())
+    }
+
+    // ----- blobs and maintenance -----
+
+    pub async fn blob(&self, digest: &Digest) -> Result<BlobRecord> {
+        self.catalog
+            .get_blob(digest)
+            .await?
+            .ok_or_else(|| StoreError::NoSuchBlob(digest.to_hex()))
+    }
+
+    pub async fn stats(&self) -> Result<CatalogStats> {
+        Ok(self.catalog.stats().await?)
+    }
+
+    /// Removes blobs unreferenced for longer than the grace period, then
+    /// bytes in the engine that the catalog does not know and that are
+    /// older than the grace period (left by a crash between write and
+    /// commit).
+    pub async fn gc(&self) -> Result<GcReport> {
+        let grace = to_millis(std::time::UNIX_EPOCH + self.config.gc_grace);
+        let before = now_millis().saturating_sub(grace);
+        let mut report = GcReport::default();
+        loop {
+            let dead = self.catalog.dead_blobs(before, 512).await?;
+            let mut progressed = false;
+            for blob in dead {
+                let Some(_guard) = self.guards.collecting(blob.digest) else {
+                    continue;
+                };
+                if self.catalog.remove_dead_blob(&blob.digest, before).await? {
+                    self.engine.delete(&blob.blob_ref()).await?;
+                    report.dead_blobs += 1;
+                    report.bytes_freed += blob.size;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let cutoff = std::time::SystemTime::now() - self.config.gc_grace;
+        for info in self.engine.list().await? {
+            if info.modified > cutoff {
+                continue;
+            }
+            let Some(_guard) = self.guards.collecting(info.digest) else {
+                continue;
+            };
+            let known = self.catalog.get_blob(&info.digest).await?;
+            if known.is_some_and(|b| b.locator == info.locator) {
+                continue;
+            }
+            let blob = BlobRef {
+                digest: info.digest,
+                size: info.size,
+                locator: info.locator,
+            };
+            self.engine.delete(&blob).await?;
+            report.orphans += 1;
+            report.bytes_freed += info.size;
+        }
+        Ok(report)
+    }
+}
+
+/// Puts collected one by one (each body streamed to the engine as it
+/// arrives) and committed to the catalog in one transaction.
+pub struct PutBatch<'a> {
+    store: &'a Store,
+    bucket: String,
+    entries: Vec<(ObjectRecord, Written)>,
+}
+
+impl PutBatch<'_> {
+    pub async fn add<S, E>(&mut self, key: &str, len: u64, body: S) -> Result<()>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        let written = self
+            .store
+            .note(self.store.write_blob(body, Some(len), None).await)?;
+        let record = ObjectRecord {
+            key: key.to_string(),
+            size: written.blob.size,
+            parts: vec![Part {
+                digest: written.blob.digest,
+                size: written.blob.size,
+            }],
+            etag: hex::encode(written.md5),
+            sha256: written.blob.digest,
+            content_type: guess_content_type(key),
+            modified: now_millis(),
+            metadata: Vec::new(),
+        };
+        self.entries.push((record, written));
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Commits every entry, or none.
+    pub async fn commit(self) -> Result<Vec<ObjectRecord>> {
+        let puts = self
+            .entries
+            .iter()
+            .map(|(record, w)| ObjectPut {
+                bucket: self.bucket.clone(),
+                record: record.clone(),
+                blobs: vec![w.blob.clone()],
+                precondition: Precondition::default(),
+            })
+            .collect();
+        let outcomes = self.store.note(
+            self.store
+                .catalog
+                .put_objects(puts)
+                .await
+                .map_err(Into::into),
+        )?;
+        for o in &outcomes {
+            self.store.drop_redundant(&o.redundant).await;
+        }
+        Ok(self.entries.into_iter().map(|(r, _)| r).collect())
+    }
+}
+
+/// A Content-Type from the key's extension, `application/octet-stream`
+/// when it says nothing.
+pub fn guess_content_type(key: &str) -> String {
+    mime_guess::from_path(key)
+        .first_raw()
+        .unwrap_or("application/octet-stream")
+        .to_string()
+}

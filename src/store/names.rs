@@ -1,0 +1,102 @@
+//! Bucket and key rules. A key is text, never a path: it is checked here
+//! only for length and NUL, and no component of the store ever turns it into
+//! a file name.
+
+/// Longest key, in bytes, as in S3.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Checks a bucket name against S3's rules: 3-63 characters of lowercase
+/// letters, digits, `.` and `-`, starting and ending with a letter or digit,
+/// no `..`, and not shaped like an IP address.
+pub fn check_bucket(name: &str) -> Result<(), String> {
+    let b = name.as_bytes();
+    if !(3..=63).contains(&b.len()) {
+        return Err(format!(
+            "bucket name {name:?} must be 3 to 63 characters long"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '.' || *c == '-'))
+    {
+        return Err(format!(
+            "bucket name {name:?} has {c:?}: only lowercase letters, digits, '.' and '-' are allowed"
+        ));
+    }
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return Err(format!(
+            "bucket name {name:?} must start and end with a letter or digit"
+        ));
+    }
+    if name.contains("..") {
+        return Err(format!("bucket name {name:?} must not contain \"..\""));
+    }
+    if name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Err(format!(
+            "bucket name {name:?} must not look like an IP address"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a key: 1 to 1024 bytes of UTF-8 without NUL.
+pub fn check_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("the key is empty".into());
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "the key is {} bytes long; at most {MAX_KEY_BYTES} are allowed",
+            key.len()
+        ));
+    }
+    if key.contains('\0') {
+        return Err("the key contains a NUL character".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names_follow_s3() {
+        for ok in ["files", "a-b.c", "abc", "0ab", &"a".repeat(63)] {
+            assert!(check_bucket(ok).is_ok(), "{ok} should be valid");
+        }
+        for bad in [
+            "ab",
+            "Abc",
+            "a_b",
+            "-ab",
+            "ab-",
+            "a..b",
+            "192.168.1.1",
+            "_x_",
+            &"a".repeat(64),
+            "ab/c",
+            "",
+        ] {
+            assert!(check_bucket(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn keys_are_text_with_two_limits() {
+        for ok in [
+            "../../etc/passwd",
+            "a//b",
+            "\\",
+            "emoji 🦀",
+            "%2e%2e/x",
+            &"k".repeat(1024),
+        ] {
+            assert!(check_key(ok).is_ok(), "{ok:?} should be valid");
+        }
+        assert!(check_key("").is_err());
+        assert!(check_key("a\0b").is_err());
+        assert!(check_key(&"k".repeat(1025)).is_err());
+    }
+}
