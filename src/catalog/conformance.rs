@@ -150,7 +150,7 @@ pub async fn objects_and_references(c: &dyn Catalog) {
         ..blob(11, 5)
     };
     let out = c
-        .put_object(put("refs", "c", &[other.clone()]))
+        .put_object(put("refs", "c", std::slice::from_ref(&other)))
         .await
         .unwrap();
     assert_eq!(out.redundant, vec![other]);

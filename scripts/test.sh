@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the tests need, then checks formatting and lints and runs
+# every test against real processes. Run from anywhere, as root or with sudo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+depot_install_packages "${BUILD_PACKAGES[@]}"
+
+echo "== format and lints"
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+
+echo "== tests"
+cargo test --all-targets --locked

@@ -1,0 +1,205 @@
+//! Test harness: runs the real `depot` binary on a free loopback port with
+//! its own data directory, and talks to it over real sockets.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_depot");
+
+/// A running `depot serve`.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub url: String,
+    pub addr: String,
+    pub data: PathBuf,
+    /// Everything the server logged so far.
+    pub log: Arc<Mutex<String>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Starts a server on a fresh data directory.
+    pub fn start(extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        let mut s = Server::start_in(&data, extra);
+        s._dir = Some(dir);
+        s
+    }
+
+    /// Starts a server on `data` (kept after the server stops).
+    pub fn start_in(data: &Path, extra: &[&str]) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--data"]).arg(data).args(["--listen", "127.0.0.1:0"]).args(extra);
+        if !extra.contains(&"--gc-interval") {
+            cmd.args(["--gc-interval", "0"]);
+        }
+        for (k, _) in std::env::vars() {
+            if k.starts_with("DEPOT_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("DEPOT_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawning depot");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("listening on http://") {
+                    let rest = &line[at + "listening on http://".len()..];
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("depot did not start; log:\n{}", log.lock().unwrap());
+            }
+        };
+        Server { child, url: format!("http://{addr}"), addr, data: data.to_path_buf(), log, _dir: None }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        unsafe_kill(self.pid(), 15);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "depot did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    /// Peak resident memory so far (VmHWM), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kb * 1024
+    }
+
+    pub fn object_url(&self, bucket: &str, key: &str) -> String {
+        format!("{}/{bucket}/{}", self.url, encode(key))
+    }
+
+    /// Asserts the log shows no panic.
+    pub fn assert_no_panic(&self) {
+        let log = self.log.lock().unwrap();
+        assert!(!log.contains("panicked"), "the server panicked:\n{log}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_kill(pid: u32, signal: i32) {
+    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+}
+
+/// Percent-encodes a key for a URL path, keeping `/`.
+pub fn encode(key: &str) -> String {
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    percent_encoding::utf8_percent_encode(key, SET).to_string()
+}
+
+/// Deterministic, incompressible bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+pub fn md5_hex(bytes: &[u8]) -> String {
+    use md5::Digest;
+    hex::encode(md5::Md5::digest(bytes))
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+}
+
+/// Sends raw bytes over a new TCP connection and returns everything the
+/// server answers until it closes or goes quiet for `quiet`.
+pub fn raw(addr: &str, request: &[u8], quiet: Duration) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(quiet)).unwrap();
+    s.write_all(request).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status code of the first response in a raw answer.
+pub fn status_of(raw: &str) -> u16 {
+    raw.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Files (not directories) under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

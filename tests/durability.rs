@@ -1,0 +1,292 @@
+//! Durability and resource promises, checked against the real binary:
+//! acknowledged writes survive `kill -9`, interrupted uploads leave nothing,
+//! garbage collection honours its grace period, memory stays bounded while
+//! streaming large bodies.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Server, client, files_under, pattern, sha256_hex};
+use futures::StreamExt;
+
+/// Sizes that land in both tiers of the hybrid engine and span chunks.
+const SIZES: [usize; 6] = [0, 700, 40_000, 200_000, 600_000, 2_500_000];
+
+/// What a key may hold after a crash: its last acknowledged body, or the
+/// body of a write that was in flight when the server died (SHA-256s).
+#[derive(Debug, Default)]
+struct Allowed {
+    acked: Option<String>,
+    in_flight: Option<String>,
+}
+
+/// Uploads from several clients until the server dies; returns, per key,
+/// the bodies it may hold afterwards.
+async fn upload_until_killed(server: &Server, writers: usize) -> HashMap<String, Allowed> {
+    let acked: Arc<Mutex<HashMap<String, Allowed>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (url, acked) = (server.url.clone(), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let http = client();
+            for i in 0u64.. {
+                let body = pattern(SIZES[(i as usize + w) % SIZES.len()], w as u64 * 1_000_000 + i);
+                // Every fifth write overwrites an earlier key.
+                let key = if i % 5 == 4 { format!("w{w}/k{}", i - 2) } else { format!("w{w}/k{i}") };
+                let sha = sha256_hex(&body);
+                acked.lock().unwrap().entry(key.clone()).or_default().in_flight = Some(sha.clone());
+                match http.put(format!("{url}/files/{key}")).body(body).send().await {
+                    Ok(r) if r.status().is_success() => {
+                        let mut all = acked.lock().unwrap();
+                        let entry = all.get_mut(&key).unwrap();
+                        (entry.acked, entry.in_flight) = (Some(sha), None);
+                    }
+                    _ => return,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for t in tasks {
+        // The writers end when the server is killed.
+        let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
+    }
+    Arc::try_unwrap(acked).unwrap().into_inner().unwrap()
+}
+
+/// Every acknowledged write reads back whole; an unacknowledged one is
+/// either wholly there or not at all.
+async fn assert_survivors(server: &Server, keys: &HashMap<String, Allowed>) {
+    let http = client();
+    for (key, allowed) in keys {
+        let r = http.get(format!("{}/files/{key}", server.url)).send().await.unwrap();
+        if r.status() == 404 {
+            assert!(allowed.acked.is_none(), "acknowledged {key} is gone after kill -9");
+            continue;
+        }
+        assert_eq!(r.status(), 200);
+        let got = Some(sha256_hex(&r.bytes().await.unwrap()));
+        assert!(
+            got == allowed.acked || got == allowed.in_flight,
+            "{key} holds bytes that were never acknowledged nor in flight"
+        );
+    }
+}
+
+async fn kill9_keeps_acknowledged_writes(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for round in 0..2 {
+        let mut server = Server::start_in(&data, &["--engine", engine]);
+        let killer = {
+            let pid = server.pid();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(1200));
+                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+            })
+        };
+        let keys = upload_until_killed(&server, 6).await;
+        killer.join().unwrap();
+        server.kill9();
+        let acked = keys.values().filter(|a| a.acked.is_some()).count();
+        assert!(acked > 10, "{engine} round {round}: only {acked} uploads before the kill");
+        let restarted = Server::start_in(&data, &["--engine", engine]);
+        assert_survivors(&restarted, &keys).await;
+        restarted.assert_no_panic();
+        // Staging space is empty after the restart.
+        let tmp = data.join(engine).join(if engine == "hybrid" { "files/tmp" } else { "tmp" });
+        assert!(files_under(&tmp).is_empty(), "{engine}: staging files survived a restart");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_keeps_acknowledged_writes_hybrid() {
+    kill9_keeps_acknowledged_writes("hybrid").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_keeps_acknowledged_writes_fs() {
+    kill9_keeps_acknowledged_writes("fs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_keeps_acknowledged_writes_rocksdb() {
+    kill9_keeps_acknowledged_writes("rocksdb").await;
+}
+
+/// A body generated on the fly, never held whole by the client either.
+fn generated_body(len: u64, seed: u64) -> reqwest::Body {
+    let chunk = 1 << 20;
+    let chunks = len.div_ceil(chunk);
+    let stream = futures::stream::iter(0..chunks).map(move |i| {
+        let n = chunk.min(len - i * chunk) as usize;
+        Ok::<_, std::io::Error>(bytes::Bytes::from(pattern(n, seed + i)))
+    });
+    reqwest::Body::wrap_stream(stream)
+}
+
+fn generated_sha(len: u64, seed: u64) -> String {
+    use sha2::Digest;
+    let chunk = 1u64 << 20;
+    let mut h = sha2::Sha256::new();
+    for i in 0..len.div_ceil(chunk) {
+        h.update(pattern(chunk.min(len - i * chunk) as usize, seed + i));
+    }
+    hex::encode(h.finalize())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_bodies_stream_in_bounded_memory() {
+    const LEN: u64 = 384 << 20;
+    const LIMIT: u64 = 100 << 20;
+    let server = Server::start(&[]);
+    let http = client();
+    let url = server.object_url("files", "big.bin");
+    let r = http
+        .put(&url)
+        .header("content-length", LEN)
+        .body(generated_body(LEN, 7))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let json: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(json["sha256"], generated_sha(LEN, 7));
+    let after_upload = server.peak_rss();
+    let mut body = http.get(&url).send().await.unwrap().bytes_stream();
+    let mut h = <sha2::Sha256 as sha2::Digest>::new();
+    let mut got = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.unwrap();
+        got += chunk.len() as u64;
+        sha2::Digest::update(&mut h, &chunk);
+    }
+    assert_eq!(got, LEN);
+    assert_eq!(hex::encode(sha2::Digest::finalize(h)), json["sha256"]);
+    let peak = server.peak_rss();
+    eprintln!("peak RSS after a {} MiB upload: {} MiB; after download: {} MiB", LEN >> 20, after_upload >> 20, peak >> 20);
+    assert!(peak < LIMIT, "peak RSS {} MiB is over {} MiB", peak >> 20, LIMIT >> 20);
+}
+
+/// Sends a request head and part of its body, then vanishes.
+fn abandon_upload(addr: &str, key: &str, declared: usize, sent: usize) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!("PUT /files/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&pattern(sent, 3)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(s);
+}
+
+async fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_mid_upload_leaves_nothing() {
+    for engine in ["fs", "hybrid", "rocksdb"] {
+        let server = Server::start(&["--engine", engine]);
+        let before = files_under(&server.data).len();
+        abandon_upload(&server.addr, "gone.bin", 10 << 20, 3 << 20);
+        let r = client().get(server.object_url("files", "gone.bin")).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{engine}: a cut-off upload became an object");
+        let engine_dir = server.data.join(engine);
+        let staged = || {
+            files_under(&engine_dir).iter().any(|p| p.strip_prefix(&engine_dir).unwrap().to_string_lossy().contains("tmp/"))
+        };
+        wait_for(|| !staged(), "staging removed").await;
+        let stats = client().get(format!("{}/_/metrics", server.url)).send().await.unwrap().text().await.unwrap();
+        assert!(stats.contains("depot_blobs 0\n"), "{engine}: a blob was registered:\n{stats}");
+        assert!(files_under(&server.data).len() <= before + 8, "{engine}: stray files after an abandoned upload");
+        server.assert_no_panic();
+    }
+}
+
+fn depot(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::BIN).args(args).env_remove("DEPOT_DATA").output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gc_removes_unreferenced_blobs_only_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().unwrap();
+    let body = pattern(500_000, 11);
+    let sha = sha256_hex(&body);
+    let mut server = Server::start_in(&data, &["--engine", "fs"]);
+    let http = client();
+    http.put(server.object_url("files", "a")).body(body.clone()).send().await.unwrap();
+    http.put(server.object_url("files", "b")).body(body.clone()).send().await.unwrap();
+    http.delete(server.object_url("files", "a")).send().await.unwrap();
+    http.delete(server.object_url("files", "b")).send().await.unwrap();
+    assert!(server.stop().success(), "SIGTERM ends the server cleanly");
+    let blob = data.join("fs/blobs").join(&sha[..2]).join(&sha[2..4]).join(&sha);
+    assert!(blob.is_file());
+
+    let out = depot(&["gc", "--data", data_arg, "--engine", "fs", "--gc-grace", "3600"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 0 unreferenced blob(s) and 0 orphan(s)"));
+    assert!(blob.is_file(), "a blob inside its grace period was removed");
+
+    // An orphan: bytes no record points at, as a crash between the blob's
+    // rename and the catalog commit leaves them.
+    let orphan_bytes = pattern(1234, 12);
+    let orphan_sha = sha256_hex(&orphan_bytes);
+    let orphan = data.join("fs/blobs").join(&orphan_sha[..2]).join(&orphan_sha[2..4]);
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join(&orphan_sha), &orphan_bytes).unwrap();
+
+    let out = depot(&["gc", "--data", data_arg, "--engine", "fs", "--gc-grace", "0"]);
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("removed 1 unreferenced blob(s) and 1 orphan(s)"), "{said}");
+    assert!(!blob.exists() && !orphan.join(&orphan_sha).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn background_gc_runs_on_its_own() {
+    let server = Server::start(&["--gc-grace", "0", "--gc-interval", "1"]);
+    let http = client();
+    let r = http.put(server.object_url("files", "x")).body(pattern(1000, 5)).send().await.unwrap();
+    let sha = r.json::<serde_json::Value>().await.unwrap()["sha256"].as_str().unwrap().to_string();
+    let blob_url = format!("{}/_/blobs/{sha}", server.url);
+    assert_eq!(http.get(&blob_url).send().await.unwrap().status(), 200);
+    http.delete(server.object_url("files", "x")).send().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if http.get(&blob_url).send().await.unwrap().status() == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the background pass never collected the blob");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn a_data_directory_keeps_its_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut first = Server::start_in(&data, &["--engine", "hybrid"]);
+    first.stop();
+    let out = depot(&["serve", "--data", data.to_str().unwrap(), "--engine", "fs", "--listen", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds a store of the hybrid engine"), "{err}");
+}
+
+#[test]
+fn refuses_a_public_address_without_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = depot(&["serve", "--data", dir.path().to_str().unwrap(), "--listen", "0.0.0.0:0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without credentials"));
+}

@@ -1,0 +1,845 @@
+//! The native HTTP API, end to end: every test starts the real `depot`
+//! binary on a free port with its own data directory and talks to it over
+//! real sockets, with reqwest or, where a client library would rewrite the
+//! request (dot segments, oversized heads, bodies cut short), over raw TCP.
+//!
+//! Sections: objects, buckets, listings, batch routes, blobs / health /
+//! metrics, ranges, conditional requests and object headers,
+//! deduplication, bad input.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use common::{Server, client, encode, files_under, md5_hex, pattern, sha256_hex};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+/// The bucket every store has from its first start.
+const B: &str = "files";
+
+// ----- helpers: requests -----
+
+/// Sends one request with extra headers and an optional body.
+async fn send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+) -> reqwest::Response {
+    let mut req = client().request(method, url);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    if let Some(body) = body {
+        req = req.body(body);
+    }
+    req.send().await.expect("request")
+}
+
+async fn put(s: &Server, key: &str, body: &[u8], headers: &[(&str, &str)]) -> reqwest::Response {
+    send(Method::PUT, &s.object_url(B, key), headers, Some(body.to_vec())).await
+}
+
+async fn get(s: &Server, key: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    send(Method::GET, &s.object_url(B, key), headers, None).await
+}
+
+async fn head(s: &Server, key: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    send(Method::HEAD, &s.object_url(B, key), headers, None).await
+}
+
+/// PUTs a key that must be new; returns the JSON answer.
+async fn put_new(s: &Server, key: &str, body: &[u8]) -> Value {
+    let r = put(s, key, body, &[]).await;
+    assert_eq!(r.status(), StatusCode::CREATED, "PUT {key}");
+    r.json().await.unwrap()
+}
+
+/// The body of a key, which must exist.
+async fn read(s: &Server, key: &str) -> Vec<u8> {
+    let r = get(s, key, &[]).await;
+    assert_eq!(r.status(), StatusCode::OK, "GET {key}");
+    r.bytes().await.unwrap().to_vec()
+}
+
+/// Asserts the key is absent: GET gives 404 NoSuchKey.
+async fn assert_absent(s: &Server, key: &str) {
+    expect_error(get(s, key, &[]).await, 404, "NoSuchKey").await;
+}
+
+/// Asserts a native error: the status and a JSON body with a code and a
+/// message; returns the body.
+async fn error_body(r: reqwest::Response, status: u16) -> Value {
+    assert_eq!(r.status().as_u16(), status, "status of {}", r.url());
+    let ct = header(&r, "content-type");
+    assert!(ct.starts_with("application/json"), "content-type {ct:?}");
+    let v: Value = r.json().await.expect("a JSON error body");
+    assert!(v["error"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    v
+}
+
+/// Asserts a native error with this status and code.
+async fn expect_error(r: reqwest::Response, status: u16, code: &str) {
+    let v = error_body(r, status).await;
+    assert_eq!(v["error"], code, "{v}");
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// A JSON listing of `/{B}/{path}?{query}`.
+async fn list(s: &Server, path: &str, query: &str) -> Value {
+    let url = format!("{}/{B}/{}?{query}", s.url, encode(path));
+    let r = send(Method::GET, &url, &[("accept", "application/json")], None).await;
+    assert_eq!(r.status(), StatusCode::OK, "{url}");
+    r.json().await.unwrap()
+}
+
+fn keys_of(listing: &Value) -> Vec<String> {
+    let entries = listing["entries"].as_array().expect("entries");
+    entries.iter().map(|e| e["key"].as_str().unwrap().to_string()).collect()
+}
+
+async fn post(s: &Server, route: &str, body: &[u8]) -> reqwest::Response {
+    let url = format!("{}/_/batch/{route}?bucket={B}", s.url);
+    send(Method::POST, &url, &[], Some(body.to_vec())).await
+}
+
+async fn metrics(s: &Server) -> String {
+    let r = send(Method::GET, &format!("{}/_/metrics", s.url), &[], None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    r.text().await.unwrap()
+}
+
+/// The value of an unlabelled metric.
+fn gauge(text: &str, name: &str) -> i64 {
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The server still answers and has not panicked.
+async fn assert_healthy(s: &Server) {
+    let r = send(Method::GET, &format!("{}/_/health", s.url), &[], None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    s.assert_no_panic();
+}
+
+// ----- helpers: raw TCP -----
+
+/// An answer read off a raw connection.
+struct RawResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        let found = self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
+        found.map(|(_, v)| v.as_str())
+    }
+
+    fn error_code(&self) -> String {
+        let v: Value = serde_json::from_slice(&self.body).expect("a JSON error body");
+        v["error"].as_str().unwrap_or("").to_string()
+    }
+}
+
+/// A request head (`Connection: close`) followed by `body`, sent as is.
+fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-length")) {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    [head.as_bytes(), body].concat()
+}
+
+/// Sends `request`, optionally shuts the write half, and reads the answer
+/// until the server closes. Write errors are tolerated: a server may
+/// answer and close before it has read everything.
+fn raw_exchange(addr: &str, request: &[u8], half_close: bool) -> RawResponse {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _ = s.write_all(request);
+    if half_close {
+        let _ = s.shutdown(Shutdown::Write);
+    }
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let end = find(&out, b"\r\n\r\n").unwrap_or_else(|| {
+        panic!("no response head in {:?}", String::from_utf8_lossy(&out))
+    });
+    let head = String::from_utf8_lossy(&out[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = common::status_of(lines.next().unwrap());
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = out[end + 4..].to_vec();
+    if let Some(len) = headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")) {
+        body.truncate(len.1.parse().unwrap());
+    }
+    RawResponse { status, headers, body }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Percent-encodes every byte but letters, digits and `/`: `..` becomes
+/// `%2E%2E`, which the server decodes and no client normalises.
+fn encode_all(key: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'/');
+    percent_encoding::utf8_percent_encode(key, SET).to_string()
+}
+
+// ----- objects -----
+
+#[tokio::test]
+async fn put_answers_201_for_a_new_key_and_200_when_replacing() {
+    let s = Server::start(&[]);
+    let first = pattern(3000, 1);
+    let v = put_new(&s, "dir/report.bin", &first).await;
+    assert_eq!(v["bucket"], B);
+    assert_eq!(v["key"], "dir/report.bin");
+    assert_eq!(v["size"], 3000);
+    assert_eq!(v["etag"], md5_hex(&first));
+    assert_eq!(v["sha256"], sha256_hex(&first));
+    assert_eq!(v["deduplicated"], false);
+
+    let second = pattern(10, 2);
+    let r = put(&s, "dir/report.bin", &second, &[]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["size"], 10);
+    assert_eq!(v["sha256"], sha256_hex(&second));
+    assert_eq!(read(&s, "dir/report.bin").await, second);
+}
+
+#[tokio::test]
+async fn get_head_and_delete_an_object() {
+    let s = Server::start(&[]);
+    let body = pattern(5000, 3);
+    put_new(&s, "k", &body).await;
+    assert_eq!(read(&s, "k").await, body);
+
+    let r = head(&s, "k", &[]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "content-length"), "5000");
+    assert!(r.bytes().await.unwrap().is_empty(), "HEAD has no body");
+
+    let r = send(Method::DELETE, &s.object_url(B, "k"), &[], None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_absent(&s, "k").await;
+    let r = send(Method::DELETE, &s.object_url(B, "k"), &[], None).await;
+    expect_error(r, 404, "NoSuchKey").await;
+}
+
+// ----- buckets -----
+
+#[tokio::test]
+async fn bucket_files_exists_from_the_first_start() {
+    let s = Server::start(&[]);
+    let r = send(Method::GET, &format!("{}/", s.url), &[("accept", "application/json")], None).await;
+    let v: Value = r.json().await.unwrap();
+    let names: Vec<&str> = v["buckets"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+    assert_eq!(names, [B]);
+    assert_eq!(keys_of(&list(&s, "", "").await), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn buckets_are_created_and_only_deleted_when_empty() {
+    let s = Server::start(&[]);
+    let bucket_url = format!("{}/photos", s.url);
+    let r = send(Method::PUT, &bucket_url, &[], None).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+
+    let obj = s.object_url("photos", "cat.png");
+    assert_eq!(send(Method::PUT, &obj, &[], Some(b"meow".to_vec())).await.status(), StatusCode::CREATED);
+    expect_error(send(Method::DELETE, &bucket_url, &[], None).await, 409, "BucketNotEmpty").await;
+
+    assert_eq!(send(Method::DELETE, &obj, &[], None).await.status(), StatusCode::NO_CONTENT);
+    let r = send(Method::DELETE, &bucket_url, &[], None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    expect_error(send(Method::DELETE, &bucket_url, &[], None).await, 404, "NoSuchBucket").await;
+    let r = send(Method::PUT, &obj, &[], Some(b"meow".to_vec())).await;
+    expect_error(r, 404, "NoSuchBucket").await;
+    expect_error(send(Method::GET, &obj, &[], None).await, 404, "NoSuchBucket").await;
+}
+
+// ----- listings -----
+
+#[tokio::test]
+async fn json_listing_gives_entries_dirs_and_next() {
+    let s = Server::start(&[]);
+    for key in ["docs/a.txt", "docs/b.txt", "docs/sub/c.txt", "top.bin"] {
+        put_new(&s, key, key.as_bytes()).await;
+    }
+    let root = list(&s, "", "").await;
+    assert_eq!(keys_of(&root), ["top.bin"]);
+    assert_eq!(root["dirs"], serde_json::json!(["docs/"]));
+    assert!(root["next"].is_null());
+    let entry = &root["entries"][0];
+    assert_eq!(entry["size"], 7);
+    assert_eq!(entry["etag"], md5_hex(b"top.bin"));
+    let modified = humantime::parse_rfc3339(entry["modified"].as_str().unwrap()).unwrap();
+    let age = SystemTime::now().duration_since(modified).unwrap_or_default();
+    assert!(age < Duration::from_secs(300), "modified is recent: {entry}");
+
+    let docs = list(&s, "docs/", "").await;
+    assert_eq!(keys_of(&docs), ["docs/a.txt", "docs/b.txt"]);
+    assert_eq!(docs["dirs"], serde_json::json!(["docs/sub/"]));
+}
+
+#[tokio::test]
+async fn html_listing_shows_escaped_key_names() {
+    let s = Server::start(&[]);
+    put_new(&s, "plain.txt", b"x").await;
+    put_new(&s, "<b>bold</b>.txt", b"y").await;
+    let r = send(Method::GET, &format!("{}/{B}/", s.url), &[("accept", "text/html")], None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(header(&r, "content-type").starts_with("text/html"));
+    let html = r.text().await.unwrap();
+    assert!(html.contains("plain.txt"), "{html}");
+    assert!(html.contains("&lt;b&gt;bold&lt;/b&gt;.txt"), "{html}");
+    assert!(!html.contains("<b>bold"), "key names are HTML-escaped: {html}");
+}
+
+#[tokio::test]
+async fn listing_pages_with_after_and_limit_visit_every_key_once() {
+    let s = Server::start(&[]);
+    let want: BTreeSet<String> = (0..23).map(|i| format!("page/{i:03}")).collect();
+    for key in &want {
+        put_new(&s, key, b"p").await;
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let query = match &after {
+            None => "limit=5".to_string(),
+            Some(a) => format!("limit=5&after={}", encode_all(a)),
+        };
+        let page = list(&s, "page/", &query).await;
+        let keys = keys_of(&page);
+        assert!(keys.len() <= 5, "{page}");
+        seen.extend(keys);
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), want.len(), "each key once: {seen:?}");
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), want);
+}
+
+// ----- batch routes -----
+
+#[tokio::test]
+async fn batch_get_answers_each_key_in_request_order() {
+    let s = Server::start(&[]);
+    let a = b"alpha\nwith a newline".to_vec();
+    put_new(&s, "a", &a).await;
+    put_new(&s, "empty", b"").await;
+    let r = post(&s, "get", b"missing\nempty\na\nmissing-too\na\n").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut want = b"-1\n0\n\n".to_vec();
+    for piece in [&b"20\n"[..], &a, b"\n-1\n20\n", &a, b"\n"] {
+        want.extend_from_slice(piece);
+    }
+    assert_eq!(r.bytes().await.unwrap().to_vec(), want);
+}
+
+#[tokio::test]
+async fn batch_put_stores_every_entry() {
+    let s = Server::start(&[]);
+    let big = pattern(70_000, 4);
+    let mut body = b"one\n3\nabc\nempty\n0\n\n".to_vec();
+    body.extend_from_slice(format!("big.bin\n{}\n", big.len()).as_bytes());
+    body.extend_from_slice(&big);
+    body.push(b'\n');
+    let r = post(&s, "put", &body).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["stored"], 3);
+    assert_eq!(read(&s, "one").await, b"abc");
+    assert_eq!(read(&s, "empty").await, b"");
+    assert_eq!(read(&s, "big.bin").await, big);
+}
+
+#[tokio::test]
+async fn batch_put_with_a_malformed_last_entry_stores_nothing() {
+    let s = Server::start(&[]);
+    // The last entry declares 10 bytes but carries 3 and a newline.
+    for bad_tail in [&b"three\n10\nabc\n"[..], b"three\nten\nabc\n", b"three\n3\nabc"] {
+        let body = [&b"one\n3\nabc\ntwo\n3\ndef\n"[..], bad_tail].concat();
+        error_body(post(&s, "put", &body).await, 400).await;
+        for key in ["one", "two", "three"] {
+            assert_absent(&s, key).await;
+        }
+    }
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
+async fn batch_delete_removes_the_listed_keys() {
+    let s = Server::start(&[]);
+    put_new(&s, "a", b"1").await;
+    put_new(&s, "b", b"2").await;
+    let r = post(&s, "delete", b"a\nnever-stored\n").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["deleted"].as_u64(), v["missing"].as_u64()), (Some(1), Some(1)));
+    assert_absent(&s, "a").await;
+    assert_eq!(read(&s, "b").await, b"2");
+}
+
+// ----- blobs, health, metrics -----
+
+#[tokio::test]
+async fn blobs_are_served_by_sha256() {
+    let s = Server::start(&[]);
+    let body = pattern(1234, 5);
+    put_new(&s, "x", &body).await;
+    let blob = |hex: &str| format!("{}/_/blobs/{hex}", s.url);
+    let r = send(Method::GET, &blob(&sha256_hex(&body)), &[], None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.bytes().await.unwrap().to_vec(), body);
+    let unknown = sha256_hex(b"never stored");
+    expect_error(send(Method::GET, &blob(&unknown), &[], None).await, 404, "NoSuchBlob").await;
+    for bad in ["xyz", &unknown[..63], &"g".repeat(64)] {
+        expect_error(send(Method::GET, &blob(bad), &[], None).await, 400, "InvalidRequest").await;
+    }
+}
+
+#[tokio::test]
+async fn health_and_prometheus_metrics() {
+    let s = Server::start(&[]);
+    assert_healthy(&s).await;
+    let before = metrics(&s).await;
+    for name in [
+        "depot_http_requests_total{",
+        "depot_http_request_duration_seconds_bucket{",
+        "depot_objects ",
+        "depot_blobs ",
+        "depot_dedup_saved_bytes ",
+    ] {
+        assert!(before.contains(name), "{name} missing:\n{before}");
+    }
+    let body = pattern(1000, 6);
+    for key in ["m1", "m2", "m3"] {
+        put(&s, key, &body, &[]).await;
+    }
+    let after = metrics(&s).await;
+    assert_eq!(gauge(&after, "depot_objects"), gauge(&before, "depot_objects") + 3);
+    assert_eq!(gauge(&after, "depot_blobs"), gauge(&before, "depot_blobs") + 1);
+    assert_eq!(gauge(&after, "depot_dedup_saved_bytes"), gauge(&before, "depot_dedup_saved_bytes") + 2000);
+    assert!(after.contains("depot_http_requests_total{method=\"PUT\",status=\"201\"} 3"), "{after}");
+}
+
+// ----- ranges -----
+
+/// A GET of `key` with a Range header (and more headers).
+async fn ranged(s: &Server, key: &str, range: &str, more: &[(&str, &str)]) -> reqwest::Response {
+    let mut headers = vec![("range", range)];
+    headers.extend_from_slice(more);
+    get(s, key, &headers).await
+}
+
+/// Asserts a 206 with one range: the bytes, Content-Length and
+/// Content-Range.
+async fn assert_partial(r: reqwest::Response, body: &[u8], start: usize, end: usize) {
+    assert_eq!(r.status(), StatusCode::PARTIAL_CONTENT, "{}", r.url());
+    assert_eq!(header(&r, "content-range"), format!("bytes {start}-{}/{}", end - 1, body.len()));
+    assert_eq!(header(&r, "content-length"), (end - start).to_string());
+    assert_eq!(r.bytes().await.unwrap().to_vec(), &body[start..end]);
+}
+
+#[tokio::test]
+async fn single_ranges_give_206_with_content_range() {
+    let s = Server::start(&[]);
+    let body = pattern(1000, 7);
+    put_new(&s, "r", &body).await;
+    assert_partial(ranged(&s, "r", "bytes=0-99", &[]).await, &body, 0, 100).await;
+    assert_partial(ranged(&s, "r", "bytes=900-", &[]).await, &body, 900, 1000).await;
+    assert_partial(ranged(&s, "r", "bytes=-100", &[]).await, &body, 900, 1000).await;
+    assert_partial(ranged(&s, "r", "bytes=990-5000", &[]).await, &body, 990, 1000).await;
+    assert_partial(ranged(&s, "r", "bytes=5-5", &[]).await, &body, 5, 6).await;
+}
+
+/// The parts of a multipart/byteranges body: (Content-Range, bytes).
+fn multipart_parts(body: &[u8], boundary: &str) -> Vec<(String, Vec<u8>)> {
+    let delimiter = format!("\r\n--{boundary}").into_bytes();
+    let mut pieces = Vec::new();
+    let mut rest = body;
+    while let Some(at) = find(rest, &delimiter) {
+        pieces.push(&rest[..at]);
+        rest = &rest[at + delimiter.len()..];
+    }
+    assert_eq!(rest, b"--\r\n", "the body ends with the closing delimiter");
+    assert_eq!(pieces.remove(0), b"", "nothing before the first part");
+    pieces
+        .into_iter()
+        .map(|p| {
+            let p = p.strip_prefix(b"\r\n").expect("CRLF after the delimiter");
+            let end = find(p, b"\r\n\r\n").expect("part headers");
+            let headers = String::from_utf8(p[..end].to_vec()).unwrap();
+            let range = headers
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Range: "))
+                .expect("a Content-Range in each part");
+            (range.to_string(), p[end + 4..].to_vec())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn several_ranges_give_multipart_byteranges() {
+    let s = Server::start(&[]);
+    let body = pattern(1000, 8);
+    put_new(&s, "m.bin", &body).await;
+    let r = ranged(&s, "m.bin", "bytes=0-9, 500-519, -5", &[]).await;
+    assert_eq!(r.status(), StatusCode::PARTIAL_CONTENT);
+    let ct = header(&r, "content-type");
+    let boundary = ct.strip_prefix("multipart/byteranges; boundary=").expect(&ct).to_string();
+    let declared: usize = header(&r, "content-length").parse().unwrap();
+    let bytes = r.bytes().await.unwrap();
+    assert_eq!(bytes.len(), declared, "Content-Length is the multipart length");
+    let parts = multipart_parts(&bytes, &boundary);
+    let want = [(0, 10), (500, 520), (995, 1000)];
+    assert_eq!(parts.len(), want.len());
+    for ((range, got), (a, b)) in parts.iter().zip(want) {
+        assert_eq!(range, &format!("bytes {a}-{}/1000", b - 1));
+        assert_eq!(got, &body[a..b], "bytes of {range}");
+    }
+}
+
+#[tokio::test]
+async fn unsatisfiable_ranges_give_416_with_the_length() {
+    let s = Server::start(&[]);
+    put_new(&s, "r", &pattern(1000, 9)).await;
+    put_new(&s, "empty", b"").await;
+    for (key, range, len) in [
+        ("r", "bytes=1000-", 1000),
+        ("r", "bytes=2000-3000, 5000-", 1000),
+        ("empty", "bytes=0-", 0),
+        ("empty", "bytes=0-0", 0),
+        ("empty", "bytes=-5", 0),
+    ] {
+        let r = ranged(&s, key, range, &[]).await;
+        assert_eq!(header(&r, "content-range"), format!("bytes */{len}"), "{key} {range}");
+        expect_error(r, 416, "InvalidRange").await;
+    }
+}
+
+#[tokio::test]
+async fn invalid_range_syntax_is_ignored() {
+    let s = Server::start(&[]);
+    let body = pattern(100, 10);
+    put_new(&s, "r", &body).await;
+    for range in ["bytes=5-1", "bytes=abc", "items=0-1", "bytes=", "bytes=--1"] {
+        let r = ranged(&s, "r", range, &[]).await;
+        assert_eq!(r.status(), StatusCode::OK, "{range}");
+        assert!(r.headers().get("content-range").is_none());
+        assert_eq!(r.bytes().await.unwrap().to_vec(), body, "{range}");
+    }
+}
+
+#[tokio::test]
+async fn if_range_serves_partially_only_while_the_validator_matches() {
+    let s = Server::start(&[]);
+    let body = pattern(100, 11);
+    put_new(&s, "r", &body).await;
+    let plain = get(&s, "r", &[]).await;
+    let (etag, modified) = (header(&plain, "etag"), header(&plain, "last-modified"));
+
+    assert_partial(ranged(&s, "r", "bytes=0-9", &[("if-range", etag.as_str())]).await, &body, 0, 10).await;
+    assert_partial(ranged(&s, "r", "bytes=0-9", &[("if-range", modified.as_str())]).await, &body, 0, 10).await;
+    let other_date = httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(86400));
+    for stale in ["\"0123456789abcdef0123456789abcdef\"", &other_date] {
+        let r = ranged(&s, "r", "bytes=0-9", &[("if-range", stale)]).await;
+        assert_eq!(r.status(), StatusCode::OK, "If-Range {stale}");
+        assert_eq!(r.bytes().await.unwrap().to_vec(), body);
+    }
+}
+
+// ----- conditional requests and object headers -----
+
+#[tokio::test]
+async fn objects_carry_etag_last_modified_and_digest_headers() {
+    let s = Server::start(&[]);
+    let body = pattern(777, 12);
+    put_new(&s, "h", &body).await;
+    for r in [get(&s, "h", &[]).await, head(&s, "h", &[]).await] {
+        assert_eq!(header(&r, "etag"), format!("\"{}\"", md5_hex(&body)));
+        assert_eq!(header(&r, "x-depot-sha256"), sha256_hex(&body));
+        assert_eq!(header(&r, "accept-ranges"), "bytes");
+        assert_eq!(header(&r, "content-length"), "777");
+        let modified = httpdate::parse_http_date(&header(&r, "last-modified")).unwrap();
+        let age = SystemTime::now().duration_since(modified).unwrap_or_default();
+        assert!(age < Duration::from_secs(300));
+    }
+}
+
+#[tokio::test]
+async fn matching_if_none_match_or_if_modified_since_gives_304() {
+    let s = Server::start(&[]);
+    let body = pattern(50, 13);
+    put_new(&s, "c", &body).await;
+    let plain = get(&s, "c", &[]).await;
+    let (etag, modified) = (header(&plain, "etag"), header(&plain, "last-modified"));
+    for cond in [("if-none-match", etag.as_str()), ("if-modified-since", modified.as_str())] {
+        for r in [get(&s, "c", &[cond]).await, head(&s, "c", &[cond]).await] {
+            assert_eq!(r.status(), StatusCode::NOT_MODIFIED, "{cond:?}");
+            assert_eq!(header(&r, "etag"), etag);
+            assert_eq!(header(&r, "x-depot-sha256"), sha256_hex(&body));
+            assert!(r.bytes().await.unwrap().is_empty());
+        }
+    }
+    let r = get(&s, "c", &[("if-none-match", "\"something-else\"")]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let earlier = httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(3600));
+    let r = get(&s, "c", &[("if-modified-since", earlier.as_str())]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn put_with_if_none_match_star_only_creates() {
+    let s = Server::start(&[]);
+    let star = [("if-none-match", "*")];
+    assert_eq!(put(&s, "once", b"first", &star).await.status(), StatusCode::CREATED);
+    expect_error(put(&s, "once", b"second", &star).await, 412, "PreconditionFailed").await;
+    assert_eq!(read(&s, "once").await, b"first");
+}
+
+#[tokio::test]
+async fn if_match_mismatch_gives_412_on_get_and_put() {
+    let s = Server::start(&[]);
+    put_new(&s, "m", b"v1").await;
+    let wrong = [("if-match", "\"0123456789abcdef0123456789abcdef\"")];
+    expect_error(get(&s, "m", &wrong).await, 412, "PreconditionFailed").await;
+    expect_error(put(&s, "m", b"v2", &wrong).await, 412, "PreconditionFailed").await;
+    assert_eq!(read(&s, "m").await, b"v1");
+    let right = format!("\"{}\"", md5_hex(b"v1"));
+    assert_eq!(put(&s, "m", b"v2", &[("if-match", right.as_str())]).await.status(), StatusCode::OK);
+    assert_eq!(read(&s, "m").await, b"v2");
+}
+
+#[tokio::test]
+async fn content_type_is_stored_or_guessed_from_the_extension() {
+    let s = Server::start(&[]);
+    put(&s, "custom.txt", b"x", &[("content-type", "application/x-custom")]).await;
+    for key in ["notes.txt", "pic.png", "no-extension"] {
+        put_new(&s, key, b"x").await;
+    }
+    for (key, want) in [
+        ("custom.txt", "application/x-custom"),
+        ("notes.txt", "text/plain"),
+        ("pic.png", "image/png"),
+        ("no-extension", "application/octet-stream"),
+    ] {
+        let ct = header(&get(&s, key, &[]).await, "content-type");
+        assert!(ct.starts_with(want), "{key}: {ct}");
+    }
+}
+
+// ----- deduplication -----
+
+#[tokio::test]
+async fn put_of_stored_bytes_is_deduplicated() {
+    let s = Server::start(&[]);
+    let body = pattern(4096, 14);
+    assert_eq!(put_new(&s, "first", &body).await["deduplicated"], false);
+    assert_eq!(put_new(&s, "second", &body).await["deduplicated"], true);
+    assert_eq!(put_new(&s, "third", &pattern(4096, 15)).await["deduplicated"], false);
+}
+
+#[tokio::test]
+async fn concurrent_puts_of_the_same_bytes_store_one_blob() {
+    let s = Server::start(&[]);
+    let body = pattern(64 * 1024, 16);
+    let keys: Vec<String> = (0..20).map(|i| format!("same/{i}")).collect();
+    let before = metrics(&s).await;
+
+    let puts = keys.iter().map(|k| put(&s, k, &body, &[]));
+    for r in futures::future::join_all(puts).await {
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    let after = metrics(&s).await;
+    assert_eq!(gauge(&after, "depot_blobs"), gauge(&before, "depot_blobs") + 1);
+    assert_eq!(gauge(&after, "depot_objects"), gauge(&before, "depot_objects") + 20);
+    for k in &keys {
+        assert_eq!(read(&s, k).await, body, "{k}");
+    }
+
+    for k in &keys {
+        let r = send(Method::DELETE, &s.object_url(B, k), &[], None).await;
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    for k in &keys {
+        assert_absent(&s, k).await;
+    }
+    assert_eq!(gauge(&metrics(&s).await, "depot_objects"), gauge(&before, "depot_objects"));
+}
+
+// ----- bad input -----
+
+#[tokio::test]
+async fn invalid_bucket_names_are_400() {
+    let s = Server::start(&[]);
+    let url = format!("{}/Bad_Bucket/x", s.url);
+    expect_error(send(Method::GET, &url, &[], None).await, 400, "InvalidBucketName").await;
+    expect_error(send(Method::PUT, &url, &[], Some(b"x".to_vec())).await, 400, "InvalidBucketName").await;
+    let bucket = format!("{}/Bad_Bucket", s.url);
+    expect_error(send(Method::PUT, &bucket, &[], None).await, 400, "InvalidBucketName").await;
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
+async fn keys_over_1024_bytes_or_with_nul_are_400() {
+    let s = Server::start(&[]);
+    assert_eq!(put(&s, &"k".repeat(1024), b"x", &[]).await.status(), StatusCode::CREATED);
+    expect_error(put(&s, &"k".repeat(1025), b"x", &[]).await, 400, "InvalidKey").await;
+    let nul = format!("{}/{B}/a%00b", s.url);
+    expect_error(send(Method::PUT, &nul, &[], Some(b"x".to_vec())).await, 400, "InvalidKey").await;
+    expect_error(send(Method::GET, &nul, &[], None).await, 400, "InvalidKey").await;
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
+async fn unknown_methods_are_405() {
+    let s = Server::start(&[]);
+    put_new(&s, "x", b"x").await;
+    let patch = Method::PATCH;
+    let r = send(patch, &s.object_url(B, "x"), &[], Some(b"y".to_vec())).await;
+    assert!(header(&r, "allow").contains("GET"));
+    expect_error(r, 405, "MethodNotAllowed").await;
+    assert_eq!(read(&s, "x").await, b"x");
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
+async fn oversized_headers_are_431() {
+    let s = Server::start(&[]);
+    let big = "a".repeat(100 * 1024);
+    let request = raw_request("GET", "/_/health", &[("X-Big", big.as_str())], b"");
+    assert_eq!(raw_exchange(&s.addr, &request, false).status, 431);
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
+async fn body_shorter_than_its_content_length_is_400_and_stores_nothing() {
+    let s = Server::start(&[]);
+    let request = raw_request("PUT", "/files/short", &[("Content-Length", "100")], &[b'x'; 50]);
+    let r = raw_exchange(&s.addr, &request, true);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error_code(), "IncompleteBody");
+    assert_absent(&s, "short").await;
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
+async fn declared_sha256_must_match_and_be_well_formed() {
+    let s = Server::start(&[]);
+    let body = b"the real body";
+    let wrong = sha256_hex(b"another body");
+    let r = put(&s, "d", body, &[("x-depot-sha256", wrong.as_str())]).await;
+    expect_error(r, 400, "BadDigest").await;
+    assert_absent(&s, "d").await;
+    for bad in ["xyz", &wrong[..60]] {
+        expect_error(put(&s, "d", body, &[("x-depot-sha256", bad)]).await, 400, "InvalidRequest").await;
+        assert_absent(&s, "d").await;
+    }
+    let right = sha256_hex(body);
+    assert_eq!(put(&s, "d", body, &[("x-depot-sha256", right.as_str())]).await.status(), StatusCode::CREATED);
+    assert_healthy(&s).await;
+}
+
+/// Whether a file name in the data directory is one the store makes: a
+/// blob named by its digest, the engine marker, or a RocksDB file.
+fn is_store_file(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+        || ["CURRENT", "IDENTITY", "LOCK", "LOG", "ENGINE"].contains(&name)
+        || name.strip_prefix("LOG.old.").is_some_and(digits)
+        || name.strip_prefix("MANIFEST-").is_some_and(digits)
+        || name.strip_prefix("OPTIONS-").is_some_and(digits)
+        || name.strip_suffix(".sst").is_some_and(digits)
+        || name.strip_suffix(".log").is_some_and(digits)
+}
+
+/// Files under `dir` but not under `data`.
+fn files_outside(dir: &Path, data: &Path) -> BTreeSet<std::path::PathBuf> {
+    files_under(dir).into_iter().filter(|p| !p.starts_with(data)).collect()
+}
+
+#[tokio::test]
+async fn hostile_keys_are_plain_keys_and_never_paths() {
+    // The fs engine keeps every blob as a file: the one engine where a key
+    // turned into a path would show.
+    let s = Server::start(&["--engine", "fs"]);
+    let parent = s.data.parent().unwrap().to_path_buf();
+    let outside_before = files_outside(&parent, &s.data);
+    let passwd_before: Vec<bool> = s.data.ancestors().skip(1).take(2).map(|a| a.join("etc/passwd").exists()).collect();
+
+    // (path as sent, key it names)
+    let literal_dots = ("/files/../../etc/passwd".to_string(), "../../etc/passwd");
+    let encoded_dots = ("/files/%2e%2e/x".to_string(), "../x");
+    let mut cases = vec![literal_dots, encoded_dots];
+    for key in ["a//b", "emoji 🦀.txt", "back\\slash", "with  spaces ", "%2e%2e/literal"] {
+        cases.push((format!("/files/{}", encode_all(key)), key));
+    }
+    for (path, key) in &cases {
+        let r = raw_exchange(&s.addr, &raw_request("PUT", path, &[], key.as_bytes()), false);
+        assert_eq!(r.status, 201, "PUT {path}");
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["key"], *key, "PUT {path}");
+    }
+    for (_, key) in &cases {
+        let path = format!("/files/{}", encode_all(key));
+        let r = raw_exchange(&s.addr, &raw_request("GET", &path, &[], b""), false);
+        assert_eq!((r.status, r.body.as_slice()), (200, key.as_bytes()), "GET {path}");
+        assert_eq!(r.header("x-depot-sha256"), Some(sha256_hex(key.as_bytes()).as_str()));
+    }
+    let listing = raw_exchange(
+        &s.addr,
+        &raw_request("GET", "/files/%2E%2E/%2E%2E/etc/", &[("Accept", "application/json")], b""),
+        false,
+    );
+    let listing: Value = serde_json::from_slice(&listing.body).unwrap();
+    assert_eq!(keys_of(&listing), ["../../etc/passwd"]);
+
+    assert_eq!(files_outside(&parent, &s.data), outside_before, "no file outside the data dir");
+    let passwd_after: Vec<bool> = s.data.ancestors().skip(1).take(2).map(|a| a.join("etc/passwd").exists()).collect();
+    assert_eq!(passwd_after, passwd_before);
+    let files = files_under(&s.data);
+    let blobs = files.iter().filter(|p| p.starts_with(s.data.join("fs/blobs"))).count();
+    assert_eq!(blobs, cases.len(), "one blob file per distinct body");
+    for file in &files {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        assert!(is_store_file(name), "unexpected file {}", file.display());
+    }
+    assert_healthy(&s).await;
+}
