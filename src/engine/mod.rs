@@ -18,6 +18,8 @@
 
 #[cfg(test)]
 pub mod conformance;
+#[cfg(test)]
+pub mod faulty;
 pub mod fs;
 pub mod hybrid;
 pub mod memory;

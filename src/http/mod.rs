@@ -207,6 +207,11 @@ pub async fn serve(
     http1
         .timer(TokioTimer::new())
         .header_read_timeout(Some(app.limits.header_timeout))
+        // max_buf_size alone is no limit on the head: a single read can
+        // fill the buffer past it, and a head that arrives whole in that
+        // read is then accepted. max_header_size is checked on the parsed
+        // head, so an oversized one always gets 431.
+        .max_header_size(app.limits.max_header_bytes)
         .max_buf_size(app.limits.max_header_bytes.max(8192))
         .max_headers(app.limits.max_headers)
         .keep_alive(true);

@@ -648,3 +648,136 @@ pub fn guess_content_type(key: &str) -> String {
         .unwrap_or("application/octet-stream")
         .to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::rocks::RocksCatalog;
+    use crate::engine::faulty::{Fault, FaultyEngine};
+    use crate::engine::memory::MemoryEngine;
+
+    fn body(
+        bytes: &'static [u8],
+    ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
+        futures::stream::iter(vec![Ok(Bytes::from_static(bytes))])
+    }
+
+    async fn store_over(engine: DynEngine) -> (Store, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        (
+            Store::open(catalog, engine, StoreConfig::default())
+                .await
+                .unwrap(),
+            dir,
+        )
+    }
+
+    async fn read_all(store: &Store, bucket: &str, key: &str) -> Vec<u8> {
+        let record = store.head(bucket, key).await.unwrap();
+        let mut s = store
+            .read(&record, ByteRange::full(record.size))
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        while let Some(c) = s.try_next().await.unwrap() {
+            out.extend_from_slice(&c);
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failed_sync_stops_writes_but_not_reads() {
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
+        let (store, _dir) = store_over(faulty.clone()).await;
+        store
+            .put("files", "before", body(b"kept"), PutOptions::default())
+            .await
+            .unwrap();
+        faulty.set(Fault::Sync);
+        let r = store
+            .put("files", "during", body(b"lost"), PutOptions::default())
+            .await;
+        assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
+        // Even once the device would work again, writes stay refused.
+        faulty.set(Fault::None);
+        let r = store
+            .put("files", "after", body(b"x"), PutOptions::default())
+            .await;
+        assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
+        assert!(matches!(
+            store
+                .delete("files", "before", &Precondition::default())
+                .await,
+            Err(StoreError::WritesDisabled(_))
+        ));
+        assert_eq!(read_all(&store, "files", "before").await, b"kept");
+        assert!(matches!(
+            store.head("files", "during").await,
+            Err(StoreError::NoSuchKey(_))
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_full_disk_fails_the_write_and_keeps_serving() {
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
+        let (store, _dir) = store_over(faulty.clone()).await;
+        store
+            .put("files", "old", body(b"old"), PutOptions::default())
+            .await
+            .unwrap();
+        faulty.set(Fault::NoSpace);
+        let r = store
+            .put("files", "new", body(b"new"), PutOptions::default())
+            .await;
+        assert!(matches!(r, Err(StoreError::NoSpace)), "{r:?}");
+        assert!(matches!(
+            store.head("files", "new").await,
+            Err(StoreError::NoSuchKey(_))
+        ));
+        assert_eq!(read_all(&store, "files", "old").await, b"old");
+        faulty.set(Fault::None);
+        store
+            .put("files", "new", body(b"new"), PutOptions::default())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn twenty_concurrent_puts_of_one_content_make_one_blob() {
+        let (store, _dir) = store_over(Arc::new(MemoryEngine::new())).await;
+        let puts = (0..20).map(|i| {
+            let key = format!("k{i}");
+            let store = &store;
+            async move {
+                store
+                    .put("files", &key, body(b"same bytes"), PutOptions::default())
+                    .await
+                    .unwrap()
+            }
+        });
+        let results = futures::future::join_all(puts).await;
+        assert_eq!(results.iter().filter(|r| !r.deduplicated).count(), 1);
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.objects, stats.blobs), (20, 1));
+        let digest = results[0].record.sha256;
+        assert_eq!(store.blob(&digest).await.unwrap().refs, 20);
+        assert_eq!(store.engine().list().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_failure_is_an_error_not_a_panic() {
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
+        let (store, _dir) = store_over(faulty.clone()).await;
+        store
+            .put("files", "k", body(b"bytes"), PutOptions::default())
+            .await
+            .unwrap();
+        faulty.set(Fault::Read);
+        let record = store.head("files", "k").await.unwrap();
+        assert!(matches!(
+            store.read(&record, ByteRange::full(5)).await,
+            Err(StoreError::Internal(_))
+        ));
+    }
+}

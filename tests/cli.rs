@@ -1,0 +1,110 @@
+//! The command-line client against a real server: put, ls, get, rm, and
+//! the errors a person sees.
+
+mod common;
+
+use std::process::Command;
+
+use common::{BIN, Server, pattern};
+
+fn depot(server: &Server, args: &[&str], dir: &std::path::Path) -> std::process::Output {
+    Command::new(BIN)
+        .current_dir(dir)
+        .args(args)
+        .args(["--server", &server.url])
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn put_ls_get_rm_round_trip() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let big = pattern(3 << 20, 1);
+    let small = b"small file\n".to_vec();
+    std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+    std::fs::write(dir.path().join("note.txt"), &small).unwrap();
+
+    let said = ok(&depot(
+        &server,
+        &["put", "big.bin", "note.txt", "files/trip/"],
+        dir.path(),
+    ));
+    assert!(
+        said.contains("files/trip/big.bin") && said.contains("files/trip/note.txt"),
+        "{said}"
+    );
+    let said = ok(&depot(
+        &server,
+        &["put", "note.txt", "files/again.txt"],
+        dir.path(),
+    ));
+    assert!(
+        said.contains("deduplicated"),
+        "the same bytes again are a dedup hit: {said}"
+    );
+
+    let listing = ok(&depot(&server, &["ls", "files"], dir.path()));
+    assert!(
+        listing.contains("trip/") && listing.contains("again.txt"),
+        "{listing}"
+    );
+    let listing = ok(&depot(&server, &["ls", "files/trip"], dir.path()));
+    assert!(
+        listing.contains("trip/big.bin") && listing.contains("3.00 MiB"),
+        "{listing}"
+    );
+    assert!(ok(&depot(&server, &["ls"], dir.path())).contains("files/"));
+
+    ok(&depot(
+        &server,
+        &["get", "files/trip/big.bin", "back.bin"],
+        dir.path(),
+    ));
+    assert!(std::fs::read(dir.path().join("back.bin")).unwrap() == big);
+    ok(&depot(&server, &["get", "files/trip/note.txt"], dir.path()));
+    assert_eq!(std::fs::read(dir.path().join("note.txt")).unwrap(), small);
+    let stdout = depot(&server, &["get", "files/again.txt", "-"], dir.path());
+    assert_eq!(ok(&stdout).as_bytes(), small);
+
+    ok(&depot(&server, &["rm", "files/trip/big.bin"], dir.path()));
+    let missing = depot(
+        &server,
+        &["get", "files/trip/big.bin", "gone.bin"],
+        dir.path(),
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("NoSuchKey") && err.contains("404"), "{err}");
+    assert!(
+        !dir.path().join("gone.bin").exists(),
+        "a failed download leaves no file"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("depot-part"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn unreachable_server_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(dir.path())
+        .args(["ls", "files", "--server", "http://127.0.0.1:9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the depot server"));
+}
