@@ -53,12 +53,7 @@ pub struct ServeArgs {
     #[arg(long, env = "DEPOT_ACCESS_KEY", value_name = "KEY")]
     pub access_key: Option<String>,
     /// Secret of that pair (also accepted as `Authorization: Bearer`).
-    #[arg(
-        long,
-        env = "DEPOT_SECRET_KEY",
-        value_name = "SECRET",
-        hide_env_values = true
-    )]
+    #[arg(long, env = "DEPOT_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
     pub secret_key: Option<String>,
     /// Allow a non-loopback address without credentials.
     #[arg(long, env = "DEPOT_ALLOW_ANONYMOUS_WRITE")]
@@ -106,34 +101,18 @@ impl Settings {
             None if Path::new("depot.toml").exists() => read_file(Path::new("depot.toml"))?,
             None => FileSettings::default(),
         };
-        let engine_name = args
-            .engine
-            .clone()
-            .or(file.engine)
-            .unwrap_or_else(|| "hybrid".into());
+        let engine_name = args.engine.clone().or(file.engine).unwrap_or_else(|| "hybrid".into());
         let engine: EngineKind = engine_name.parse().map_err(anyhow::Error::msg)?;
         if !engine.available() {
-            bail!(
-                "the {} engine is not built into this version of depot yet",
-                engine.name()
-            );
+            bail!("the {} engine is not built into this version of depot yet", engine.name());
         }
         let mut credentials = file.credentials;
         match (&args.access_key, &args.secret_key) {
-            (Some(a), Some(s)) => credentials.insert(
-                0,
-                Credential {
-                    access_key: a.clone(),
-                    secret_key: s.clone(),
-                },
-            ),
+            (Some(a), Some(s)) => credentials.insert(0, Credential { access_key: a.clone(), secret_key: s.clone() }),
             (None, None) => {}
             _ => bail!("--access-key and --secret-key go together"),
         }
-        if let Some(c) = credentials
-            .iter()
-            .find(|c| c.access_key.is_empty() || c.secret_key.len() < 8)
-        {
+        if let Some(c) = credentials.iter().find(|c| c.access_key.is_empty() || c.secret_key.len() < 8) {
             bail!(
                 "credential {:?}: the access key must not be empty and the secret needs at least 8 characters",
                 c.access_key
@@ -147,31 +126,17 @@ impl Settings {
             bail!("--threads must be at least 1");
         }
         let settings = Settings {
-            data: args
-                .data
-                .clone()
-                .or(file.data)
-                .unwrap_or_else(|| PathBuf::from("depot-data")),
-            listen: args
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
+            data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
+            listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
             engine,
-            inline_threshold: args
-                .inline_threshold
-                .or(file.inline_threshold)
-                .unwrap_or(DEFAULT_THRESHOLD),
+            inline_threshold: args.inline_threshold.or(file.inline_threshold).unwrap_or(DEFAULT_THRESHOLD),
             threads,
             gc_grace: Duration::from_secs(args.gc_grace.or(file.gc_grace).unwrap_or(3600)),
             gc_interval: Duration::from_secs(args.gc_interval.or(file.gc_interval).unwrap_or(600)),
             credentials,
-            allow_anonymous_write: args.allow_anonymous_write
-                || file.allow_anonymous_write.unwrap_or(false),
+            allow_anonymous_write: args.allow_anonymous_write || file.allow_anonymous_write.unwrap_or(false),
         };
-        if !settings.listen.ip().is_loopback()
-            && settings.credentials.is_empty()
-            && !settings.allow_anonymous_write
-        {
+        if !settings.listen.ip().is_loopback() && settings.credentials.is_empty() && !settings.allow_anonymous_write {
             bail!(
                 "refusing to listen on {} without credentials: anyone could write. \
                  Set --access-key and --secret-key, or pass --allow-anonymous-write",
@@ -183,8 +148,7 @@ impl Settings {
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
@@ -205,70 +169,33 @@ mod tests {
     fn flags_win_over_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("depot.toml");
-        std::fs::write(&path, "engine = \"fs\"\nthreads = 3\n[[credentials]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\n").unwrap();
-        let args = ServeArgs {
-            config: Some(path.clone()),
-            threads: Some(5),
-            ..Default::default()
-        };
+        std::fs::write(
+            &path,
+            "engine = \"fs\"\nthreads = 3\n[[credentials]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs { config: Some(path.clone()), threads: Some(5), ..Default::default() };
         let s = Settings::resolve(&args).unwrap();
-        assert_eq!(
-            (s.engine, s.threads, s.credentials.len()),
-            (EngineKind::Fs, 5, 1)
-        );
+        assert_eq!((s.engine, s.threads, s.credentials.len()), (EngineKind::Fs, 5, 1));
         std::fs::write(&path, "engin = \"fs\"\n").unwrap();
-        assert!(
-            Settings::resolve(&args).is_err(),
-            "unknown settings are errors, not ignored"
-        );
+        assert!(Settings::resolve(&args).is_err(), "unknown settings are errors, not ignored");
     }
 
     #[test]
     fn public_address_needs_credentials() {
-        let args = ServeArgs {
-            listen: Some("0.0.0.0:8080".parse().unwrap()),
-            ..Default::default()
-        };
-        assert!(
-            Settings::resolve(&args)
-                .unwrap_err()
-                .to_string()
-                .contains("without credentials")
-        );
-        let open = ServeArgs {
-            allow_anonymous_write: true,
-            ..args.clone()
-        };
+        let args = ServeArgs { listen: Some("0.0.0.0:8080".parse().unwrap()), ..Default::default() };
+        assert!(Settings::resolve(&args).unwrap_err().to_string().contains("without credentials"));
+        let open = ServeArgs { allow_anonymous_write: true, ..args.clone() };
         assert!(Settings::resolve(&open).is_ok());
-        let keyed = ServeArgs {
-            access_key: Some("k".into()),
-            secret_key: Some("secret-123".into()),
-            ..args
-        };
+        let keyed = ServeArgs { access_key: Some("k".into()), secret_key: Some("secret-123".into()), ..args };
         assert!(Settings::resolve(&keyed).is_ok());
     }
 
     #[test]
     fn engines_not_built_are_named() {
-        let args = ServeArgs {
-            engine: Some("gridfs".into()),
-            ..Default::default()
-        };
-        assert!(
-            Settings::resolve(&args)
-                .unwrap_err()
-                .to_string()
-                .contains("not built")
-        );
-        let args = ServeArgs {
-            engine: Some("floppy".into()),
-            ..Default::default()
-        };
-        assert!(
-            Settings::resolve(&args)
-                .unwrap_err()
-                .to_string()
-                .contains("unknown engine")
-        );
+        let args = ServeArgs { engine: Some("gridfs".into()), ..Default::default() };
+        assert!(Settings::resolve(&args).unwrap_err().to_string().contains("not built"));
+        let args = ServeArgs { engine: Some("floppy".into()), ..Default::default() };
+        assert!(Settings::resolve(&args).unwrap_err().to_string().contains("unknown engine"));
     }
 }

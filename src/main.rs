@@ -5,19 +5,15 @@ use clap::Parser;
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DEPOT_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("DEPOT_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = depot::cli::Cli::parse();
     if let Err(e) = depot::cli::run(cli) {
-        if e.chain().any(|c| {
-            c.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-        }) {
+        if e.chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+        {
             return;
         }
         eprintln!("error: {e:#}");

@@ -8,20 +8,11 @@ use std::process::Command;
 use common::{BIN, Server, pattern};
 
 fn depot(server: &Server, args: &[&str], dir: &std::path::Path) -> std::process::Output {
-    Command::new(BIN)
-        .current_dir(dir)
-        .args(args)
-        .args(["--server", &server.url])
-        .output()
-        .unwrap()
+    Command::new(BIN).current_dir(dir).args(args).args(["--server", &server.url]).output().unwrap()
 }
 
 fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -34,42 +25,18 @@ fn put_ls_get_rm_round_trip() {
     std::fs::write(dir.path().join("big.bin"), &big).unwrap();
     std::fs::write(dir.path().join("note.txt"), &small).unwrap();
 
-    let said = ok(&depot(
-        &server,
-        &["put", "big.bin", "note.txt", "files/trip/"],
-        dir.path(),
-    ));
-    assert!(
-        said.contains("files/trip/big.bin") && said.contains("files/trip/note.txt"),
-        "{said}"
-    );
-    let said = ok(&depot(
-        &server,
-        &["put", "note.txt", "files/again.txt"],
-        dir.path(),
-    ));
-    assert!(
-        said.contains("deduplicated"),
-        "the same bytes again are a dedup hit: {said}"
-    );
+    let said = ok(&depot(&server, &["put", "big.bin", "note.txt", "files/trip/"], dir.path()));
+    assert!(said.contains("files/trip/big.bin") && said.contains("files/trip/note.txt"), "{said}");
+    let said = ok(&depot(&server, &["put", "note.txt", "files/again.txt"], dir.path()));
+    assert!(said.contains("deduplicated"), "the same bytes again are a dedup hit: {said}");
 
     let listing = ok(&depot(&server, &["ls", "files"], dir.path()));
-    assert!(
-        listing.contains("trip/") && listing.contains("again.txt"),
-        "{listing}"
-    );
+    assert!(listing.contains("trip/") && listing.contains("again.txt"), "{listing}");
     let listing = ok(&depot(&server, &["ls", "files/trip"], dir.path()));
-    assert!(
-        listing.contains("trip/big.bin") && listing.contains("3.00 MiB"),
-        "{listing}"
-    );
+    assert!(listing.contains("trip/big.bin") && listing.contains("3.00 MiB"), "{listing}");
     assert!(ok(&depot(&server, &["ls"], dir.path())).contains("files/"));
 
-    ok(&depot(
-        &server,
-        &["get", "files/trip/big.bin", "back.bin"],
-        dir.path(),
-    ));
+    ok(&depot(&server, &["get", "files/trip/big.bin", "back.bin"], dir.path()));
     assert!(std::fs::read(dir.path().join("back.bin")).unwrap() == big);
     ok(&depot(&server, &["get", "files/trip/note.txt"], dir.path()));
     assert_eq!(std::fs::read(dir.path().join("note.txt")).unwrap(), small);
@@ -77,18 +44,11 @@ fn put_ls_get_rm_round_trip() {
     assert_eq!(ok(&stdout).as_bytes(), small);
 
     ok(&depot(&server, &["rm", "files/trip/big.bin"], dir.path()));
-    let missing = depot(
-        &server,
-        &["get", "files/trip/big.bin", "gone.bin"],
-        dir.path(),
-    );
+    let missing = depot(&server, &["get", "files/trip/big.bin", "gone.bin"], dir.path());
     assert_eq!(missing.status.code(), Some(1));
     let err = String::from_utf8_lossy(&missing.stderr);
     assert!(err.contains("NoSuchKey") && err.contains("404"), "{err}");
-    assert!(
-        !dir.path().join("gone.bin").exists(),
-        "a failed download leaves no file"
-    );
+    assert!(!dir.path().join("gone.bin").exists(), "a failed download leaves no file");
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .flatten()

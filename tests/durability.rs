@@ -35,29 +35,12 @@ async fn upload_until_killed(server: &Server, writers: usize) -> HashMap<String,
         tasks.push(tokio::spawn(async move {
             let http = client();
             for i in 0u64.. {
-                let body = pattern(
-                    SIZES[(i as usize + w) % SIZES.len()],
-                    w as u64 * 1_000_000 + i,
-                );
+                let body = pattern(SIZES[(i as usize + w) % SIZES.len()], w as u64 * 1_000_000 + i);
                 // Every fifth write overwrites an earlier key.
-                let key = if i % 5 == 4 {
-                    format!("w{w}/k{}", i - 2)
-                } else {
-                    format!("w{w}/k{i}")
-                };
+                let key = if i % 5 == 4 { format!("w{w}/k{}", i - 2) } else { format!("w{w}/k{i}") };
                 let sha = sha256_hex(&body);
-                acked
-                    .lock()
-                    .unwrap()
-                    .entry(key.clone())
-                    .or_default()
-                    .in_flight = Some(sha.clone());
-                match http
-                    .put(format!("{url}/files/{key}"))
-                    .body(body)
-                    .send()
-                    .await
-                {
+                acked.lock().unwrap().entry(key.clone()).or_default().in_flight = Some(sha.clone());
+                match http.put(format!("{url}/files/{key}")).body(body).send().await {
                     Ok(r) if r.status().is_success() => {
                         let mut all = acked.lock().unwrap();
                         let entry = all.get_mut(&key).unwrap();
@@ -81,16 +64,9 @@ async fn upload_until_killed(server: &Server, writers: usize) -> HashMap<String,
 async fn assert_survivors(server: &Server, keys: &HashMap<String, Allowed>) {
     let http = client();
     for (key, allowed) in keys {
-        let r = http
-            .get(format!("{}/files/{key}", server.url))
-            .send()
-            .await
-            .unwrap();
+        let r = http.get(format!("{}/files/{key}", server.url)).send().await.unwrap();
         if r.status() == 404 {
-            assert!(
-                allowed.acked.is_none(),
-                "acknowledged {key} is gone after kill -9"
-            );
+            assert!(allowed.acked.is_none(), "acknowledged {key} is gone after kill -9");
             continue;
         }
         assert_eq!(r.status(), 200);
@@ -111,32 +87,20 @@ async fn kill9_keeps_acknowledged_writes(engine: &str) {
             let pid = server.pid();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(1200));
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &pid.to_string()])
-                    .status();
+                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
             })
         };
         let keys = upload_until_killed(&server, 6).await;
         killer.join().unwrap();
         server.kill9();
         let acked = keys.values().filter(|a| a.acked.is_some()).count();
-        assert!(
-            acked > 10,
-            "{engine} round {round}: only {acked} uploads before the kill"
-        );
+        assert!(acked > 10, "{engine} round {round}: only {acked} uploads before the kill");
         let restarted = Server::start_in(&data, &["--engine", engine]);
         assert_survivors(&restarted, &keys).await;
         restarted.assert_no_panic();
         // Staging space is empty after the restart.
-        let tmp = data.join(engine).join(if engine == "hybrid" {
-            "files/tmp"
-        } else {
-            "tmp"
-        });
-        assert!(
-            files_under(&tmp).is_empty(),
-            "{engine}: staging files survived a restart"
-        );
+        let tmp = data.join(engine).join(if engine == "hybrid" { "files/tmp" } else { "tmp" });
+        assert!(files_under(&tmp).is_empty(), "{engine}: staging files survived a restart");
     }
 }
 
@@ -183,13 +147,7 @@ async fn large_bodies_stream_in_bounded_memory() {
     let server = Server::start(&[]);
     let http = client();
     let url = server.object_url("files", "big.bin");
-    let r = http
-        .put(&url)
-        .header("content-length", LEN)
-        .body(generated_body(LEN, 7))
-        .send()
-        .await
-        .unwrap();
+    let r = http.put(&url).header("content-length", LEN).body(generated_body(LEN, 7)).send().await.unwrap();
     assert_eq!(r.status(), 201);
     let json: serde_json::Value = r.json().await.unwrap();
     assert_eq!(json["sha256"], generated_sha(LEN, 7));
@@ -211,19 +169,13 @@ async fn large_bodies_stream_in_bounded_memory() {
         after_upload >> 20,
         peak >> 20
     );
-    assert!(
-        peak < LIMIT,
-        "peak RSS {} MiB is over {} MiB",
-        peak >> 20,
-        LIMIT >> 20
-    );
+    assert!(peak < LIMIT, "peak RSS {} MiB is over {} MiB", peak >> 20, LIMIT >> 20);
 }
 
 /// Sends a request head and part of its body, then vanishes.
 fn abandon_upload(addr: &str, key: &str, declared: usize, sent: usize) {
     let mut s = TcpStream::connect(addr).unwrap();
-    let head =
-        format!("PUT /files/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n\r\n");
+    let head = format!("PUT /files/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n\r\n");
     s.write_all(head.as_bytes()).unwrap();
     s.write_all(&pattern(sent, 3)).unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -244,52 +196,24 @@ async fn a_client_that_disconnects_mid_upload_leaves_nothing() {
         let server = Server::start(&["--engine", engine]);
         let before = files_under(&server.data).len();
         abandon_upload(&server.addr, "gone.bin", 10 << 20, 3 << 20);
-        let r = client()
-            .get(server.object_url("files", "gone.bin"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(
-            r.status(),
-            404,
-            "{engine}: a cut-off upload became an object"
-        );
+        let r = client().get(server.object_url("files", "gone.bin")).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{engine}: a cut-off upload became an object");
         let engine_dir = server.data.join(engine);
         let staged = || {
-            files_under(&engine_dir).iter().any(|p| {
-                p.strip_prefix(&engine_dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .contains("tmp/")
-            })
+            files_under(&engine_dir)
+                .iter()
+                .any(|p| p.strip_prefix(&engine_dir).unwrap().to_string_lossy().contains("tmp/"))
         };
         wait_for(|| !staged(), "staging removed").await;
-        let stats = client()
-            .get(format!("{}/_/metrics", server.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        assert!(
-            stats.contains("depot_blobs 0\n"),
-            "{engine}: a blob was registered:\n{stats}"
-        );
-        assert!(
-            files_under(&server.data).len() <= before + 8,
-            "{engine}: stray files after an abandoned upload"
-        );
+        let stats = client().get(format!("{}/_/metrics", server.url)).send().await.unwrap().text().await.unwrap();
+        assert!(stats.contains("depot_blobs 0\n"), "{engine}: a blob was registered:\n{stats}");
+        assert!(files_under(&server.data).len() <= before + 8, "{engine}: stray files after an abandoned upload");
         server.assert_no_panic();
     }
 }
 
 fn depot(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(common::BIN)
-        .args(args)
-        .env_remove("DEPOT_DATA")
-        .output()
-        .unwrap()
+    std::process::Command::new(common::BIN).args(args).env_remove("DEPOT_DATA").output().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -301,78 +225,32 @@ async fn gc_removes_unreferenced_blobs_only_after_the_grace_period() {
     let sha = sha256_hex(&body);
     let mut server = Server::start_in(&data, &["--engine", "fs"]);
     let http = client();
-    http.put(server.object_url("files", "a"))
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    http.put(server.object_url("files", "b"))
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    http.delete(server.object_url("files", "a"))
-        .send()
-        .await
-        .unwrap();
-    http.delete(server.object_url("files", "b"))
-        .send()
-        .await
-        .unwrap();
+    http.put(server.object_url("files", "a")).body(body.clone()).send().await.unwrap();
+    http.put(server.object_url("files", "b")).body(body.clone()).send().await.unwrap();
+    http.delete(server.object_url("files", "a")).send().await.unwrap();
+    http.delete(server.object_url("files", "b")).send().await.unwrap();
     assert!(server.stop().success(), "SIGTERM ends the server cleanly");
-    let blob = data
-        .join("fs/blobs")
-        .join(&sha[..2])
-        .join(&sha[2..4])
-        .join(&sha);
+    let blob = data.join("fs/blobs").join(&sha[..2]).join(&sha[2..4]).join(&sha);
     assert!(blob.is_file());
 
-    let out = depot(&[
-        "gc",
-        "--data",
-        data_arg,
-        "--engine",
-        "fs",
-        "--gc-grace",
-        "3600",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout)
-            .contains("removed 0 unreferenced blob(s) and 0 orphan(s)")
-    );
+    let gc = |grace: &str| {
+        let out = depot(&["gc", "--data", data_arg, "--engine", "fs", "--gc-grace", grace]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(gc("3600").contains("removed 0 unreferenced blob(s) and 0 orphan(s)"));
     assert!(blob.is_file(), "a blob inside its grace period was removed");
 
     // An orphan: bytes no record points at, as a crash between the blob's
     // rename and the catalog commit leaves them.
     let orphan_bytes = pattern(1234, 12);
     let orphan_sha = sha256_hex(&orphan_bytes);
-    let orphan = data
-        .join("fs/blobs")
-        .join(&orphan_sha[..2])
-        .join(&orphan_sha[2..4]);
+    let orphan = data.join("fs/blobs").join(&orphan_sha[..2]).join(&orphan_sha[2..4]);
     std::fs::create_dir_all(&orphan).unwrap();
     std::fs::write(orphan.join(&orphan_sha), &orphan_bytes).unwrap();
 
-    let out = depot(&[
-        "gc",
-        "--data",
-        data_arg,
-        "--engine",
-        "fs",
-        "--gc-grace",
-        "0",
-    ]);
-    assert!(out.status.success());
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        said.contains("removed 1 unreferenced blob(s) and 1 orphan(s)"),
-        "{said}"
-    );
+    let said = gc("0");
+    assert!(said.contains("removed 1 unreferenced blob(s) and 1 orphan(s)"), "{said}");
     assert!(!blob.exists() && !orphan.join(&orphan_sha).exists());
 }
 
@@ -380,31 +258,17 @@ async fn gc_removes_unreferenced_blobs_only_after_the_grace_period() {
 async fn background_gc_runs_on_its_own() {
     let server = Server::start(&["--gc-grace", "0", "--gc-interval", "1"]);
     let http = client();
-    let r = http
-        .put(server.object_url("files", "x"))
-        .body(pattern(1000, 5))
-        .send()
-        .await
-        .unwrap();
-    let sha = r.json::<serde_json::Value>().await.unwrap()["sha256"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let r = http.put(server.object_url("files", "x")).body(pattern(1000, 5)).send().await.unwrap();
+    let sha = r.json::<serde_json::Value>().await.unwrap()["sha256"].as_str().unwrap().to_string();
     let blob_url = format!("{}/_/blobs/{sha}", server.url);
     assert_eq!(http.get(&blob_url).send().await.unwrap().status(), 200);
-    http.delete(server.object_url("files", "x"))
-        .send()
-        .await
-        .unwrap();
+    http.delete(server.object_url("files", "x")).send().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if http.get(&blob_url).send().await.unwrap().status() == 404 {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the background pass never collected the blob"
-        );
+        assert!(Instant::now() < deadline, "the background pass never collected the blob");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -415,15 +279,7 @@ fn a_data_directory_keeps_its_engine() {
     let data = dir.path().join("data");
     let mut first = Server::start_in(&data, &["--engine", "hybrid"]);
     first.stop();
-    let out = depot(&[
-        "serve",
-        "--data",
-        data.to_str().unwrap(),
-        "--engine",
-        "fs",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
+    let out = depot(&["serve", "--data", data.to_str().unwrap(), "--engine", "fs", "--listen", "127.0.0.1:0"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds a store of the hybrid engine"), "{err}");
@@ -432,13 +288,7 @@ fn a_data_directory_keeps_its_engine() {
 #[test]
 fn refuses_a_public_address_without_credentials() {
     let dir = tempfile::tempdir().unwrap();
-    let out = depot(&[
-        "serve",
-        "--data",
-        dir.path().to_str().unwrap(),
-        "--listen",
-        "0.0.0.0:0",
-    ]);
+    let out = depot(&["serve", "--data", dir.path().to_str().unwrap(), "--listen", "0.0.0.0:0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("without credentials"));
 }

@@ -200,11 +200,7 @@ fn raw_exchange(addr: &str, request: &[u8], half_close: bool) -> RawResponse {
     let status = common::status_of(lines.next().unwrap());
     let headers = lines.filter_map(|l| l.split_once(':'));
     let headers = headers.map(|(n, v)| (n.trim().to_string(), v.trim().to_string()));
-    let mut r = RawResponse {
-        status,
-        headers: headers.collect(),
-        body: out[end + 4..].to_vec(),
-    };
+    let mut r = RawResponse { status, headers: headers.collect(), body: out[end + 4..].to_vec() };
     if let Some(len) = r.header("content-length") {
         let len = len.parse().unwrap();
         r.body.truncate(len);
@@ -245,10 +241,7 @@ async fn put_answers_201_for_a_new_key_and_200_when_replacing() {
     let r = put(&s, "dir/report.bin", &second, &[]).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
-    assert_eq!(
-        (&v["size"], &v["sha256"]),
-        (&json!(10), &json!(sha256_hex(&second)))
-    );
+    assert_eq!((&v["size"], &v["sha256"]), (&json!(10), &json!(sha256_hex(&second))));
     assert_eq!(read(&s, "dir/report.bin").await, second);
 }
 
@@ -479,10 +472,7 @@ async fn ranged(s: &Server, key: &str, range: &str, more: &Headers<'_>) -> Respo
 async fn assert_partial(r: Response, body: &[u8], want: Range<usize>) {
     let (a, b, len) = (want.start, want.end, body.len());
     assert_eq!(r.status(), 206, "{}", r.url());
-    assert_eq!(
-        header(&r, "content-range"),
-        format!("bytes {a}-{}/{len}", b - 1)
-    );
+    assert_eq!(header(&r, "content-range"), format!("bytes {a}-{}/{len}", b - 1));
     assert_eq!(header(&r, "content-length"), (b - a).to_string());
     assert_eq!(r.bytes().await.unwrap(), body[want]);
 }
@@ -534,16 +524,10 @@ async fn several_ranges_give_multipart_byteranges() {
     let r = ranged(&s, "m.bin", "bytes=0-9, 500-519, -5", &[]).await;
     assert_eq!(r.status(), 206);
     let ct = header(&r, "content-type");
-    let boundary = ct
-        .strip_prefix("multipart/byteranges; boundary=")
-        .expect(&ct);
+    let boundary = ct.strip_prefix("multipart/byteranges; boundary=").expect(&ct);
     let declared: usize = header(&r, "content-length").parse().unwrap();
     let bytes = r.bytes().await.unwrap();
-    assert_eq!(
-        bytes.len(),
-        declared,
-        "Content-Length of the multipart body"
-    );
+    assert_eq!(bytes.len(), declared, "Content-Length of the multipart body");
     let parts = multipart_parts(&bytes, boundary);
     let want = [0..10, 500..520, 995..1000];
     assert_eq!(parts.len(), want.len());
@@ -710,14 +694,8 @@ async fn concurrent_puts_of_the_same_bytes_store_one_blob() {
         assert_eq!(r.status(), 201);
     }
     let after = metrics(&s).await;
-    assert_eq!(
-        gauge(&after, "depot_blobs") - gauge(&before, "depot_blobs"),
-        1
-    );
-    assert_eq!(
-        gauge(&after, "depot_objects") - gauge(&before, "depot_objects"),
-        20
-    );
+    assert_eq!(gauge(&after, "depot_blobs") - gauge(&before, "depot_blobs"), 1);
+    assert_eq!(gauge(&after, "depot_objects") - gauge(&before, "depot_objects"), 20);
     for k in &keys {
         assert_eq!(read(&s, k).await, body, "{k}");
     }
@@ -740,11 +718,7 @@ async fn invalid_bucket_names_are_400() {
     let object = format!("{}/Bad_Bucket/x", s.url);
     let bucket = format!("{}/Bad_Bucket", s.url);
     let upload = send(Method::PUT, &object, &[], Some(b"x")).await;
-    for r in [
-        call(Method::GET, &object).await,
-        upload,
-        call(Method::PUT, &bucket).await,
-    ] {
+    for r in [call(Method::GET, &object).await, upload, call(Method::PUT, &bucket).await] {
         expect_error(r, 400, "InvalidBucketName").await;
     }
     assert_healthy(&s).await;
@@ -779,10 +753,7 @@ async fn unknown_methods_are_405() {
 async fn oversized_headers_are_431() {
     let s = Server::start(&[]);
     let big = "a".repeat(100 * 1024);
-    assert_eq!(
-        raw(&s, "GET", "/_/health", &[("X-Big", &big)], b"").status,
-        431
-    );
+    assert_eq!(raw(&s, "GET", "/_/health", &[("X-Big", &big)], b"").status, 431);
     assert_healthy(&s).await;
 }
 
@@ -792,10 +763,7 @@ async fn body_shorter_than_its_content_length_is_400_and_stores_nothing() {
     let head = [("Content-Length", "100")];
     let request = raw_request("PUT", "/files/short", &head, &[b'x'; 50]);
     let r = raw_exchange(&s.addr, &request, true);
-    assert_eq!(
-        (r.status, &r.json()["error"]),
-        (400, &json!("IncompleteBody"))
-    );
+    assert_eq!((r.status, &r.json()["error"]), (400, &json!("IncompleteBody")));
     assert_absent(&s, "short").await;
     assert_healthy(&s).await;
 }
@@ -840,10 +808,7 @@ fn outside_of(data: &Path) -> (BTreeSet<PathBuf>, Vec<bool>) {
     beside.retain(|p| !p.starts_with(data));
     let passwd = |a: &Path| a.join("etc/passwd").exists();
     let ancestors = data.ancestors().skip(1).take(2);
-    (
-        beside.into_iter().collect(),
-        ancestors.map(passwd).collect(),
-    )
+    (beside.into_iter().collect(), ancestors.map(passwd).collect())
 }
 
 #[tokio::test]
@@ -854,26 +819,14 @@ async fn hostile_keys_are_plain_keys_and_never_paths() {
     let before = outside_of(&s.data);
 
     // (path as sent, key it names); dot segments go out unnormalised.
-    let mut cases = vec![
-        ("/files/../../etc/passwd".to_string(), "../../etc/passwd"),
-        ("/files/%2e%2e/x".to_string(), "../x"),
-    ];
-    for key in [
-        "a//b",
-        "emoji 🦀.txt",
-        "back\\slash",
-        "with  spaces ",
-        "%2e%2e/y",
-    ] {
+    let mut cases =
+        vec![("/files/../../etc/passwd".to_string(), "../../etc/passwd"), ("/files/%2e%2e/x".to_string(), "../x")];
+    for key in ["a//b", "emoji 🦀.txt", "back\\slash", "with  spaces ", "%2e%2e/y"] {
         cases.push((format!("/files/{}", encode_all(key)), key));
     }
     for (path, key) in &cases {
         let r = raw(&s, "PUT", path, &[], key.as_bytes());
-        assert_eq!(
-            (r.status, &r.json()["key"]),
-            (201, &json!(key)),
-            "PUT {path}"
-        );
+        assert_eq!((r.status, &r.json()["key"]), (201, &json!(key)), "PUT {path}");
     }
     for (_, key) in &cases {
         let path = format!("/files/{}", encode_all(key));
@@ -886,20 +839,10 @@ async fn hostile_keys_are_plain_keys_and_never_paths() {
     let listing = raw(&s, "GET", "/files/%2E%2E/%2E%2E/etc/", &json_accept, b"");
     assert_eq!(keys_of(&listing.json()), ["../../etc/passwd"]);
 
-    assert_eq!(
-        outside_of(&s.data),
-        before,
-        "nothing written outside the data dir"
-    );
+    assert_eq!(outside_of(&s.data), before, "nothing written outside the data dir");
     let files = files_under(&s.data);
-    let blobs = files
-        .iter()
-        .filter(|p| p.starts_with(s.data.join("fs/blobs")));
-    assert_eq!(
-        blobs.count(),
-        cases.len(),
-        "one blob file per distinct body"
-    );
+    let blobs = files.iter().filter(|p| p.starts_with(s.data.join("fs/blobs")));
+    assert_eq!(blobs.count(), cases.len(), "one blob file per distinct body");
     for file in &files {
         let name = file.file_name().unwrap().to_str().unwrap();
         assert!(is_store_file(name), "unexpected file {}", file.display());

@@ -1,10 +1,7 @@
 //! The conformance suite every [`Catalog`] runs: plain async functions
 //! taking `&dyn Catalog`. Each asserts one promise of the trait.
 
-use super::{
-    Catalog, CatalogError, CatalogExt, ListQuery, ObjectPut, ObjectRecord, Part, Precondition,
-    now_millis,
-};
+use super::{Catalog, CatalogError, CatalogExt, ListQuery, ObjectPut, ObjectRecord, Part, Precondition, now_millis};
 use crate::engine::{BlobRef, Digest};
 
 fn digest(n: u8) -> Digest {
@@ -12,24 +9,14 @@ fn digest(n: u8) -> Digest {
 }
 
 fn blob(n: u8, size: u64) -> BlobRef {
-    BlobRef {
-        digest: digest(n),
-        size,
-        locator: vec![n],
-    }
+    BlobRef { digest: digest(n), size, locator: vec![n] }
 }
 
 fn record(key: &str, blobs: &[BlobRef]) -> ObjectRecord {
     ObjectRecord {
         key: key.to_string(),
         size: blobs.iter().map(|b| b.size).sum(),
-        parts: blobs
-            .iter()
-            .map(|b| Part {
-                digest: b.digest,
-                size: b.size,
-            })
-            .collect(),
+        parts: blobs.iter().map(|b| Part { digest: b.digest, size: b.size }).collect(),
         etag: format!("etag-{key}"),
         sha256: digest(0),
         content_type: "text/plain".into(),
@@ -60,215 +47,90 @@ pub async fn run_all(catalog: &dyn Catalog) {
 
 pub async fn buckets(c: &dyn Catalog) {
     c.create_bucket("alpha", false).await.unwrap();
-    assert!(matches!(
-        c.create_bucket("alpha", false).await,
-        Err(CatalogError::BucketExists(_))
-    ));
-    assert!(
-        c.bucket("alpha")
-            .await
-            .unwrap()
-            .is_some_and(|b| b.name == "alpha" && !b.public_read)
-    );
+    assert!(matches!(c.create_bucket("alpha", false).await, Err(CatalogError::BucketExists(_))));
+    assert!(c.bucket("alpha").await.unwrap().is_some_and(|b| b.name == "alpha" && !b.public_read));
     assert!(c.bucket("beta").await.unwrap().is_none());
-    c.put_object(put("alpha", "k", &[blob(1, 10)]))
-        .await
-        .unwrap();
-    assert!(matches!(
-        c.delete_bucket("alpha").await,
-        Err(CatalogError::BucketNotEmpty(_))
-    ));
-    c.delete_object("alpha", "k", &Precondition::default())
-        .await
-        .unwrap();
+    c.put_object(put("alpha", "k", &[blob(1, 10)])).await.unwrap();
+    assert!(matches!(c.delete_bucket("alpha").await, Err(CatalogError::BucketNotEmpty(_))));
+    c.delete_object("alpha", "k", &Precondition::default()).await.unwrap();
     c.delete_bucket("alpha").await.unwrap();
-    assert!(matches!(
-        c.delete_bucket("alpha").await,
-        Err(CatalogError::NoSuchBucket(_))
-    ));
-    assert!(matches!(
-        c.put_object(put("alpha", "k", &[blob(1, 10)])).await,
-        Err(CatalogError::NoSuchBucket(_))
-    ));
+    assert!(matches!(c.delete_bucket("alpha").await, Err(CatalogError::NoSuchBucket(_))));
+    assert!(matches!(c.put_object(put("alpha", "k", &[blob(1, 10)])).await, Err(CatalogError::NoSuchBucket(_))));
     assert!(!c.buckets().await.unwrap().iter().any(|b| b.name == "alpha"));
 }
 
 pub async fn objects_and_references(c: &dyn Catalog) {
     c.create_bucket("refs", false).await.unwrap();
     let before = c.stats().await.unwrap();
-    let first = c
-        .put_object(put("refs", "a", &[blob(10, 100)]))
-        .await
-        .unwrap();
+    let first = c.put_object(put("refs", "a", &[blob(10, 100)])).await.unwrap();
     assert!(!first.deduplicated && first.replaced.is_none());
-    let second = c
-        .put_object(put("refs", "b", &[blob(10, 100)]))
-        .await
-        .unwrap();
-    assert!(
-        second.deduplicated,
-        "same blob under a second key is a dedup hit"
-    );
+    let second = c.put_object(put("refs", "b", &[blob(10, 100)])).await.unwrap();
+    assert!(second.deduplicated, "same blob under a second key is a dedup hit");
     assert_eq!(c.get_blob(&digest(10)).await.unwrap().unwrap().refs, 2);
     let got = c.get_object("refs", "a").await.unwrap().unwrap();
-    assert_eq!(
-        got,
-        record("a", &[blob(10, 100)]).clone_with_time(got.modified)
-    );
+    assert_eq!(got, record("a", &[blob(10, 100)]).clone_with_time(got.modified));
     // Overwrite "a" with other content: blob 10 loses a reference.
-    let over = c
-        .put_object(put("refs", "a", &[blob(11, 5), blob(11, 5)]))
-        .await
-        .unwrap();
+    let over = c.put_object(put("refs", "a", &[blob(11, 5), blob(11, 5)])).await.unwrap();
     assert_eq!(over.replaced.map(|r| r.key), Some("a".to_string()));
     assert_eq!(c.get_blob(&digest(10)).await.unwrap().unwrap().refs, 1);
-    assert_eq!(
-        c.get_blob(&digest(11)).await.unwrap().unwrap().refs,
-        2,
-        "a blob twice in one object counts twice"
-    );
-    c.delete_object("refs", "b", &Precondition::default())
-        .await
-        .unwrap();
+    assert_eq!(c.get_blob(&digest(11)).await.unwrap().unwrap().refs, 2, "a blob twice in one object counts twice");
+    c.delete_object("refs", "b", &Precondition::default()).await.unwrap();
     let dead = c.get_blob(&digest(10)).await.unwrap().unwrap();
     assert_eq!(dead.refs, 0);
     assert!(dead.unreferenced_since.is_some());
-    assert!(
-        c.delete_object("refs", "b", &Precondition::default())
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(c.delete_object("refs", "b", &Precondition::default()).await.unwrap().is_none());
     let after = c.stats().await.unwrap();
     assert_eq!(after.objects - before.objects, 1);
     assert_eq!(after.logical_bytes - before.logical_bytes, 10);
     assert_eq!(after.blobs - before.blobs, 2);
     assert_eq!(after.blob_bytes - before.blob_bytes, 105);
     // A blob already stored under another locator is reported redundant.
-    let other = BlobRef {
-        locator: vec![99],
-        ..blob(11, 5)
-    };
-    let out = c
-        .put_object(put("refs", "c", std::slice::from_ref(&other)))
-        .await
-        .unwrap();
+    let other = BlobRef { locator: vec![99], ..blob(11, 5) };
+    let out = c.put_object(put("refs", "c", std::slice::from_ref(&other))).await.unwrap();
     assert_eq!(out.redundant, vec![other]);
-    let multi = c
-        .get_objects("refs", &["a".into(), "zz".into(), "c".into()])
-        .await
-        .unwrap();
+    let multi = c.get_objects("refs", &["a".into(), "zz".into(), "c".into()]).await.unwrap();
     assert_eq!(
-        multi
-            .iter()
-            .map(|o| o.as_ref().map(|o| o.key.as_str()))
-            .collect::<Vec<_>>(),
+        multi.iter().map(|o| o.as_ref().map(|o| o.key.as_str())).collect::<Vec<_>>(),
         [Some("a"), None, Some("c")]
     );
 }
 
 impl ObjectRecord {
     fn clone_with_time(&self, modified: u64) -> ObjectRecord {
-        ObjectRecord {
-            modified,
-            ..self.clone()
-        }
+        ObjectRecord { modified, ..self.clone() }
     }
 }
 
 pub async fn preconditions(c: &dyn Catalog) {
     c.create_bucket("cond", false).await.unwrap();
-    let absent = Precondition {
-        if_absent: true,
-        ..Default::default()
-    };
-    c.put_object(ObjectPut {
-        precondition: absent.clone(),
-        ..put("cond", "k", &[blob(20, 1)])
-    })
-    .await
-    .unwrap();
-    let again = c
-        .put_object(ObjectPut {
-            precondition: absent,
-            ..put("cond", "k", &[blob(21, 1)])
-        })
-        .await;
+    let absent = Precondition { if_absent: true, ..Default::default() };
+    c.put_object(ObjectPut { precondition: absent.clone(), ..put("cond", "k", &[blob(20, 1)]) }).await.unwrap();
+    let again = c.put_object(ObjectPut { precondition: absent, ..put("cond", "k", &[blob(21, 1)]) }).await;
     assert!(matches!(again, Err(CatalogError::PreconditionFailed)));
-    assert!(
-        c.get_blob(&digest(21)).await.unwrap().is_none(),
-        "a failed put leaves no reference"
-    );
-    let wrong = Precondition {
-        if_match: Some(vec!["nope".into()]),
-        ..Default::default()
-    };
-    let r = c
-        .put_object(ObjectPut {
-            precondition: wrong.clone(),
-            ..put("cond", "k", &[blob(21, 1)])
-        })
-        .await;
+    assert!(c.get_blob(&digest(21)).await.unwrap().is_none(), "a failed put leaves no reference");
+    let wrong = Precondition { if_match: Some(vec!["nope".into()]), ..Default::default() };
+    let r = c.put_object(ObjectPut { precondition: wrong.clone(), ..put("cond", "k", &[blob(21, 1)]) }).await;
     assert!(matches!(r, Err(CatalogError::PreconditionFailed)));
-    assert!(matches!(
-        c.delete_object("cond", "k", &wrong).await,
-        Err(CatalogError::PreconditionFailed)
-    ));
-    let right = Precondition {
-        if_match: Some(vec!["etag-k".into()]),
-        ..Default::default()
-    };
-    c.put_object(ObjectPut {
-        precondition: right,
-        ..put("cond", "k", &[blob(21, 1)])
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        c.get_object("cond", "k").await.unwrap().unwrap().parts[0].digest,
-        digest(21)
-    );
+    assert!(matches!(c.delete_object("cond", "k", &wrong).await, Err(CatalogError::PreconditionFailed)));
+    let right = Precondition { if_match: Some(vec!["etag-k".into()]), ..Default::default() };
+    c.put_object(ObjectPut { precondition: right, ..put("cond", "k", &[blob(21, 1)]) }).await.unwrap();
+    assert_eq!(c.get_object("cond", "k").await.unwrap().unwrap().parts[0].digest, digest(21));
 }
 
 pub async fn batches_are_all_or_nothing(c: &dyn Catalog) {
     c.create_bucket("batch", false).await.unwrap();
-    c.put_object(put("batch", "exists", &[blob(30, 1)]))
-        .await
-        .unwrap();
+    c.put_object(put("batch", "exists", &[blob(30, 1)])).await.unwrap();
     let mut failing = put("batch", "exists", &[blob(31, 1)]);
     failing.precondition.if_absent = true;
-    let r = c
-        .put_objects(vec![put("batch", "new", &[blob(32, 1)]), failing])
-        .await;
+    let r = c.put_objects(vec![put("batch", "new", &[blob(32, 1)]), failing]).await;
     assert!(matches!(r, Err(CatalogError::PreconditionFailed)));
-    assert!(
-        c.get_object("batch", "new").await.unwrap().is_none(),
-        "no part of a failed batch is kept"
-    );
-    let ok = c
-        .put_objects(vec![
-            put("batch", "x", &[blob(33, 1)]),
-            put("batch", "y", &[blob(33, 1)]),
-        ])
-        .await
-        .unwrap();
+    assert!(c.get_object("batch", "new").await.unwrap().is_none(), "no part of a failed batch is kept");
+    let ok = c.put_objects(vec![put("batch", "x", &[blob(33, 1)]), put("batch", "y", &[blob(33, 1)])]).await.unwrap();
     assert_eq!(ok.len(), 2);
-    assert!(
-        !ok[0].deduplicated && ok[1].deduplicated,
-        "dedup holds inside one batch"
-    );
-    let gone = c
-        .delete_objects(
-            "batch",
-            &["x".into(), "nope".into(), "y".into()],
-            &Precondition::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        gone.iter().map(Option::is_some).collect::<Vec<_>>(),
-        [true, false, true]
-    );
+    assert!(!ok[0].deduplicated && ok[1].deduplicated, "dedup holds inside one batch");
+    let gone =
+        c.delete_objects("batch", &["x".into(), "nope".into(), "y".into()], &Precondition::default()).await.unwrap();
+    assert_eq!(gone.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true]);
     assert_eq!(c.get_blob(&digest(33)).await.unwrap().unwrap().refs, 0);
 }
 
@@ -279,72 +141,23 @@ pub async fn listing(c: &dyn Catalog) {
     for k in keys {
         c.put_object(put("list", k, &[blob(40, 1)])).await.unwrap();
     }
-    c.put_object(put("list2", "a/1", &[blob(40, 1)]))
-        .await
-        .unwrap();
-    let all = c
-        .list_objects(
-            "list",
-            &ListQuery {
-                limit: 100,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        all.objects
-            .iter()
-            .map(|o| o.key.as_str())
-            .collect::<Vec<_>>(),
-        keys
-    );
+    c.put_object(put("list2", "a/1", &[blob(40, 1)])).await.unwrap();
+    let all = c.list_objects("list", &ListQuery { limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), keys);
     assert_eq!(all.next, None);
-    let dirs = c
-        .list_objects(
-            "list",
-            &ListQuery {
-                delimiter: Some('/'),
-                limit: 100,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        dirs.objects
-            .iter()
-            .map(|o| o.key.as_str())
-            .collect::<Vec<_>>(),
-        ["b", "c0", "d"]
-    );
+    let dirs =
+        c.list_objects("list", &ListQuery { delimiter: Some('/'), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(dirs.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["b", "c0", "d"]);
     assert_eq!(dirs.prefixes, ["a/", "c/"]);
-    let under = ListQuery {
-        prefix: "a/".into(),
-        delimiter: Some('/'),
-        limit: 100,
-        ..Default::default()
-    };
+    let under = ListQuery { prefix: "a/".into(), delimiter: Some('/'), limit: 100, ..Default::default() };
     let under = c.list_objects("list", &under).await.unwrap();
-    assert_eq!(
-        under
-            .objects
-            .iter()
-            .map(|o| o.key.as_str())
-            .collect::<Vec<_>>(),
-        ["a/1", "a/2"]
-    );
+    assert_eq!(under.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["a/1", "a/2"]);
     assert_eq!(under.prefixes, ["a/b/"]);
     // Paging with a delimiter: a page may end on a common prefix.
     let mut seen = Vec::new();
     let mut after = None;
     loop {
-        let q = ListQuery {
-            delimiter: Some('/'),
-            limit: 2,
-            after: after.clone(),
-            ..Default::default()
-        };
+        let q = ListQuery { delimiter: Some('/'), limit: 2, after: after.clone(), ..Default::default() };
         let page = c.list_objects("list", &q).await.unwrap();
         seen.extend(page.objects.iter().map(|o| o.key.clone()));
         seen.extend(page.prefixes.iter().cloned());
@@ -355,52 +168,25 @@ pub async fn listing(c: &dyn Catalog) {
     }
     seen.sort();
     assert_eq!(seen, ["a/", "b", "c/", "c0", "d"]);
-    let missing = c
-        .list_objects(
-            "nope",
-            &ListQuery {
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await;
+    let missing = c.list_objects("nope", &ListQuery { limit: 10, ..Default::default() }).await;
     assert!(matches!(missing, Err(CatalogError::NoSuchBucket(_))));
 }
 
 pub async fn dead_blobs_wait_for_grace(c: &dyn Catalog) {
     c.create_bucket("gc", false).await.unwrap();
     c.put_object(put("gc", "k", &[blob(50, 7)])).await.unwrap();
-    c.delete_object("gc", "k", &Precondition::default())
-        .await
-        .unwrap();
-    let since = c
-        .get_blob(&digest(50))
-        .await
-        .unwrap()
-        .unwrap()
-        .unreferenced_since
-        .unwrap();
+    c.delete_object("gc", "k", &Precondition::default()).await.unwrap();
+    let since = c.get_blob(&digest(50)).await.unwrap().unwrap().unreferenced_since.unwrap();
     let early = c.dead_blobs(since - 1, 100).await.unwrap();
-    assert!(
-        !early.iter().any(|b| b.digest == digest(50)),
-        "not dead before its grace"
-    );
+    assert!(!early.iter().any(|b| b.digest == digest(50)), "not dead before its grace");
     assert!(!c.remove_dead_blob(&digest(50), since - 1).await.unwrap());
     let due = c.dead_blobs(since, 100).await.unwrap();
     assert!(due.iter().any(|b| b.digest == digest(50)));
     // A new reference revives it.
     c.put_object(put("gc", "k2", &[blob(50, 7)])).await.unwrap();
-    assert!(
-        !c.dead_blobs(u64::MAX, 100)
-            .await
-            .unwrap()
-            .iter()
-            .any(|b| b.digest == digest(50))
-    );
+    assert!(!c.dead_blobs(u64::MAX, 100).await.unwrap().iter().any(|b| b.digest == digest(50)));
     assert!(!c.remove_dead_blob(&digest(50), u64::MAX).await.unwrap());
-    c.delete_object("gc", "k2", &Precondition::default())
-        .await
-        .unwrap();
+    c.delete_object("gc", "k2", &Precondition::default()).await.unwrap();
     let before = c.stats().await.unwrap();
     assert!(c.remove_dead_blob(&digest(50), u64::MAX).await.unwrap());
     assert!(c.get_blob(&digest(50)).await.unwrap().is_none());
@@ -411,10 +197,7 @@ pub async fn concurrent_same_content(c: &dyn Catalog) {
     c.create_bucket("race", false).await.unwrap();
     let puts = (0..20).map(|i| c.put_object(put("race", &format!("k{i}"), &[blob(60, 3)])));
     let outcomes = futures::future::join_all(puts).await;
-    let fresh = outcomes
-        .iter()
-        .filter(|o| !o.as_ref().unwrap().deduplicated)
-        .count();
+    let fresh = outcomes.iter().filter(|o| !o.as_ref().unwrap().deduplicated).count();
     assert_eq!(fresh, 1, "exactly one put stores the blob");
     assert_eq!(c.get_blob(&digest(60)).await.unwrap().unwrap().refs, 20);
 }

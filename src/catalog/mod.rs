@@ -26,9 +26,7 @@ pub fn now_millis() -> Millis {
 }
 
 pub fn to_millis(t: SystemTime) -> Millis {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 pub fn from_millis(ms: Millis) -> SystemTime {
@@ -89,11 +87,7 @@ fn zero_digest() -> Digest {
 
 impl BlobRecord {
     pub fn blob_ref(&self) -> BlobRef {
-        BlobRef {
-            digest: self.digest,
-            size: self.size,
-            locator: self.locator.clone(),
-        }
+        BlobRef { digest: self.digest, size: self.size, locator: self.locator.clone() }
     }
 }
 
@@ -213,8 +207,7 @@ pub trait Catalog: Send + Sync + 'static {
     async fn buckets(&self) -> Result<Vec<BucketRecord>>;
 
     /// Records for `keys` of one bucket, in the same order.
-    async fn get_objects(&self, bucket: &str, keys: &[String])
-    -> Result<Vec<Option<ObjectRecord>>>;
+    async fn get_objects(&self, bucket: &str, keys: &[String]) -> Result<Vec<Option<ObjectRecord>>>;
 
     /// Writes objects, all or none: each replaces its key's record, gains
     /// references to its blobs and releases those of the record it replaced.
@@ -251,17 +244,12 @@ pub trait Catalog: Send + Sync + 'static {
 #[async_trait]
 pub trait CatalogExt: Catalog {
     async fn get_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
-        Ok(self
-            .get_objects(bucket, &[key.to_string()])
-            .await?
-            .pop()
-            .flatten())
+        Ok(self.get_objects(bucket, &[key.to_string()]).await?.pop().flatten())
     }
 
     async fn put_object(&self, put: ObjectPut) -> Result<PutOutcome> {
         let mut out = self.put_objects(vec![put]).await?;
-        out.pop()
-            .ok_or_else(|| CatalogError::Internal("put returned no outcome".into()))
+        out.pop().ok_or_else(|| CatalogError::Internal("put returned no outcome".into()))
     }
 
     async fn delete_object(
@@ -270,11 +258,7 @@ pub trait CatalogExt: Catalog {
         key: &str,
         precondition: &Precondition,
     ) -> Result<Option<ObjectRecord>> {
-        Ok(self
-            .delete_objects(bucket, &[key.to_string()], precondition)
-            .await?
-            .pop()
-            .flatten())
+        Ok(self.delete_objects(bucket, &[key.to_string()], precondition).await?.pop().flatten())
     }
 
     async fn get_blob(&self, digest: &Digest) -> Result<Option<BlobRecord>> {
@@ -300,9 +284,7 @@ impl std::str::FromStr for CatalogKind {
         } else if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             Ok(CatalogKind::Postgres(s.to_string()))
         } else {
-            Err(format!(
-                "unknown catalog {s:?}: use \"rocksdb\" or a postgres:// URL"
-            ))
+            Err(format!("unknown catalog {s:?}: use \"rocksdb\" or a postgres:// URL"))
         }
     }
 }

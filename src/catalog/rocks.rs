@@ -24,13 +24,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, MergeOperands, WriteBatch,
-    WriteOptions,
+    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, MergeOperands, WriteBatch, WriteOptions,
 };
 
 use super::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis,
-    ObjectPut, ObjectRecord, Precondition, PutOutcome, Result, now_millis,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
+    ObjectRecord, Precondition, PutOutcome, Result, now_millis,
 };
 use crate::engine::{BlobRef, Digest};
 
@@ -66,10 +65,7 @@ fn dead_key(since: Millis, digest: &Digest) -> [u8; 40] {
 
 fn stats_bytes(s: &CatalogStats) -> [u8; 32] {
     let mut v = [0u8; 32];
-    for (i, n) in [s.objects, s.logical_bytes, s.blobs, s.blob_bytes]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, n) in [s.objects, s.logical_bytes, s.blobs, s.blob_bytes].into_iter().enumerate() {
         v[i * 8..i * 8 + 8].copy_from_slice(&n.to_le_bytes());
     }
     v
@@ -93,12 +89,7 @@ fn merge_stats(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -
             *t += d;
         }
     }
-    let s = CatalogStats {
-        objects: total[0],
-        logical_bytes: total[1],
-        blobs: total[2],
-        blob_bytes: total[3],
-    };
+    let s = CatalogStats { objects: total[0], logical_bytes: total[1], blobs: total[2], blob_bytes: total[3] };
     Some(stats_bytes(&s).to_vec())
 }
 
@@ -143,22 +134,15 @@ impl RocksCatalog {
         })
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Inner) -> Result<T> + Send + 'static) -> Result<T> {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(err)?
+        tokio::task::spawn_blocking(move || f(&inner)).await.map_err(err)?
     }
 }
 
 impl Inner {
     fn cf(&self, name: &str) -> &ColumnFamily {
-        self.db
-            .cf_handle(name)
-            .expect("column families are created at open")
+        self.db.cf_handle(name).expect("column families are created at open")
     }
 
     fn stripe_of(&self, item: impl Hash) -> usize {
@@ -168,11 +152,7 @@ impl Inner {
     /// Locks stripes in index order. Transactions lock object keys first,
     /// then (once they know which blobs they touch) digests, so no two
     /// transactions ever wait on each other in a cycle.
-    fn lock<'a, T: Hash>(
-        &'a self,
-        stripes: &'a [Mutex<()>],
-        items: &[T],
-    ) -> Vec<MutexGuard<'a, ()>> {
+    fn lock<'a, T: Hash>(&'a self, stripes: &'a [Mutex<()>], items: &[T]) -> Vec<MutexGuard<'a, ()>> {
         let mut idx: Vec<usize> = items.iter().map(|k| self.stripe_of(k)).collect();
         idx.sort_unstable();
         idx.dedup();
@@ -182,45 +162,21 @@ impl Inner {
     fn commit(&self, batch: WriteBatch) -> Result<()> {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
-        self.db
-            .write_opt(batch, &wo)
-            .map_err(|e| CatalogError::SyncFailed(e.to_string()))
+        self.db.write_opt(batch, &wo).map_err(|e| CatalogError::SyncFailed(e.to_string()))
     }
 
     fn bucket_exists(&self, name: &str) -> Result<bool> {
-        Ok(self
-            .db
-            .get_pinned_cf(self.cf("buckets"), name)
-            .map_err(err)?
-            .is_some())
+        Ok(self.db.get_pinned_cf(self.cf("buckets"), name).map_err(err)?.is_some())
     }
 
     fn read_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
-        let raw = self
-            .db
-            .get_pinned_cf(self.cf("objects"), object_key(bucket, key))
-            .map_err(err)?;
-        raw.map(|v| {
-            decode::<ObjectRecord>(&v).map(|r| ObjectRecord {
-                key: key.to_string(),
-                ..r
-            })
-        })
-        .transpose()
+        let raw = self.db.get_pinned_cf(self.cf("objects"), object_key(bucket, key)).map_err(err)?;
+        raw.map(|v| decode::<ObjectRecord>(&v).map(|r| ObjectRecord { key: key.to_string(), ..r })).transpose()
     }
 
     fn read_blob(&self, digest: &Digest) -> Result<Option<BlobRecord>> {
-        let raw = self
-            .db
-            .get_pinned_cf(self.cf("blobs"), digest.0)
-            .map_err(err)?;
-        raw.map(|v| {
-            decode::<BlobRecord>(&v).map(|r| BlobRecord {
-                digest: *digest,
-                ..r
-            })
-        })
-        .transpose()
+        let raw = self.db.get_pinned_cf(self.cf("blobs"), digest.0).map_err(err)?;
+        raw.map(|v| decode::<BlobRecord>(&v).map(|r| BlobRecord { digest: *digest, ..r })).transpose()
     }
 }
 
@@ -260,8 +216,7 @@ impl<'a> Txn<'a> {
     fn blob(&mut self, digest: &Digest) -> Result<&mut Option<BlobRecord>> {
         if !self.blobs.contains_key(digest) {
             let b = self.inner.read_blob(digest)?;
-            self.dead_before
-                .insert(*digest, b.as_ref().and_then(|b| b.unreferenced_since));
+            self.dead_before.insert(*digest, b.as_ref().and_then(|b| b.unreferenced_since));
             self.blobs.insert(*digest, b);
         }
         Ok(self.blobs.get_mut(digest).expect("just inserted"))
@@ -303,12 +258,7 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    fn set_object(
-        &mut self,
-        bucket: &str,
-        key: &str,
-        record: Option<ObjectRecord>,
-    ) -> Result<Option<ObjectRecord>> {
+    fn set_object(&mut self, bucket: &str, key: &str, record: Option<ObjectRecord>) -> Result<Option<ObjectRecord>> {
         let old = self.object(bucket, key)?;
         if let Some(o) = &old {
             self.stats.objects -= 1;
@@ -321,8 +271,7 @@ impl<'a> Txn<'a> {
             self.stats.objects += 1;
             self.stats.logical_bytes += r.size as i64;
         }
-        self.objects
-            .insert((bucket.to_string(), key.to_string()), record);
+        self.objects.insert((bucket.to_string(), key.to_string()), record);
         Ok(old)
     }
 
@@ -368,11 +317,7 @@ impl Catalog for RocksCatalog {
             if inner.bucket_exists(&name)? {
                 return Err(CatalogError::BucketExists(name));
             }
-            let record = BucketRecord {
-                name: name.clone(),
-                created: now_millis(),
-                public_read,
-            };
+            let record = BucketRecord { name: name.clone(), created: now_millis(), public_read };
             let mut batch = WriteBatch::default();
             batch.put_cf(inner.cf("buckets"), &name, encode(&record));
             inner.commit(batch)
@@ -388,10 +333,7 @@ impl Catalog for RocksCatalog {
                 return Err(CatalogError::NoSuchBucket(name));
             }
             let prefix = object_key(&name, "");
-            let mut it = inner.db.iterator_cf(
-                inner.cf("objects"),
-                IteratorMode::From(&prefix, Direction::Forward),
-            );
+            let mut it = inner.db.iterator_cf(inner.cf("objects"), IteratorMode::From(&prefix, Direction::Forward));
             if let Some(item) = it.next() {
                 let (k, _) = item.map_err(err)?;
                 if k.starts_with(&prefix) {
@@ -408,12 +350,8 @@ impl Catalog for RocksCatalog {
     async fn bucket(&self, name: &str) -> Result<Option<BucketRecord>> {
         let name = name.to_string();
         self.blocking(move |inner| {
-            let raw = inner
-                .db
-                .get_pinned_cf(inner.cf("buckets"), &name)
-                .map_err(err)?;
-            raw.map(|v| decode::<BucketRecord>(&v).map(|b| BucketRecord { name, ..b }))
-                .transpose()
+            let raw = inner.db.get_pinned_cf(inner.cf("buckets"), &name).map_err(err)?;
+            raw.map(|v| decode::<BucketRecord>(&v).map(|b| BucketRecord { name, ..b })).transpose()
         })
         .await
     }
@@ -421,27 +359,17 @@ impl Catalog for RocksCatalog {
     async fn buckets(&self) -> Result<Vec<BucketRecord>> {
         self.blocking(|inner| {
             let mut out = Vec::new();
-            for item in inner
-                .db
-                .iterator_cf(inner.cf("buckets"), IteratorMode::Start)
-            {
+            for item in inner.db.iterator_cf(inner.cf("buckets"), IteratorMode::Start) {
                 let (k, v) = item.map_err(err)?;
                 let name = String::from_utf8_lossy(&k).into_owned();
-                out.push(BucketRecord {
-                    name,
-                    ..decode(&v)?
-                });
+                out.push(BucketRecord { name, ..decode(&v)? });
             }
             Ok(out)
         })
         .await
     }
 
-    async fn get_objects(
-        &self,
-        bucket: &str,
-        keys: &[String],
-    ) -> Result<Vec<Option<ObjectRecord>>> {
+    async fn get_objects(&self, bucket: &str, keys: &[String]) -> Result<Vec<Option<ObjectRecord>>> {
         let bucket = bucket.to_string();
         let keys = keys.to_vec();
         self.blocking(move |inner| {
@@ -465,17 +393,11 @@ impl Catalog for RocksCatalog {
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
         self.blocking(move |inner| {
             let _r = inner.buckets.read();
-            let keys: Vec<_> = puts
-                .iter()
-                .map(|p| object_key(&p.bucket, &p.record.key))
-                .collect();
+            let keys: Vec<_> = puts.iter().map(|p| object_key(&p.bucket, &p.record.key)).collect();
             let _keys = inner.lock(&inner.key_stripes, &keys);
             let mut txn = Txn::new(inner);
             // The records being replaced release their blobs too.
-            let mut digests: Vec<Digest> = puts
-                .iter()
-                .flat_map(|p| p.record.parts.iter().map(|x| x.digest))
-                .collect();
+            let mut digests: Vec<Digest> = puts.iter().flat_map(|p| p.record.parts.iter().map(|x| x.digest)).collect();
             for p in &puts {
                 if let Some(old) = txn.object(&p.bucket, &p.record.key)? {
                     digests.extend(old.parts.iter().map(|x| x.digest));
@@ -499,12 +421,7 @@ impl Catalog for RocksCatalog {
                         .iter()
                         .find(|b| b.digest == part.digest)
                         .cloned()
-                        .ok_or_else(|| {
-                            CatalogError::Internal(format!(
-                                "no blob given for part {}",
-                                part.digest
-                            ))
-                        })?;
+                        .ok_or_else(|| CatalogError::Internal(format!("no blob given for part {}", part.digest)))?;
                     match txn.add_ref(&stored)? {
                         None => deduplicated = false,
                         Some(existing) if existing.locator != stored.locator => {
@@ -517,11 +434,7 @@ impl Catalog for RocksCatalog {
                 }
                 let (bucket, key) = (put.bucket.clone(), put.record.key.clone());
                 let replaced = txn.set_object(&bucket, &key, Some(put.record))?;
-                outcomes.push(PutOutcome {
-                    replaced,
-                    deduplicated,
-                    redundant,
-                });
+                outcomes.push(PutOutcome { replaced, deduplicated, redundant });
             }
             txn.commit()?;
             Ok(outcomes)
@@ -559,11 +472,7 @@ impl Catalog for RocksCatalog {
                 if current.is_some() && !precondition.check(current.as_ref()) {
                     return Err(CatalogError::PreconditionFailed);
                 }
-                out.push(if current.is_some() {
-                    txn.set_object(&bucket, key, None)?
-                } else {
-                    None
-                });
+                out.push(if current.is_some() { txn.set_object(&bucket, key, None)? } else { None });
             }
             txn.commit()?;
             Ok(out)
@@ -586,18 +495,11 @@ impl Catalog for RocksCatalog {
     async fn get_blobs(&self, digests: &[Digest]) -> Result<Vec<Option<BlobRecord>>> {
         let digests = digests.to_vec();
         self.blocking(move |inner| {
-            let raw = inner.db.batched_multi_get_cf(
-                inner.cf("blobs"),
-                digests.iter().map(|d| &d.0),
-                false,
-            );
+            let raw = inner.db.batched_multi_get_cf(inner.cf("blobs"), digests.iter().map(|d| &d.0), false);
             raw.into_iter()
                 .zip(digests)
                 .map(|(r, digest)| match r.map_err(err)? {
-                    Some(v) => Ok(Some(BlobRecord {
-                        digest,
-                        ..decode(&v)?
-                    })),
+                    Some(v) => Ok(Some(BlobRecord { digest, ..decode(&v)? })),
                     None => Ok(None),
                 })
                 .collect()
@@ -636,11 +538,7 @@ impl Catalog for RocksCatalog {
                     let mut batch = WriteBatch::default();
                     batch.delete_cf(inner.cf("blobs"), digest.0);
                     batch.delete_cf(inner.cf("dead"), dead_key(since, &digest));
-                    let delta = CatalogStats {
-                        blobs: -1,
-                        blob_bytes: -(b.size as i64),
-                        ..Default::default()
-                    };
+                    let delta = CatalogStats { blobs: -1, blob_bytes: -(b.size as i64), ..Default::default() };
                     batch.merge_cf(inner.cf("meta"), STATS_KEY, stats_bytes(&delta));
                     inner.commit(batch)?;
                     Ok(true)
@@ -653,18 +551,9 @@ impl Catalog for RocksCatalog {
 
     async fn stats(&self) -> Result<CatalogStats> {
         self.blocking(|inner| {
-            let v = inner
-                .db
-                .get_cf(inner.cf("meta"), STATS_KEY)
-                .map_err(err)?
-                .unwrap_or_default();
+            let v = inner.db.get_cf(inner.cf("meta"), STATS_KEY).map_err(err)?.unwrap_or_default();
             let [objects, logical_bytes, blobs, blob_bytes] = stats_from(&v);
-            Ok(CatalogStats {
-                objects,
-                logical_bytes,
-                blobs,
-                blob_bytes,
-            })
+            Ok(CatalogStats { objects, logical_bytes, blobs, blob_bytes })
         })
         .await
     }
@@ -689,8 +578,7 @@ fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage>
     let mut seek = full_prefix.clone();
     if let Some(after) = &query.after {
         let a = object_key(bucket, after);
-        let skip_all_under =
-            query.delimiter.is_some_and(|d| after.ends_with(d)) && after.starts_with(&query.prefix);
+        let skip_all_under = query.delimiter.is_some_and(|d| after.ends_with(d)) && after.starts_with(&query.prefix);
         let from = if skip_all_under {
             past_prefix(&a)
         } else {
@@ -714,18 +602,11 @@ fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage>
         }
         if page.objects.len() + page.prefixes.len() >= limit {
             // Something remains: say where to continue.
-            page.next = page
-                .objects
-                .last()
-                .map(|o| o.key.clone())
-                .into_iter()
-                .chain(page.prefixes.last().cloned())
-                .max();
+            page.next =
+                page.objects.last().map(|o| o.key.clone()).into_iter().chain(page.prefixes.last().cloned()).max();
             return Ok(page);
         }
-        let key = std::str::from_utf8(&k[base.len()..])
-            .map_err(err)?
-            .to_string();
+        let key = std::str::from_utf8(&k[base.len()..]).map_err(err)?.to_string();
         let rest = &key[query.prefix.len()..];
         if let Some(at) = query.delimiter.and_then(|d| rest.find(d)) {
             let d_len = query.delimiter.map(char::len_utf8).unwrap_or(1);

@@ -14,32 +14,18 @@ use tokio::io::AsyncWriteExt;
 #[derive(Clone, Debug, clap::Args)]
 pub struct ClientArgs {
     /// The server's base URL.
-    #[arg(
-        long,
-        env = "DEPOT_SERVER",
-        default_value = "http://127.0.0.1:8080",
-        global = true
-    )]
+    #[arg(long, env = "DEPOT_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
     pub server: String,
     /// Secret sent as `Authorization: Bearer` when the server needs one.
-    #[arg(
-        long = "secret-key",
-        env = "DEPOT_SECRET_KEY",
-        hide_env_values = true,
-        global = true
-    )]
+    #[arg(long = "secret-key", env = "DEPOT_SECRET_KEY", hide_env_values = true, global = true)]
     pub secret: Option<String>,
 }
 
 const BAR_FROM: u64 = 1024 * 1024;
 
 /// Characters escaped in a key placed in a URL path.
-const KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'/')
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
+const KEY: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 struct Client {
     base: String,
@@ -59,20 +45,11 @@ impl Client {
         if !base.starts_with("http://") {
             bail!("--server must be an http:// URL, got {base:?}");
         }
-        Ok(Client {
-            base,
-            http: reqwest::Client::new(),
-            secret: args.secret.clone(),
-        })
+        Ok(Client { base, http: reqwest::Client::new(), secret: args.secret.clone() })
     }
 
     fn url(&self, bucket: &str, key: &str) -> String {
-        format!(
-            "{}/{}/{}",
-            self.base,
-            bucket,
-            percent_encoding::utf8_percent_encode(key, KEY)
-        )
+        format!("{}/{}/{}", self.base, bucket, percent_encoding::utf8_percent_encode(key, KEY))
     }
 
     fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
@@ -84,10 +61,7 @@ impl Client {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the depot server at {}", self.base))?;
+        let resp = req.send().await.with_context(|| format!("cannot reach the depot server at {}", self.base))?;
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -110,20 +84,16 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     }
     let bar = ProgressBar::new(len);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     bar.set_message(what.to_string());
     bar
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
 
 /// `depot put FILE... [BUCKET/KEY]`: the last argument names the target
@@ -133,9 +103,7 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
     let (files, target) = match paths {
         [] => bail!("nothing to upload: give one or more files"),
         [one] => (vec![one.clone()], "files/".to_string()),
-        [files @ .., last] if !last.exists() => {
-            (files.to_vec(), last.to_string_lossy().into_owned())
-        }
+        [files @ .., last] if !last.exists() => (files.to_vec(), last.to_string_lossy().into_owned()),
         all => (all.to_vec(), "files/".to_string()),
     };
     let (bucket, key) = split_target(&target);
@@ -149,11 +117,7 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .with_context(|| format!("{} has no usable file name", file.display()))?;
-            let key = if key.is_empty() || key.ends_with('/') {
-                format!("{key}{name}")
-            } else {
-                key.to_string()
-            };
+            let key = if key.is_empty() || key.ends_with('/') { format!("{key}{name}") } else { key.to_string() };
             put_one(&client, file, bucket, &key).await?;
         }
         Ok(())
@@ -161,9 +125,7 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
 }
 
 async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyhow::Result<()> {
-    let f = tokio::fs::File::open(file)
-        .await
-        .with_context(|| format!("opening {}", file.display()))?;
+    let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
     let len = f.metadata().await?.len();
     let progress = bar(len, &format!("{bucket}/{key}"));
     let p = progress.clone();
@@ -179,16 +141,8 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
     let resp = client.send(req).await;
     progress.finish_and_clear();
     let body: serde_json::Value = resp?.json().await?;
-    let dedup = if body["deduplicated"].as_bool() == Some(true) {
-        ", deduplicated"
-    } else {
-        ""
-    };
-    println!(
-        "{bucket}/{key}  {}  sha256 {}{dedup}",
-        HumanBytes(len),
-        body["sha256"].as_str().unwrap_or("?")
-    );
+    let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
+    println!("{bucket}/{key}  {}  sha256 {}{dedup}", HumanBytes(len), body["sha256"].as_str().unwrap_or("?"));
     Ok(())
 }
 
@@ -202,9 +156,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
     }
     let client = Client::new(args)?;
     runtime()?.block_on(async {
-        let resp = client
-            .send(client.request(reqwest::Method::GET, &client.url(bucket, key)))
-            .await?;
+        let resp = client.send(client.request(reqwest::Method::GET, &client.url(bucket, key))).await?;
         let len = resp.content_length().unwrap_or(0);
         let mut body = resp.bytes_stream();
         if out == Some(Path::new("-")) {
@@ -217,22 +169,15 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
         }
         let dest = match out {
             Some(p) => p.to_path_buf(),
-            None => PathBuf::from(
-                key.rsplit('/')
-                    .find(|s| !s.is_empty())
-                    .unwrap_or("download"),
-            ),
+            None => PathBuf::from(key.rsplit('/').find(|s| !s.is_empty()).unwrap_or("download")),
         };
         let partial = dest.with_extension(format!(
             "{}depot-part",
-            dest.extension()
-                .map(|e| format!("{}.", e.to_string_lossy()))
-                .unwrap_or_default()
+            dest.extension().map(|e| format!("{}.", e.to_string_lossy())).unwrap_or_default()
         ));
         let progress = bar(len, target);
-        let mut f = tokio::fs::File::create(&partial)
-            .await
-            .with_context(|| format!("creating {}", partial.display()))?;
+        let mut f =
+            tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
         let result: anyhow::Result<()> = async {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.context("the download was cut off")?;
@@ -284,9 +229,8 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
     let client = Client::new(args)?;
     runtime()?.block_on(async {
         let Some(target) = target else {
-            let req = client
-                .request(reqwest::Method::GET, &format!("{}/", client.base))
-                .header("accept", "application/json");
+            let req =
+                client.request(reqwest::Method::GET, &format!("{}/", client.base)).header("accept", "application/json");
             let list: Buckets = client.send(req).await?.json().await?;
             for b in list.buckets {
                 println!("{:<24}  {}/", b.created, b.name);
@@ -294,11 +238,7 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
             return Ok(());
         };
         let (bucket, prefix) = split_target(target);
-        let prefix = if prefix.is_empty() || prefix.ends_with('/') {
-            prefix.to_string()
-        } else {
-            format!("{prefix}/")
-        };
+        let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
         let mut after: Option<String> = None;
         loop {
             let mut url = client.url(bucket, &prefix);
@@ -308,20 +248,13 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
                     percent_encoding::utf8_percent_encode(a, percent_encoding::NON_ALPHANUMERIC)
                 ));
             }
-            let req = client
-                .request(reqwest::Method::GET, &url)
-                .header("accept", "application/json");
+            let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
             let page: Listing = client.send(req).await?.json().await?;
             for d in &page.dirs {
                 println!("{:>10}  {:<24}  {d}", "-", "");
             }
             for e in &page.entries {
-                println!(
-                    "{:>10}  {:<24}  {}",
-                    HumanBytes(e.size).to_string(),
-                    e.modified,
-                    e.key
-                );
+                println!("{:>10}  {:<24}  {}", HumanBytes(e.size).to_string(), e.modified, e.key);
             }
             match page.next {
                 Some(n) => after = Some(n),
@@ -340,9 +273,7 @@ pub fn rm(args: &ClientArgs, targets: &[String]) -> anyhow::Result<()> {
             if key.is_empty() {
                 bail!("give BUCKET/KEY, e.g. files/photo.jpg (to remove a bucket: curl -X DELETE)");
             }
-            client
-                .send(client.request(reqwest::Method::DELETE, &client.url(bucket, key)))
-                .await?;
+            client.send(client.request(reqwest::Method::DELETE, &client.url(bucket, key))).await?;
             println!("removed {target}");
         }
         Ok(())

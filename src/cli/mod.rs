@@ -62,11 +62,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(&args),
         Command::Gc(args) => serve::gc(&args),
         Command::Put { client, paths } => client::put(&client, &paths),
-        Command::Get {
-            client,
-            target,
-            out,
-        } => client::get(&client, &target, out.as_deref()),
+        Command::Get { client, target, out } => client::get(&client, &target, out.as_deref()),
         Command::Ls { client, target } => client::ls(&client, target.as_deref()),
         Command::Rm { client, targets } => client::rm(&client, &targets),
     }

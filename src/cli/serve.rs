@@ -27,10 +27,8 @@ fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
             existing.trim(),
             existing.trim()
         ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&marker, format!("{}\n", kind.name()))
-                .with_context(|| format!("writing {}", marker.display()))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::write(&marker, format!("{}\n", kind.name()))
+            .with_context(|| format!("writing {}", marker.display())),
         Err(e) => Err(e).with_context(|| format!("reading {}", marker.display())),
     }
 }
@@ -38,31 +36,17 @@ fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
 /// Opens the store in a data directory as the settings describe.
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let data = &settings.data;
-    std::fs::create_dir_all(data)
-        .with_context(|| format!("creating the data directory {}", data.display()))?;
+    std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
     check_engine_marker(data, settings.engine)?;
-    let catalog = RocksCatalog::open(&data.join("catalog")).map_err(|e| {
-        anyhow::anyhow!(
-            "opening the catalog in {} (is another depot using it?): {e}",
-            data.display()
-        )
-    })?;
-    let engine = engine::open(
-        settings.engine,
-        &data.join(settings.engine.name()),
-        settings.inline_threshold,
-    )?;
-    let config = StoreConfig {
-        gc_grace: settings.gc_grace,
-    };
+    let catalog = RocksCatalog::open(&data.join("catalog"))
+        .map_err(|e| anyhow::anyhow!("opening the catalog in {} (is another depot using it?): {e}", data.display()))?;
+    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), settings.inline_threshold)?;
+    let config = StoreConfig { gc_grace: settings.gc_grace };
     Ok(Store::open(Arc::new(catalog), engine, config).await?)
 }
 
 fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()?)
 }
 
 /// `depot serve`.
@@ -77,11 +61,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let secrets = settings
-        .credentials
-        .iter()
-        .map(|c| c.secret_key.clone())
-        .collect();
+    let secrets = settings.credentials.iter().map(|c| c.secret_key.clone()).collect();
     let app = Arc::new(App::new(store, Limits::default(), secrets));
     if settings.credentials.is_empty() {
         tracing::warn!("no credentials configured: anyone who can reach {addr} can read and write");

@@ -37,13 +37,7 @@ pub async fn run_all(engine: &dyn BlobEngine) {
 }
 
 pub async fn round_trip(engine: &dyn BlobEngine) {
-    for (len, seed) in [
-        (0usize, 1u8),
-        (1, 2),
-        (4096, 3),
-        (256 * 1024, 4),
-        (3 * 1024 * 1024 + 17, 5),
-    ] {
+    for (len, seed) in [(0usize, 1u8), (1, 2), (4096, 3), (256 * 1024, 4), (3 * 1024 * 1024 + 17, 5)] {
         let data = pattern(len, seed);
         // Write in uneven pieces, as a network body arrives.
         let mut writer = engine.writer(None).await.unwrap();
@@ -51,22 +45,10 @@ pub async fn round_trip(engine: &dyn BlobEngine) {
             writer.write(Bytes::copy_from_slice(piece)).await.unwrap();
         }
         let blob = writer.finish(digest_of(&data)).await.unwrap();
-        assert_eq!(
-            blob.size,
-            len as u64,
-            "{}: size of a {len}-byte blob",
-            engine.name()
-        );
+        assert_eq!(blob.size, len as u64, "{}: size of a {len}-byte blob", engine.name());
         assert_eq!(blob.digest, digest_of(&data));
-        let back = engine
-            .read_to_vec(&blob, ByteRange::full(len as u64))
-            .await
-            .unwrap();
-        assert!(
-            back == data,
-            "{}: {len}-byte blob read back differs",
-            engine.name()
-        );
+        let back = engine.read_to_vec(&blob, ByteRange::full(len as u64)).await.unwrap();
+        assert!(back == data, "{}: {len}-byte blob read back differs", engine.name());
         assert_eq!(engine.stat(&blob).await.unwrap(), Some(len as u64));
     }
 }
@@ -87,56 +69,26 @@ pub async fn ranged_reads(engine: &dyn BlobEngine) {
         (100, 100),
     ];
     for (start, end) in ranges {
-        let got = engine
-            .read_to_vec(&blob, ByteRange { start, end })
-            .await
-            .unwrap();
-        assert!(
-            got == data[start as usize..end as usize],
-            "{}: range {start}..{end} differs",
-            engine.name()
-        );
+        let got = engine.read_to_vec(&blob, ByteRange { start, end }).await.unwrap();
+        assert!(got == data[start as usize..end as usize], "{}: range {start}..{end} differs", engine.name());
     }
 }
 
 pub async fn same_content_twice(engine: &dyn BlobEngine) {
     let data = pattern(1_500_000, 11);
     let digest = digest_of(&data);
-    let (a, b) = futures::join!(
-        engine.put_bytes(data.clone()),
-        engine.put_bytes(data.clone())
-    );
+    let (a, b) = futures::join!(engine.put_bytes(data.clone()), engine.put_bytes(data.clone()));
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.digest, b.digest);
-    let stored: Vec<_> = engine
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|i| i.digest == digest)
-        .collect();
-    assert_eq!(
-        stored.len(),
-        1,
-        "{}: one blob for one content",
-        engine.name()
-    );
+    let stored: Vec<_> = engine.list().await.unwrap().into_iter().filter(|i| i.digest == digest).collect();
+    assert_eq!(stored.len(), 1, "{}: one blob for one content", engine.name());
     assert_eq!(stored[0].size, data.len() as u64);
-    let back = engine
-        .read_to_vec(&a, ByteRange::full(data.len() as u64))
-        .await
-        .unwrap();
+    let back = engine.read_to_vec(&a, ByteRange::full(data.len() as u64)).await.unwrap();
     assert!(back == data);
 }
 
 pub async fn abandoned_writes_leave_nothing(engine: &dyn BlobEngine) {
-    let before: BTreeSet<_> = engine
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.digest)
-        .collect();
+    let before: BTreeSet<_> = engine.list().await.unwrap().into_iter().map(|i| i.digest).collect();
     let data = pattern(2_500_000, 13);
     let mut aborted = engine.writer(None).await.unwrap();
     aborted.write(data.slice(..2_000_000)).await.unwrap();
@@ -144,24 +96,9 @@ pub async fn abandoned_writes_leave_nothing(engine: &dyn BlobEngine) {
     let mut dropped = engine.writer(Some(data.len() as u64)).await.unwrap();
     dropped.write(data.slice(..1_200_000)).await.unwrap();
     drop(dropped);
-    let after: BTreeSet<_> = engine
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.digest)
-        .collect();
-    assert_eq!(
-        before,
-        after,
-        "{}: abandoned writes left a blob",
-        engine.name()
-    );
-    let missing = super::BlobRef {
-        digest: digest_of(&data),
-        size: data.len() as u64,
-        locator: Vec::new(),
-    };
+    let after: BTreeSet<_> = engine.list().await.unwrap().into_iter().map(|i| i.digest).collect();
+    assert_eq!(before, after, "{}: abandoned writes left a blob", engine.name());
+    let missing = super::BlobRef { digest: digest_of(&data), size: data.len() as u64, locator: Vec::new() };
     assert_eq!(engine.stat(&missing).await.unwrap_or(None), None);
 }
 
@@ -190,11 +127,6 @@ pub async fn list_reports_every_blob(engine: &dyn BlobEngine) {
     let listed = engine.list().await.unwrap();
     for (digest, size) in expected {
         let found = listed.iter().find(|i| i.digest == digest);
-        assert_eq!(
-            found.map(|i| i.size),
-            Some(size),
-            "{}: list misses {digest}",
-            engine.name()
-        );
+        assert_eq!(found.map(|i| i.size), Some(size), "{}: list misses {digest}", engine.name());
     }
 }

@@ -8,10 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{
-    BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, DynEngine,
-    EngineError, Result,
-};
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, DynEngine, EngineError, Result};
 
 /// Which operation fails next, until changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,10 +31,7 @@ pub struct FaultyEngine {
 
 impl FaultyEngine {
     pub fn new(inner: DynEngine) -> FaultyEngine {
-        FaultyEngine {
-            inner,
-            fault: Arc::new(AtomicU8::new(Fault::None as u8)),
-        }
+        FaultyEngine { inner, fault: Arc::new(AtomicU8::new(Fault::None as u8)) }
     }
 
     pub fn set(&self, fault: Fault) {
@@ -66,9 +60,7 @@ impl BlobWriter for FaultyWriter {
     async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
         if FaultyEngine::is(&self.fault, Fault::Sync) {
             self.inner.abort().await;
-            return Err(EngineError::SyncFailed(std::io::Error::other(
-                "injected fsync failure",
-            )));
+            return Err(EngineError::SyncFailed(std::io::Error::other("injected fsync failure")));
         }
         self.inner.finish(digest).await
     }
@@ -85,18 +77,12 @@ impl BlobEngine for FaultyEngine {
     }
 
     async fn writer(&self, size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
-        Ok(Box::new(FaultyWriter {
-            inner: self.inner.writer(size_hint).await?,
-            fault: self.fault.clone(),
-        }))
+        Ok(Box::new(FaultyWriter { inner: self.inner.writer(size_hint).await?, fault: self.fault.clone() }))
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         if Self::is(&self.fault, Fault::Read) {
-            return Err(EngineError::io(
-                "faulty",
-                std::io::Error::other("injected read failure"),
-            ));
+            return Err(EngineError::io("faulty", std::io::Error::other("injected read failure")));
         }
         self.inner.read(blob, range).await
     }

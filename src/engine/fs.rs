@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 
-use super::{
-    BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result,
-};
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
 
 const NAME: &str = "fs";
 /// Bytes gathered before one write system call, and the size of read chunks.
@@ -50,13 +48,7 @@ impl FsEngine {
             let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
             fs::remove_file(entry.path()).map_err(|e| EngineError::io(NAME, e))?;
         }
-        Ok(FsEngine {
-            inner: Arc::new(Inner {
-                blobs,
-                tmp,
-                next_tmp: AtomicU64::new(0),
-            }),
-        })
+        Ok(FsEngine { inner: Arc::new(Inner { blobs, tmp, next_tmp: AtomicU64::new(0) }) })
     }
 
     /// The path of a blob's file. Only a digest, never a user's key, becomes
@@ -75,15 +67,11 @@ impl Inner {
 
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(EngineError::SyncFailed)
+    File::open(path).and_then(|d| d.sync_all()).map_err(EngineError::SyncFailed)
 }
 
 /// Creates `dir` if missing; a new directory's entry is made durable in its
@@ -147,11 +135,7 @@ impl BlobWriter for FsWriter {
             // identical bytes and refreshes the file's age for the collector.
             fs::rename(&tmp, &dest).map_err(|e| EngineError::io(NAME, e))?;
             sync_dir(leaf)?;
-            Ok(BlobRef {
-                digest,
-                size,
-                locator: Vec::new(),
-            })
+            Ok(BlobRef { digest, size, locator: Vec::new() })
         })
         .await
     }
@@ -181,8 +165,7 @@ impl BlobEngine for FsEngine {
         let n = self.inner.next_tmp.fetch_add(1, Ordering::Relaxed);
         let path = self.inner.tmp.join(format!("{}-{n}", std::process::id()));
         let p = path.clone();
-        let file =
-            blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
+        let file = blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
         Ok(Box::new(FsWriter {
             inner: self.inner.clone(),
             path,
@@ -200,8 +183,7 @@ impl BlobEngine for FsEngine {
                 _ => EngineError::io(NAME, e),
             })?;
             if range.start > 0 {
-                file.seek(SeekFrom::Start(range.start))
-                    .map_err(|e| EngineError::io(NAME, e))?;
+                file.seek(SeekFrom::Start(range.start)).map_err(|e| EngineError::io(NAME, e))?;
             }
             Ok(file)
         })
@@ -290,10 +272,9 @@ fn read_file_range(file: File, len: u64) -> ByteStream {
             let mut buf = BytesMut::zeroed(n);
             let item = match file.read_exact(&mut buf) {
                 Ok(()) => Ok(buf.freeze()),
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(EngineError::other(
-                    NAME,
-                    "blob file is shorter than its record: it was truncated on disk",
-                )),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Err(EngineError::other(NAME, "blob file is shorter than its record: it was truncated on disk"))
+                }
                 Err(e) => Err(EngineError::io(NAME, e)),
             };
             let failed = item.is_err();
@@ -303,14 +284,7 @@ fn read_file_range(file: File, len: u64) -> ByteStream {
             left -= n as u64;
         }
     });
-    Box::pin(tokio_stream_from(rx))
-}
-
-/// Adapts a channel receiver into a stream.
-pub(crate) fn tokio_stream_from<T: Send + 'static>(
-    mut rx: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures::Stream<Item = T> + Send {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    Box::pin(super::channel_stream(rx))
 }
 
 #[cfg(test)]
@@ -331,12 +305,7 @@ mod tests {
         let engine = FsEngine::open(dir.path()).unwrap();
         let blob = engine.put_bytes(conformance::pattern(10, 1)).await.unwrap();
         let hex = blob.digest.to_hex();
-        let expected = dir
-            .path()
-            .join("blobs")
-            .join(&hex[..2])
-            .join(&hex[2..4])
-            .join(&hex);
+        let expected = dir.path().join("blobs").join(&hex[..2]).join(&hex[2..4]).join(&hex);
         assert_eq!(engine.blob_path(&blob.digest), expected);
         assert!(expected.is_file());
         // A crash mid-upload leaves a staging file; reopening removes it.
@@ -346,9 +315,6 @@ mod tests {
         std::fs::write(dir.path().join("tmp").join("left-by-a-crash"), b"x").unwrap();
         drop(engine);
         FsEngine::open(dir.path()).unwrap();
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
-            0
-        );
+        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
     }
 }

@@ -17,9 +17,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::fs::FsEngine;
 use super::rocks::RocksEngine;
-use super::{
-    BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result,
-};
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
 
 const NAME: &str = "hybrid";
 const SMALL: &[u8] = b"r";
@@ -116,10 +114,7 @@ impl BlobEngine for HybridEngine {
             Some(n) => Tier::Buffered(BytesMut::with_capacity(n as usize)),
             None => Tier::Buffered(BytesMut::new()),
         };
-        Ok(Box::new(HybridWriter {
-            engine: self.clone(),
-            tier,
-        }))
+        Ok(Box::new(HybridWriter { engine: self.clone(), tier }))
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -166,29 +161,15 @@ mod tests {
     async fn size_picks_the_tier() {
         let dir = tempfile::tempdir().unwrap();
         let engine = HybridEngine::open(dir.path(), 1000).unwrap();
-        let small = engine
-            .put_bytes(conformance::pattern(1000, 1))
-            .await
-            .unwrap();
-        let large = engine
-            .put_bytes(conformance::pattern(1001, 2))
-            .await
-            .unwrap();
-        assert_eq!(
-            (small.locator.as_slice(), large.locator.as_slice()),
-            (SMALL, LARGE)
-        );
+        let small = engine.put_bytes(conformance::pattern(1000, 1)).await.unwrap();
+        let large = engine.put_bytes(conformance::pattern(1001, 2)).await.unwrap();
+        assert_eq!((small.locator.as_slice(), large.locator.as_slice()), (SMALL, LARGE));
         assert!(engine.large.blob_path(&large.digest).is_file());
         assert!(!engine.large.blob_path(&small.digest).exists());
         // A size declared up front also picks the file tier, unbuffered.
         let mut w = engine.writer(Some(5000)).await.unwrap();
         w.write(conformance::pattern(5000, 3)).await.unwrap();
-        let hinted = w
-            .finish(Digest(crate::engine::sha2_digest(&conformance::pattern(
-                5000, 3,
-            ))))
-            .await
-            .unwrap();
+        let hinted = w.finish(Digest(crate::engine::sha2_digest(&conformance::pattern(5000, 3)))).await.unwrap();
         assert_eq!(hinted.locator, LARGE);
     }
 }

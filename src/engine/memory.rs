@@ -9,9 +9,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use parking_lot::RwLock;
 
-use super::{
-    BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result,
-};
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
 
 const NAME: &str = "memory";
 const READ_CHUNK: usize = 64 * 1024;
@@ -44,14 +42,8 @@ impl BlobWriter for MemoryWriter {
 
     async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
         let size = self.buf.len() as u64;
-        self.blobs
-            .write()
-            .insert(digest, (self.buf.freeze(), SystemTime::now()));
-        Ok(BlobRef {
-            digest,
-            size,
-            locator: Vec::new(),
-        })
+        self.blobs.write().insert(digest, (self.buf.freeze(), SystemTime::now()));
+        Ok(BlobRef { digest, size, locator: Vec::new() })
     }
 
     async fn abort(self: Box<Self>) {}
@@ -64,10 +56,7 @@ impl BlobEngine for MemoryEngine {
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
-        Ok(Box::new(MemoryWriter {
-            blobs: self.blobs.clone(),
-            buf: BytesMut::new(),
-        }))
+        Ok(Box::new(MemoryWriter { blobs: self.blobs.clone(), buf: BytesMut::new() }))
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -90,11 +79,7 @@ impl BlobEngine for MemoryEngine {
     }
 
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
-        Ok(self
-            .blobs
-            .read()
-            .get(&blob.digest)
-            .map(|(b, _)| b.len() as u64))
+        Ok(self.blobs.read().get(&blob.digest).map(|(b, _)| b.len() as u64))
     }
 
     async fn list(&self) -> Result<Vec<BlobInfo>> {

@@ -35,9 +35,7 @@ use bytes::Bytes;
 use futures::Stream;
 
 /// The SHA-256 of a blob's content: its address.
-#[derive(
-    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Digest(pub [u8; 32]);
 
 impl Digest {
@@ -88,10 +86,7 @@ pub struct ByteRange {
 
 impl ByteRange {
     pub fn full(size: u64) -> ByteRange {
-        ByteRange {
-            start: 0,
-            end: size,
-        }
+        ByteRange { start: 0, end: size }
     }
 
     pub fn len(&self) -> u64 {
@@ -133,10 +128,7 @@ pub enum EngineError {
         source: std::io::Error,
     },
     #[error("{engine} engine: {message}")]
-    Other {
-        engine: &'static str,
-        message: String,
-    },
+    Other { engine: &'static str, message: String },
 }
 
 impl EngineError {
@@ -150,10 +142,7 @@ impl EngineError {
     }
 
     pub fn other(engine: &'static str, message: impl fmt::Display) -> EngineError {
-        EngineError::Other {
-            engine,
-            message: message.to_string(),
-        }
+        EngineError::Other { engine, message: message.to_string() }
     }
 }
 
@@ -237,6 +226,14 @@ pub trait BlobEngineExt: BlobEngine {
 
 impl<T: BlobEngine + ?Sized> BlobEngineExt for T {}
 
+/// A stream of what a channel receives: how blocking readers hand chunks
+/// to async consumers, one bounded channel ahead.
+pub(crate) fn channel_stream<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
@@ -284,10 +281,7 @@ impl EngineKind {
 
     /// Whether this build can run the engine.
     pub fn available(self) -> bool {
-        matches!(
-            self,
-            EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory
-        )
+        matches!(self, EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory)
     }
 }
 
@@ -295,13 +289,10 @@ impl std::str::FromStr for EngineKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EngineKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = EngineKind::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown engine {s:?}; engines: {}", names.join(", "))
-            })
+        EngineKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<_> = EngineKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown engine {s:?}; engines: {}", names.join(", "))
+        })
     }
 }
 
@@ -316,10 +307,7 @@ pub fn open(kind: EngineKind, root: &std::path::Path, inline_threshold: u64) -> 
         EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, inline_threshold)?),
         EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
         other => {
-            return Err(EngineError::other(
-                "depot",
-                format!("the {} engine is not built yet", other.name()),
-            ));
+            return Err(EngineError::other("depot", format!("the {} engine is not built yet", other.name())));
         }
     })
 }

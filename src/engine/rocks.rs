@@ -25,9 +25,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use rocksdb::{DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 
-use super::{
-    BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result,
-};
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
 
 const NAME: &str = "rocksdb";
 /// Size of one stored value of a blob.
@@ -80,10 +78,7 @@ fn pending_key(id: &[u8; 16]) -> [u8; 17] {
 }
 
 fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 struct Head {
@@ -141,28 +136,19 @@ impl RocksEngine {
             if key.first() != Some(&b'p') {
                 break;
             }
-            let id: [u8; 16] = key[1..]
-                .try_into()
-                .map_err(|_| EngineError::other(NAME, "corrupt marker"))?;
+            let id: [u8; 16] = key[1..].try_into().map_err(|_| EngineError::other(NAME, "corrupt marker"))?;
             batch.delete_range(chunk_key(&id, 0), chunk_key(&id, u32::MAX));
             batch.delete(key);
         }
         if !batch.is_empty() {
             db.write_opt(batch, &synced()).map_err(db_err)?;
         }
-        Ok(RocksEngine {
-            inner: Arc::new(Inner {
-                db,
-                heads: std::array::from_fn(|_| Mutex::new(())),
-            }),
-        })
+        Ok(RocksEngine { inner: Arc::new(Inner { db, heads: std::array::from_fn(|_| Mutex::new(())) }) })
     }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?
 }
 
 struct RocksWriter {
@@ -218,35 +204,21 @@ impl BlobWriter for RocksWriter {
                     if written > 0 {
                         batch.delete_range(chunk_key(&id, 0), chunk_key(&id, u32::MAX));
                     }
-                    Head {
-                        modified_ns: now_ns(),
-                        ..Head::decode(&existing)?
-                    }
+                    Head { modified_ns: now_ns(), ..Head::decode(&existing)? }
                 }
                 None => {
                     if !last.is_empty() || written == 0 {
                         batch.put(chunk_key(&id, written), &last);
                     }
-                    Head {
-                        id,
-                        size,
-                        modified_ns: now_ns(),
-                    }
+                    Head { id, size, modified_ns: now_ns() }
                 }
             };
             if written > 0 {
                 batch.delete(pending_key(&id));
             }
             batch.put(head_key(&digest), head.encode());
-            inner
-                .db
-                .write_opt(batch, &synced())
-                .map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))?;
-            Ok(BlobRef {
-                digest,
-                size: head.size,
-                locator: Vec::new(),
-            })
+            inner.db.write_opt(batch, &synced()).map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))?;
+            Ok(BlobRef { digest, size: head.size, locator: Vec::new() })
         })
         .await
     }
@@ -273,12 +245,7 @@ impl BlobEngine for RocksEngine {
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
-        Ok(Box::new(RocksWriter {
-            inner: self.inner.clone(),
-            id: rand::random(),
-            buf: BytesMut::new(),
-            written: 0,
-        }))
+        Ok(Box::new(RocksWriter { inner: self.inner.clone(), id: rand::random(), buf: BytesMut::new(), written: 0 }))
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -301,10 +268,7 @@ impl BlobEngine for RocksEngine {
             // One value: read it here, no streaming machinery.
             let inner = self.inner.clone();
             let bytes = blocking(move || {
-                let v = inner
-                    .db
-                    .get_pinned(chunk_key(&head.id, first))
-                    .map_err(db_err)?;
+                let v = inner.db.get_pinned(chunk_key(&head.id, first)).map_err(db_err)?;
                 let v = v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?;
                 let at = (range.start % CHUNK as u64) as usize;
                 let len = range.len() as usize;
@@ -338,7 +302,7 @@ impl BlobEngine for RocksEngine {
                 }
             }
         });
-        Ok(Box::pin(super::fs::tokio_stream_from(rx)))
+        Ok(Box::pin(super::channel_stream(rx)))
     }
 
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
@@ -361,12 +325,10 @@ impl BlobEngine for RocksEngine {
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
         let inner = self.inner.clone();
         let digest = blob.digest;
-        blocking(
-            move || match inner.db.get_pinned(head_key(&digest)).map_err(db_err)? {
-                Some(v) => Ok(Some(Head::decode(&v)?.size)),
-                None => Ok(None),
-            },
-        )
+        blocking(move || match inner.db.get_pinned(head_key(&digest)).map_err(db_err)? {
+            Some(v) => Ok(Some(Head::decode(&v)?.size)),
+            None => Ok(None),
+        })
         .await
     }
 
@@ -374,19 +336,12 @@ impl BlobEngine for RocksEngine {
         let inner = self.inner.clone();
         blocking(move || {
             let mut out = Vec::new();
-            for item in inner
-                .db
-                .iterator(IteratorMode::From(b"h", Direction::Forward))
-            {
+            for item in inner.db.iterator(IteratorMode::From(b"h", Direction::Forward)) {
                 let (key, value) = item.map_err(db_err)?;
                 if key.first() != Some(&b'h') {
                     break;
                 }
-                let digest = Digest(
-                    key[1..]
-                        .try_into()
-                        .map_err(|_| EngineError::other(NAME, "corrupt head key"))?,
-                );
+                let digest = Digest(key[1..].try_into().map_err(|_| EngineError::other(NAME, "corrupt head key"))?);
                 let head = Head::decode(&value)?;
                 out.push(BlobInfo {
                     digest,
@@ -403,14 +358,8 @@ impl BlobEngine for RocksEngine {
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let inner = self.inner.clone();
         blocking(move || {
-            let sst = inner
-                .db
-                .property_int_value("rocksdb.total-sst-files-size")
-                .map_err(db_err)?;
-            let blob = inner
-                .db
-                .property_int_value("rocksdb.total-blob-file-size")
-                .map_err(db_err)?;
+            let sst = inner.db.property_int_value("rocksdb.total-sst-files-size").map_err(db_err)?;
+            let blob = inner.db.property_int_value("rocksdb.total-blob-file-size").map_err(db_err)?;
             Ok(Some(sst.unwrap_or(0) + blob.unwrap_or(0)))
         })
         .await
@@ -441,11 +390,7 @@ mod tests {
         }
         engine.inner.db.write(batch).unwrap();
         let chunks = |e: &RocksEngine| {
-            e.inner
-                .db
-                .iterator(IteratorMode::Start)
-                .filter(|i| i.as_ref().unwrap().0[0] == b'c')
-                .count()
+            e.inner.db.iterator(IteratorMode::Start).filter(|i| i.as_ref().unwrap().0[0] == b'c').count()
         };
         assert_eq!(chunks(&engine), 3);
         drop(engine);

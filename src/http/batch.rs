@@ -33,8 +33,7 @@ fn bucket_param(req: &Request) -> Result<String, ApiError> {
 /// Splits a body into keys: one per line, `\r\n` tolerated, blank lines
 /// skipped.
 fn keys_of(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|_| ApiError::bad_request("the key list is not UTF-8"))?;
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the key list is not UTF-8"))?;
     let keys: Vec<String> = text
         .split('\n')
         .map(|l| l.strip_suffix('\r').unwrap_or(l))
@@ -45,10 +44,7 @@ fn keys_of(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "TooManyKeys",
-            format!(
-                "{} keys in one batch; at most {max} are allowed",
-                keys.len()
-            ),
+            format!("{} keys in one batch; at most {max} are allowed", keys.len()),
         ));
     }
     Ok(keys)
@@ -69,13 +65,10 @@ pub(super) async fn get(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
             let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
         }
     });
-    let stream = super::super::engine::fs::tokio_stream_from(rx);
+    let stream = crate::engine::channel_stream(rx);
     let body = http_body_util::StreamBody::new(stream.map(|r| r.map(hyper::body::Frame::data)));
     let mut r = http::Response::new(body.boxed_unsync());
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/octet-stream"),
-    );
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/octet-stream"));
     Ok(r)
 }
 
@@ -99,17 +92,13 @@ async fn answer_gets(
                 while let Some(chunk) = stream.next().await {
                     out.extend_from_slice(&chunk?);
                     if out.len() >= SEND_AT {
-                        tx.send(Ok(out.split().freeze()))
-                            .await
-                            .map_err(|_| closed())?;
+                        tx.send(Ok(out.split().freeze())).await.map_err(|_| closed())?;
                     }
                 }
             }
             out.extend_from_slice(b"\n");
             if out.len() >= SEND_AT {
-                tx.send(Ok(out.split().freeze()))
-                    .await
-                    .map_err(|_| closed())?;
+                tx.send(Ok(out.split().freeze())).await.map_err(|_| closed())?;
             }
         }
     }
@@ -125,10 +114,7 @@ pub(super) async fn delete(app: &Arc<App>, req: Request) -> Result<Response, Api
     let keys = keys_of(&body, app.limits.max_batch_entries)?;
     let done = app.store.delete_many(&bucket, &keys).await?;
     let deleted = done.iter().filter(|d| **d).count();
-    Ok(json(
-        StatusCode::OK,
-        &json!({ "bucket": bucket, "deleted": deleted, "missing": done.len() - deleted }),
-    ))
+    Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "deleted": deleted, "missing": done.len() - deleted })))
 }
 
 pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
@@ -139,33 +125,22 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
     let bad = |m: String| ApiError::bad_request(format!("batch body: {m}"));
     while let Some(key) = body.line(crate::store::names::MAX_KEY_BYTES).await? {
         let key = String::from_utf8(key).map_err(|_| bad("a key is not UTF-8".into()))?;
-        let len_line = body
-            .line(24)
-            .await?
-            .ok_or_else(|| bad(format!("the body ends before the length of {key:?}")))?;
+        let len_line =
+            body.line(24).await?.ok_or_else(|| bad(format!("the body ends before the length of {key:?}")))?;
         let len: u64 = std::str::from_utf8(&len_line)
             .ok()
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| bad(format!("the length of {key:?} is not a number")))?;
         if batch.len() >= app.limits.max_batch_entries {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "TooManyKeys",
-                "too many entries in one batch",
-            ));
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "TooManyKeys", "too many entries in one batch"));
         }
         batch.add(&key, len, body.take(len)).await?;
         if !body.newline().await? {
-            return Err(bad(format!(
-                "the {len} bytes of {key:?} are not followed by a newline: is the length right?"
-            )));
+            return Err(bad(format!("the {len} bytes of {key:?} are not followed by a newline: is the length right?")));
         }
     }
     let stored = batch.commit().await?;
-    Ok(json(
-        StatusCode::OK,
-        &json!({ "bucket": bucket, "stored": stored.len() }),
-    ))
+    Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "stored": stored.len() })))
 }
 
 /// Reads the `key\nlength\nbytes\n` framing from a body stream, holding
@@ -181,10 +156,7 @@ where
     E: std::fmt::Display,
 {
     fn new(stream: S) -> Self {
-        Framed {
-            stream,
-            buf: Bytes::new(),
-        }
+        Framed { stream, buf: Bytes::new() }
     }
 
     /// Makes `buf` non-empty; false at the end of the body.
@@ -208,9 +180,7 @@ where
                 return if line.is_empty() {
                     Ok(None)
                 } else {
-                    Err(ApiError::bad_request(
-                        "batch body: the last line has no newline",
-                    ))
+                    Err(ApiError::bad_request("batch body: the last line has no newline"))
                 };
             }
             match self.buf.iter().position(|b| *b == b'\n') {
@@ -218,9 +188,7 @@ where
                     line.extend_from_slice(&self.buf[..at]);
                     self.buf.advance(at + 1);
                     if line.len() > max {
-                        return Err(ApiError::bad_request(format!(
-                            "batch body: a line is longer than {max} bytes"
-                        )));
+                        return Err(ApiError::bad_request(format!("batch body: a line is longer than {max} bytes")));
                     }
                     return Ok(Some(line));
                 }
@@ -228,9 +196,7 @@ where
                     line.extend_from_slice(&self.buf);
                     self.buf.clear();
                     if line.len() > max {
-                        return Err(ApiError::bad_request(format!(
-                            "batch body: a line is longer than {max} bytes"
-                        )));
+                        return Err(ApiError::bad_request(format!("batch body: a line is longer than {max} bytes")));
                     }
                 }
             }
@@ -249,29 +215,20 @@ where
     /// The next `n` bytes as a stream; it ends early (and the store then
     /// reports a short body) if the body does.
     fn take(&mut self, n: u64) -> impl Stream<Item = Result<Bytes, ApiError>> + Send + Unpin + '_ {
-        Box::pin(futures::stream::unfold(
-            (self, n),
-            |(this, left)| async move {
-                if left == 0 {
-                    return None;
+        Box::pin(futures::stream::unfold((self, n), |(this, left)| async move {
+            if left == 0 {
+                return None;
+            }
+            match this.fill().await {
+                Err(e) => Some((Err(e), (this, 0))),
+                Ok(false) => None,
+                Ok(true) => {
+                    let k = (left as usize).min(this.buf.len());
+                    let piece = this.buf.split_to(k);
+                    Some((Ok(piece), (this, left - k as u64)))
                 }
-                match this.fill().await {
-                    Err(e) => Some((Err(e), (this, 0))),
-                    Ok(false) => None,
-                    Ok(true) => {
-                        let k = (left as usize).min(this.buf.len());
-                        let piece = this.buf.split_to(k);
-                        Some((Ok(piece), (this, left - k as u64)))
-                    }
-                }
-            },
-        ))
-    }
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+            }
+        }))
     }
 }
 
@@ -279,15 +236,8 @@ impl std::fmt::Display for ApiError {
 mod tests {
     use super::*;
 
-    fn framed(
-        pieces: &[&'static [u8]],
-    ) -> Framed<impl Stream<Item = Result<Bytes, String>> + Unpin + Send> {
-        Framed::new(futures::stream::iter(
-            pieces
-                .iter()
-                .map(|p| Ok(Bytes::from_static(p)))
-                .collect::<Vec<_>>(),
-        ))
+    fn framed(pieces: &[&'static [u8]]) -> Framed<impl Stream<Item = Result<Bytes, String>> + Unpin + Send> {
+        Framed::new(futures::stream::iter(pieces.iter().map(|p| Ok(Bytes::from_static(p))).collect::<Vec<_>>()))
     }
 
     #[tokio::test]
@@ -302,10 +252,7 @@ mod tests {
         assert_eq!(f.line(100).await.unwrap(), Some(b"3".to_vec()));
         let body: Vec<Bytes> = f.take(3).map(|r| r.unwrap()).collect().await;
         assert_eq!(body.concat(), b"abc");
-        assert!(
-            !f.newline().await.unwrap(),
-            "a wrong length shows as a missing newline"
-        );
+        assert!(!f.newline().await.unwrap(), "a wrong length shows as a missing newline");
     }
 
     #[tokio::test]
@@ -319,10 +266,7 @@ mod tests {
     #[test]
     fn key_lists() {
         assert_eq!(keys_of(b"a\r\nb\n\nc", 10).unwrap(), ["a", "b", "c"]);
-        assert_eq!(
-            keys_of(b"a\nb\nc\n", 2).unwrap_err().status,
-            StatusCode::PAYLOAD_TOO_LARGE
-        );
+        assert_eq!(keys_of(b"a\nb\nc\n", 2).unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(keys_of(b"\xff\n", 10).is_err());
     }
 }

@@ -30,12 +30,7 @@ pub fn etag_list(value: &str) -> Vec<String> {
         .split(',')
         .map(|t| t.trim())
         .filter(|t| !t.is_empty())
-        .map(|t| {
-            t.strip_prefix("W/")
-                .unwrap_or(t)
-                .trim_matches('"')
-                .to_string()
-        })
+        .map(|t| t.strip_prefix("W/").unwrap_or(t).trim_matches('"').to_string())
         .collect()
 }
 
@@ -49,9 +44,7 @@ fn date(headers: &HeaderMap, name: &header::HeaderName) -> Option<SystemTime> {
 
 /// HTTP dates have whole seconds; compare at that precision.
 fn secs(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Evaluates If-Match, If-Unmodified-Since, If-None-Match and
@@ -73,15 +66,9 @@ pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators
         let tags = etag_list(v);
         let matched = current.is_some_and(|c| tags.iter().any(|t| t == "*" || t == c.etag));
         if matched {
-            return if read {
-                Verdict::NotModified
-            } else {
-                Verdict::Failed
-            };
+            return if read { Verdict::NotModified } else { Verdict::Failed };
         }
-    } else if let (true, Some(since), Some(c)) =
-        (read, date(headers, &header::IF_MODIFIED_SINCE), current)
-    {
+    } else if let (true, Some(since), Some(c)) = (read, date(headers, &header::IF_MODIFIED_SINCE), current) {
         if secs(c.modified) <= secs(since) {
             return Verdict::NotModified;
         }
@@ -113,10 +100,7 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(
-                header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
+            h.append(header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
         h
     }
@@ -128,10 +112,7 @@ mod tests {
     const NOW: u64 = 1_700_000_000;
 
     fn cur() -> Option<Validators<'static>> {
-        Some(Validators {
-            etag: "abc",
-            modified: at(NOW),
-        })
+        Some(Validators { etag: "abc", modified: at(NOW) })
     }
 
     #[test]
@@ -143,68 +124,24 @@ mod tests {
         let star = headers(&[("if-none-match", "*")]);
         assert_eq!(evaluate(&Method::PUT, &star, cur()), Verdict::Failed);
         assert_eq!(evaluate(&Method::PUT, &star, None), Verdict::Proceed);
-        assert_eq!(
-            evaluate(
-                &Method::GET,
-                &headers(&[("if-none-match", "\"zzz\"")]),
-                cur()
-            ),
-            Verdict::Proceed
-        );
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-none-match", "\"zzz\"")]), cur()), Verdict::Proceed);
     }
 
     #[test]
     fn if_match_fails_on_mismatch_or_absence() {
-        assert_eq!(
-            evaluate(&Method::GET, &headers(&[("if-match", "\"nope\"")]), cur()),
-            Verdict::Failed
-        );
-        assert_eq!(
-            evaluate(&Method::GET, &headers(&[("if-match", "\"abc\"")]), cur()),
-            Verdict::Proceed
-        );
-        assert_eq!(
-            evaluate(&Method::PUT, &headers(&[("if-match", "*")]), None),
-            Verdict::Failed
-        );
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-match", "\"nope\"")]), cur()), Verdict::Failed);
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-match", "\"abc\"")]), cur()), Verdict::Proceed);
+        assert_eq!(evaluate(&Method::PUT, &headers(&[("if-match", "*")]), None), Verdict::Failed);
     }
 
     #[test]
     fn dates_compare_in_whole_seconds() {
         let same = httpdate::fmt_http_date(at(NOW));
         let earlier = httpdate::fmt_http_date(at(NOW - 10));
-        assert_eq!(
-            evaluate(
-                &Method::GET,
-                &headers(&[("if-modified-since", &same)]),
-                cur()
-            ),
-            Verdict::NotModified
-        );
-        assert_eq!(
-            evaluate(
-                &Method::GET,
-                &headers(&[("if-modified-since", &earlier)]),
-                cur()
-            ),
-            Verdict::Proceed
-        );
-        assert_eq!(
-            evaluate(
-                &Method::GET,
-                &headers(&[("if-unmodified-since", &earlier)]),
-                cur()
-            ),
-            Verdict::Failed
-        );
-        assert_eq!(
-            evaluate(
-                &Method::GET,
-                &headers(&[("if-modified-since", "garbage")]),
-                cur()
-            ),
-            Verdict::Proceed
-        );
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-modified-since", &same)]), cur()), Verdict::NotModified);
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-modified-since", &earlier)]), cur()), Verdict::Proceed);
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-unmodified-since", &earlier)]), cur()), Verdict::Failed);
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-modified-since", "garbage")]), cur()), Verdict::Proceed);
         // If-None-Match takes precedence over If-Modified-Since.
         let h = headers(&[("if-none-match", "\"zzz\""), ("if-modified-since", &same)]);
         assert_eq!(evaluate(&Method::GET, &h, cur()), Verdict::Proceed);
@@ -217,13 +154,7 @@ mod tests {
         assert!(if_range_holds(&headers(&[("if-range", "\"abc\"")]), c));
         assert!(!if_range_holds(&headers(&[("if-range", "\"old\"")]), c));
         assert!(!if_range_holds(&headers(&[("if-range", "W/\"abc\"")]), c));
-        assert!(if_range_holds(
-            &headers(&[("if-range", &httpdate::fmt_http_date(at(NOW)))]),
-            c
-        ));
-        assert!(!if_range_holds(
-            &headers(&[("if-range", &httpdate::fmt_http_date(at(NOW - 1)))]),
-            c
-        ));
+        assert!(if_range_holds(&headers(&[("if-range", &httpdate::fmt_http_date(at(NOW)))]), c));
+        assert!(!if_range_holds(&headers(&[("if-range", &httpdate::fmt_http_date(at(NOW - 1)))]), c));
     }
 }

@@ -15,11 +15,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
+        ApiError { status, code, message: message.into() }
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -40,9 +36,7 @@ impl From<StoreError> for ApiError {
             StoreError::BucketNotEmpty(_) => (S::CONFLICT, "BucketNotEmpty"),
             StoreError::PreconditionFailed => (S::PRECONDITION_FAILED, "PreconditionFailed"),
             StoreError::BadDigest { .. } => (S::BAD_REQUEST, "BadDigest"),
-            StoreError::IncompleteBody { .. } | StoreError::Body(_) => {
-                (S::BAD_REQUEST, "IncompleteBody")
-            }
+            StoreError::IncompleteBody { .. } | StoreError::Body(_) => (S::BAD_REQUEST, "IncompleteBody"),
             StoreError::BadRequest(_) => (S::BAD_REQUEST, "InvalidRequest"),
             StoreError::NoSpace => (S::INSUFFICIENT_STORAGE, "InsufficientStorage"),
             StoreError::WritesDisabled(_) | StoreError::Unavailable(_) => {
@@ -53,10 +47,12 @@ impl From<StoreError> for ApiError {
         if status.is_server_error() {
             tracing::error!(code, "{e}");
         }
-        ApiError {
-            status,
-            code,
-            message: e.to_string(),
-        }
+        ApiError { status, code, message: e.to_string() }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }

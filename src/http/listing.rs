@@ -16,11 +16,7 @@ const MAX_LIMIT: usize = 10_000;
 const DEFAULT_LIMIT: usize = 1000;
 
 fn wants_json(req: &Request) -> bool {
-    let accept = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     accept.contains("application/json") || query_value(&query(req), "format") == Some("json")
 }
 
@@ -31,10 +27,7 @@ fn rfc3339(ms: u64) -> String {
 pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
     let buckets = app.store.buckets().await?;
     if wants_json(req) {
-        let list: Vec<_> = buckets
-            .iter()
-            .map(|b| json!({ "name": b.name, "created": rfc3339(b.created) }))
-            .collect();
+        let list: Vec<_> = buckets.iter().map(|b| json!({ "name": b.name, "created": rfc3339(b.created) })).collect();
         return Ok(json(StatusCode::OK, &json!({ "buckets": list })));
     }
     let mut rows = String::new();
@@ -46,19 +39,10 @@ pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, A
             rfc3339(b.created)
         ));
     }
-    Ok(page(
-        "Buckets",
-        "<tr><th>Bucket</th><th>Created</th></tr>",
-        &rows,
-    ))
+    Ok(page("Buckets", "<tr><th>Bucket</th><th>Created</th></tr>", &rows))
 }
 
-pub(super) async fn objects(
-    app: &Arc<App>,
-    req: &Request,
-    bucket: &str,
-    prefix: &str,
-) -> Result<Response, ApiError> {
+pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix: &str) -> Result<Response, ApiError> {
     let q = query(req);
     let limit = match query_value(&q, "limit") {
         None => DEFAULT_LIMIT,
@@ -66,9 +50,7 @@ pub(super) async fn objects(
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=MAX_LIMIT).contains(n))
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("limit must be a number from 1 to {MAX_LIMIT}"))
-            })?,
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be a number from 1 to {MAX_LIMIT}")))?,
     };
     let list = ListQuery {
         prefix: prefix.to_string(),
@@ -100,18 +82,10 @@ pub(super) async fn objects(
         });
         return Ok(json(StatusCode::OK, &body));
     }
-    let link = |key: &str| {
-        escape(&format!(
-            "/{bucket}/{}",
-            percent_encoding::utf8_percent_encode(key, PATH)
-        ))
-    };
+    let link = |key: &str| escape(&format!("/{bucket}/{}", percent_encoding::utf8_percent_encode(key, PATH)));
     let mut rows = String::new();
     if let Some(parent) = parent_of(prefix) {
-        rows.push_str(&format!(
-            "<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n",
-            link(parent)
-        ));
+        rows.push_str(&format!("<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n", link(parent)));
     }
     for d in &page_of.prefixes {
         rows.push_str(&format!(
@@ -134,17 +108,10 @@ pub(super) async fn objects(
             "?after={}&limit={limit}",
             percent_encoding::utf8_percent_encode(next, percent_encoding::NON_ALPHANUMERIC)
         );
-        rows.push_str(&format!(
-            "<tr><td><a href=\"{}\">next page</a></td><td></td><td></td></tr>\n",
-            escape(&href)
-        ));
+        rows.push_str(&format!("<tr><td><a href=\"{}\">next page</a></td><td></td><td></td></tr>\n", escape(&href)));
     }
     let title = format!("/{bucket}/{prefix}");
-    Ok(page(
-        &title,
-        "<tr><th>Name</th><th>Size</th><th>Modified</th></tr>",
-        &rows,
-    ))
+    Ok(page(&title, "<tr><th>Name</th><th>Size</th><th>Modified</th></tr>", &rows))
 }
 
 /// The folder above `prefix` (`a/b/` → `a/`, `a/` → ``).
@@ -154,12 +121,8 @@ fn parent_of(prefix: &str) -> Option<&str> {
 }
 
 /// Characters escaped in links: everything but unreserved characters and `/`.
-const PATH: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'/')
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
+const PATH: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 pub(super) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -199,9 +162,6 @@ mod tests {
 
     #[test]
     fn escapes_html() {
-        assert_eq!(
-            escape("<a href='x'>&\"</a>"),
-            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
-        );
+        assert_eq!(escape("<a href='x'>&\"</a>"), "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
     }
 }

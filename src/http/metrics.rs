@@ -11,9 +11,7 @@ use parking_lot::Mutex;
 use crate::catalog::CatalogStats;
 
 /// Upper bounds of the latency histogram, in seconds.
-const BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-];
+const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
 #[derive(Default)]
 pub struct Metrics {
@@ -26,27 +24,12 @@ pub struct Metrics {
 
 impl Metrics {
     /// Counts one answered request; `elapsed` runs to the response head.
-    pub fn record(
-        &self,
-        method: &http::Method,
-        status: u16,
-        elapsed: Duration,
-        bytes_in: u64,
-        bytes_out: u64,
-    ) {
-        *self
-            .requests
-            .lock()
-            .entry((method.as_str().to_string(), status))
-            .or_default() += 1;
+    pub fn record(&self, method: &http::Method, status: u16, elapsed: Duration, bytes_in: u64, bytes_out: u64) {
+        *self.requests.lock().entry((method.as_str().to_string(), status)).or_default() += 1;
         let secs = elapsed.as_secs_f64();
-        let slot = BUCKETS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(BUCKETS.len());
+        let slot = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
         self.latency[slot].fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us
-            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        self.latency_sum_us.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
         self.bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
         self.bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
     }
@@ -57,32 +40,20 @@ impl Metrics {
         out.push_str("# HELP depot_http_requests_total Requests answered, by method and status.\n");
         out.push_str("# TYPE depot_http_requests_total counter\n");
         for ((method, status), n) in self.requests.lock().iter() {
-            let _ = writeln!(
-                out,
-                "depot_http_requests_total{{method=\"{method}\",status=\"{status}\"}} {n}"
-            );
+            let _ = writeln!(out, "depot_http_requests_total{{method=\"{method}\",status=\"{status}\"}} {n}");
         }
         out.push_str("# HELP depot_http_request_duration_seconds Time to the response head.\n");
         out.push_str("# TYPE depot_http_request_duration_seconds histogram\n");
         let mut cumulative = 0;
         for (i, bound) in BUCKETS.iter().enumerate() {
             cumulative += self.latency[i].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "depot_http_request_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-            );
+            let _ = writeln!(out, "depot_http_request_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
         }
         cumulative += self.latency[BUCKETS.len()].load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "depot_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
-        );
+        let _ = writeln!(out, "depot_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}");
         let sum = self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "depot_http_request_duration_seconds_sum {sum}");
-        let _ = writeln!(
-            out,
-            "depot_http_request_duration_seconds_count {cumulative}"
-        );
+        let _ = writeln!(out, "depot_http_request_duration_seconds_count {cumulative}");
         let gauges = [
             (
                 "depot_http_received_bytes_total",
@@ -97,24 +68,9 @@ impl Metrics {
                 self.bytes_out.load(Ordering::Relaxed) as i64,
             ),
             ("depot_objects", "gauge", "Objects stored.", stats.objects),
-            (
-                "depot_logical_bytes",
-                "gauge",
-                "Sum of object sizes.",
-                stats.logical_bytes,
-            ),
-            (
-                "depot_blobs",
-                "gauge",
-                "Distinct blobs stored.",
-                stats.blobs,
-            ),
-            (
-                "depot_blob_bytes",
-                "gauge",
-                "Sum of blob sizes: bytes stored once.",
-                stats.blob_bytes,
-            ),
+            ("depot_logical_bytes", "gauge", "Sum of object sizes.", stats.logical_bytes),
+            ("depot_blobs", "gauge", "Distinct blobs stored.", stats.blobs),
+            ("depot_blob_bytes", "gauge", "Sum of blob sizes: bytes stored once.", stats.blob_bytes),
             (
                 "depot_dedup_saved_bytes",
                 "gauge",
@@ -123,10 +79,7 @@ impl Metrics {
             ),
         ];
         for (name, kind, help, value) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         }
         let _ = writeln!(
             out,

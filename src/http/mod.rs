@@ -75,12 +75,7 @@ pub struct App {
 
 impl App {
     pub fn new(store: Store, limits: Limits, secrets: Vec<String>) -> App {
-        App {
-            store,
-            limits,
-            metrics: Metrics::default(),
-            secrets,
-        }
+        App { store, limits, metrics: Metrics::default(), secrets }
     }
 
     /// Whether the request may proceed: always without configured secrets,
@@ -96,9 +91,7 @@ impl App {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         let Some(token) = token else { return false };
-        self.secrets.iter().fold(false, |ok, s| {
-            ok | bool::from(s.as_bytes().ct_eq(token.as_bytes()))
-        })
+        self.secrets.iter().fold(false, |ok, s| ok | bool::from(s.as_bytes().ct_eq(token.as_bytes())))
     }
 
     /// Answers one request; never fails (errors are responses).
@@ -119,24 +112,13 @@ impl App {
             }
         };
         let bytes_out = content_length(response.headers()).unwrap_or(0);
-        self.metrics.record(
-            &method,
-            response.status().as_u16(),
-            started.elapsed(),
-            bytes_in,
-            bytes_out,
-        );
+        self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
         response
     }
 }
 
 pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// A JSON error body: `{"error": code, "message": ...}`.
@@ -144,10 +126,7 @@ pub fn error_response(e: &ApiError) -> Response {
     let body = serde_json::json!({ "error": e.code, "message": e.message });
     let mut r = json(e.status, &body);
     if e.status == StatusCode::METHOD_NOT_ALLOWED {
-        r.headers_mut().insert(
-            header::ALLOW,
-            HeaderValue::from_static("GET, HEAD, PUT, DELETE, POST"),
-        );
+        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PUT, DELETE, POST"));
     }
     r
 }
@@ -155,11 +134,7 @@ pub fn error_response(e: &ApiError) -> Response {
 pub fn full(status: StatusCode, content_type: &str, bytes: impl Into<Bytes>) -> Response {
     let bytes = bytes.into();
     let len = bytes.len();
-    let mut r = http::Response::new(
-        Full::new(bytes)
-            .map_err(|e: Infallible| match e {})
-            .boxed_unsync(),
-    );
+    let mut r = http::Response::new(Full::new(bytes).map_err(|e: Infallible| match e {}).boxed_unsync());
     *r.status_mut() = status;
     let h = r.headers_mut();
     if let Ok(v) = HeaderValue::from_str(content_type) {
@@ -176,11 +151,7 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> Response {
 }
 
 pub fn empty(status: StatusCode) -> Response {
-    let mut r = http::Response::new(
-        http_body_util::Empty::new()
-            .map_err(|e: Infallible| match e {})
-            .boxed_unsync(),
-    );
+    let mut r = http::Response::new(http_body_util::Empty::new().map_err(|e: Infallible| match e {}).boxed_unsync());
     *r.status_mut() = status;
     r
 }

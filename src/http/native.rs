@@ -40,25 +40,20 @@ pub enum Endpoint {
 }
 
 fn decode(raw: &str, what: &str) -> Result<String, ApiError> {
-    percent_decode_str(raw)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "InvalidKey",
-                format!("the {what} is not valid UTF-8 once percent-decoded"),
-            )
-        })
+    percent_decode_str(raw).decode_utf8().map(|s| s.into_owned()).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "InvalidKey",
+            format!("the {what} is not valid UTF-8 once percent-decoded"),
+        )
+    })
 }
 
 impl Endpoint {
     /// Parses a request path (without the query). Keys are percent-decoded
     /// and taken as they are: `..`, `//` and `\` are ordinary characters.
     pub fn parse(path: &str) -> Result<Endpoint, ApiError> {
-        let rest = path
-            .strip_prefix('/')
-            .ok_or_else(|| ApiError::bad_request("the path must start with '/'"))?;
+        let rest = path.strip_prefix('/').ok_or_else(|| ApiError::bad_request("the path must start with '/'"))?;
         let (first, key) = match rest.split_once('/') {
             Some((b, k)) => (b, Some(k)),
             None => (rest, None),
@@ -82,19 +77,14 @@ impl Endpoint {
         let bucket = decode(first, "bucket name")?;
         match key {
             None | Some("") => Ok(Endpoint::Bucket(bucket)),
-            Some(k) => Ok(Endpoint::Object {
-                bucket,
-                key: decode(k, "key")?,
-            }),
+            Some(k) => Ok(Endpoint::Object { bucket, key: decode(k, "key")? }),
         }
     }
 }
 
 /// The query string's pairs.
 pub(super) fn query(req: &Request) -> Vec<(String, String)> {
-    form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
-        .into_owned()
-        .collect()
+    form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().collect()
 }
 
 pub(super) fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -102,11 +92,7 @@ pub(super) fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&
 }
 
 fn method_not_allowed(method: &Method) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
-        format!("{method} is not allowed here"),
-    )
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{method} is not allowed here"))
 }
 
 pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
@@ -118,22 +104,16 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         Endpoint::Metrics if read => {
             let stats = app.store.stats().await?;
             let text = app.metrics.render(&stats, app.store.engine().name());
-            Ok(super::full(
-                StatusCode::OK,
-                "text/plain; version=0.0.4",
-                text,
-            ))
+            Ok(super::full(StatusCode::OK, "text/plain; version=0.0.4", text))
         }
         Endpoint::Root if read => listing::buckets(app, &req).await,
         Endpoint::BatchGet if method == Method::POST => batch::get(app, req).await,
         Endpoint::BatchPut if method == Method::POST => batch::put(app, req).await,
         Endpoint::BatchDelete if method == Method::POST => batch::delete(app, req).await,
         Endpoint::Blob(hex) if read => get_blob(app, &req, &hex).await,
-        Endpoint::UnknownInternal => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NoSuchRoute",
-            format!("no route {}", req.uri().path()),
-        )),
+        Endpoint::UnknownInternal => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, "NoSuchRoute", format!("no route {}", req.uri().path())))
+        }
         Endpoint::Bucket(bucket) if read => listing::objects(app, &req, &bucket, "").await,
         Endpoint::Bucket(bucket) if method == Method::PUT => {
             app.store.create_bucket(&bucket, false).await?;
@@ -150,14 +130,9 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
             let record = app.store.head(&bucket, &key).await?;
             serve(app, &req, &record).await
         }
-        Endpoint::Object { bucket, key } if method == Method::PUT => {
-            put_object(app, req, &bucket, &key).await
-        }
+        Endpoint::Object { bucket, key } if method == Method::PUT => put_object(app, req, &bucket, &key).await,
         Endpoint::Object { bucket, key } if method == Method::DELETE => {
-            let precondition = Precondition {
-                if_match: if_match(req.headers()),
-                ..Default::default()
-            };
+            let precondition = Precondition { if_match: if_match(req.headers()), ..Default::default() };
             app.store.delete(&bucket, &key, &precondition).await?;
             Ok(empty(StatusCode::NO_CONTENT))
         }
@@ -166,47 +141,34 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
 }
 
 fn if_match(headers: &HeaderMap) -> Option<Vec<String>> {
-    headers
-        .get(header::IF_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .map(conditional::etag_list)
+    headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).map(conditional::etag_list)
 }
 
-async fn put_object(
-    app: &Arc<App>,
-    req: Request,
-    bucket: &str,
-    key: &str,
-) -> Result<Response, ApiError> {
+async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Result<Response, ApiError> {
     let headers = req.headers();
     let expected_sha256 = match headers.get("x-depot-sha256") {
         None => None,
-        Some(v) => Some(v.to_str().ok().and_then(Digest::from_hex).ok_or_else(|| {
-            ApiError::bad_request("X-Depot-Sha256 must be 64 hexadecimal digits")
-        })?),
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(Digest::from_hex)
+                .ok_or_else(|| ApiError::bad_request("X-Depot-Sha256 must be 64 hexadecimal digits"))?,
+        ),
     };
-    let if_none_match = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok());
-    let precondition = Precondition {
-        if_absent: if_none_match.is_some_and(|v| v.trim() == "*"),
-        if_match: if_match(headers),
-    };
+    let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
+    let precondition =
+        Precondition { if_absent: if_none_match.is_some_and(|v| v.trim() == "*"), if_match: if_match(headers) };
     let mut metadata = Vec::new();
     for (name, value) in headers {
         if let Some(meta) = name.as_str().strip_prefix("x-amz-meta-") {
-            let value = value.to_str().map_err(|_| {
-                ApiError::bad_request(format!("metadata {name} is not visible ASCII"))
-            })?;
+            let value =
+                value.to_str().map_err(|_| ApiError::bad_request(format!("metadata {name} is not visible ASCII")))?;
             metadata.push((meta.to_string(), value.to_string()));
         }
     }
     let opts = PutOptions {
         content_length: content_length(headers),
-        content_type: headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string),
+        content_type: headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string),
         expected_sha256,
         precondition,
         metadata,
@@ -214,11 +176,7 @@ async fn put_object(
     let body = req.into_body().into_data_stream();
     let put = app.store.put(bucket, key, body, opts).await?;
     let r = &put.record;
-    let status = if put.replaced {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
+    let status = if put.replaced { StatusCode::OK } else { StatusCode::CREATED };
     let mut response = json(
         status,
         &json!({
@@ -235,17 +193,14 @@ async fn put_object(
 }
 
 async fn get_blob(app: &Arc<App>, req: &Request, hex: &str) -> Result<Response, ApiError> {
-    let digest = Digest::from_hex(hex)
-        .ok_or_else(|| ApiError::bad_request("a blob address is 64 hexadecimal digits"))?;
+    let digest =
+        Digest::from_hex(hex).ok_or_else(|| ApiError::bad_request("a blob address is 64 hexadecimal digits"))?;
     let blob = app.store.blob(&digest).await?;
     // A blob served as an object of its own, named by its digest.
     let record = ObjectRecord {
         key: hex.to_string(),
         size: blob.size,
-        parts: vec![Part {
-            digest,
-            size: blob.size,
-        }],
+        parts: vec![Part { digest, size: blob.size }],
         etag: digest.to_hex(),
         sha256: digest,
         content_type: "application/octet-stream".into(),
@@ -256,8 +211,7 @@ async fn get_blob(app: &Arc<App>, req: &Request, hex: &str) -> Result<Response, 
 }
 
 fn quoted(etag: &str) -> HeaderValue {
-    HeaderValue::from_str(&format!("\"{etag}\""))
-        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    HeaderValue::from_str(&format!("\"{etag}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
 /// Headers every answer about an object carries, 304 included.
@@ -265,15 +219,9 @@ fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
     h.insert(header::ETAG, quoted(&record.etag));
     if record.modified > 0 {
         let date = httpdate::fmt_http_date(from_millis(record.modified));
-        h.insert(
-            header::LAST_MODIFIED,
-            HeaderValue::from_str(&date).expect("HTTP dates are ASCII"),
-        );
+        h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&date).expect("HTTP dates are ASCII"));
     }
-    h.insert(
-        "x-depot-sha256",
-        HeaderValue::from_str(&record.sha256.to_hex()).expect("hex is ASCII"),
-    );
+    h.insert("x-depot-sha256", HeaderValue::from_str(&record.sha256.to_hex()).expect("hex is ASCII"));
 }
 
 fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
@@ -283,27 +231,17 @@ fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
         h.insert(header::CONTENT_TYPE, v);
     }
     for (name, value) in &record.metadata {
-        if let (Ok(n), Ok(v)) = (
-            header::HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
+        if let (Ok(n), Ok(v)) =
+            (header::HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes()), HeaderValue::from_str(value))
+        {
             h.append(n, v);
         }
     }
     if query_value(&query(req), "download").is_some() {
         let name = record.key.rsplit('/').next().unwrap_or(&record.key);
-        let ascii: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_graphic() && c != '"' && c != '\\' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let encoded =
-            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        let ascii: String =
+            name.chars().map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' { c } else { '_' }).collect();
+        let encoded = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
         let v = format!("attachment; filename=\"{ascii}\"; filename*=UTF-8''{encoded}");
         if let Ok(v) = HeaderValue::from_str(&v) {
             h.insert(header::CONTENT_DISPOSITION, v);
@@ -312,17 +250,10 @@ fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
 }
 
 /// Serves an object: conditionals, then ranges, then the body.
-pub(super) async fn serve(
-    app: &Arc<App>,
-    req: &Request,
-    record: &ObjectRecord,
-) -> Result<Response, ApiError> {
+pub(super) async fn serve(app: &Arc<App>, req: &Request, record: &ObjectRecord) -> Result<Response, ApiError> {
     let method = req.method();
     let headers = req.headers();
-    let validators = Validators {
-        etag: &record.etag,
-        modified: from_millis(record.modified),
-    };
+    let validators = Validators { etag: &record.etag, modified: from_millis(record.modified) };
     match conditional::evaluate(method, headers, Some(validators)) {
         Verdict::Proceed => {}
         Verdict::NotModified => {
@@ -344,11 +275,7 @@ pub(super) async fn serve(
     let head_only = method == Method::HEAD;
     let mut response = match answer {
         RangeAnswer::Full => {
-            let body = if head_only {
-                None
-            } else {
-                Some(app.store.read(record, ByteRange::full(size)).await?)
-            };
+            let body = if head_only { None } else { Some(app.store.read(record, ByteRange::full(size)).await?) };
             body_response(StatusCode::OK, size, body)
         }
         RangeAnswer::Unsatisfiable => {
@@ -357,26 +284,16 @@ pub(super) async fn serve(
                 "InvalidRange",
                 format!("the requested range is not satisfiable for an object of {size} bytes"),
             ));
-            r.headers_mut().insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
-            );
             r.headers_mut()
-                .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+                .insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"));
+            r.headers_mut().insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
             return Ok(r);
         }
         RangeAnswer::Partial(ranges) if ranges.len() == 1 => {
             let r = ranges[0];
-            let mut resp = body_response(
-                StatusCode::PARTIAL_CONTENT,
-                r.len(),
-                Some(app.store.read(record, r).await?),
-            );
+            let mut resp = body_response(StatusCode::PARTIAL_CONTENT, r.len(), Some(app.store.read(record, r).await?));
             let cr = format!("bytes {}-{}/{size}", r.start, r.end - 1);
-            resp.headers_mut().insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&cr).expect("ASCII"),
-            );
+            resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&cr).expect("ASCII"));
             resp
         }
         RangeAnswer::Partial(ranges) => return multipart_ranges(app, req, record, ranges).await,
@@ -385,11 +302,7 @@ pub(super) async fn serve(
     Ok(response)
 }
 
-fn body_response(
-    status: StatusCode,
-    len: u64,
-    body: Option<crate::engine::ByteStream>,
-) -> Response {
+fn body_response(status: StatusCode, len: u64, body: Option<crate::engine::ByteStream>) -> Response {
     match body {
         Some(stream) => streamed(status, len, stream),
         None => {
@@ -420,9 +333,7 @@ async fn multipart_ranges(
             record.size
         );
         total += head.len() as u64 + r.len();
-        pieces.push(Box::pin(futures::stream::once(async move {
-            Ok(bytes::Bytes::from(head))
-        })));
+        pieces.push(Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(head)) })));
         // Each range is opened only when the previous one has been sent.
         let (store_app, record, r) = (app.clone(), record.clone(), *r);
         let lazy = futures::stream::once(async move { store_app.store.read(&record, r).await })
@@ -432,9 +343,7 @@ async fn multipart_ranges(
     }
     let tail = format!("\r\n--{boundary}--\r\n");
     total += tail.len() as u64;
-    pieces.push(Box::pin(futures::stream::once(async move {
-        Ok(bytes::Bytes::from(tail))
-    })));
+    pieces.push(Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(tail)) })));
     let body: crate::engine::ByteStream = if req.method() == Method::HEAD {
         Box::pin(futures::stream::empty())
     } else {
@@ -443,10 +352,7 @@ async fn multipart_ranges(
     let mut r = streamed(StatusCode::PARTIAL_CONTENT, total, body);
     object_headers(r.headers_mut(), record, req);
     let ct = format!("multipart/byteranges; boundary={boundary}");
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_str(&ct).expect("ASCII"),
-    );
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_str(&ct).expect("ASCII"));
     Ok(r)
 }
 
@@ -460,11 +366,9 @@ pub(super) async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes
             "EntityTooLarge",
             format!("the request body is larger than {limit} bytes"),
         )),
-        Err(e) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "IncompleteBody",
-            format!("reading the body failed: {e}"),
-        )),
+        Err(e) => {
+            Err(ApiError::new(StatusCode::BAD_REQUEST, "IncompleteBody", format!("reading the body failed: {e}")))
+        }
     }
 }
 
@@ -473,10 +377,7 @@ mod tests {
     use super::Endpoint::{self, *};
 
     fn object(bucket: &str, key: &str) -> Endpoint {
-        Object {
-            bucket: bucket.into(),
-            key: key.into(),
-        }
+        Object { bucket: bucket.into(), key: key.into() }
     }
 
     #[test]
@@ -495,10 +396,7 @@ mod tests {
             ("/files/a/b.txt", object("files", "a/b.txt")),
             ("/files/dir/", object("files", "dir/")),
             ("/files/a//b", object("files", "a//b")),
-            (
-                "/files/../../etc/passwd",
-                object("files", "../../etc/passwd"),
-            ),
+            ("/files/../../etc/passwd", object("files", "../../etc/passwd")),
             ("/files/%2e%2e/x", object("files", "../x")),
             ("/files/%F0%9F%A6%80", object("files", "🦀")),
             ("/files/a%5Cb", object("files", "a\\b")),

@@ -83,11 +83,7 @@ pub fn resolve(specs: &[RangeSpec], len: u64, max_ranges: usize) -> RangeAnswer 
             (start < end).then_some(ByteRange { start, end })
         })
         .collect();
-    if ranges.is_empty() {
-        RangeAnswer::Unsatisfiable
-    } else {
-        RangeAnswer::Partial(ranges)
-    }
+    if ranges.is_empty() { RangeAnswer::Unsatisfiable } else { RangeAnswer::Partial(ranges) }
 }
 
 #[cfg(test)]
@@ -105,16 +101,9 @@ mod tests {
         assert_eq!(parse("bytes=-500"), Some(vec![RangeSpec::Suffix(500)]));
         assert_eq!(
             parse("BYTES= 0-0 , -1,5-"),
-            Some(vec![
-                RangeSpec::Bounded(0, 0),
-                RangeSpec::Suffix(1),
-                RangeSpec::From(5)
-            ])
+            Some(vec![RangeSpec::Bounded(0, 0), RangeSpec::Suffix(1), RangeSpec::From(5)])
         );
-        assert_eq!(
-            parse("bytes=99999999999999999999999-"),
-            Some(vec![RangeSpec::From(u64::MAX)])
-        );
+        assert_eq!(parse("bytes=99999999999999999999999-"), Some(vec![RangeSpec::From(u64::MAX)]));
     }
 
     #[test]
@@ -140,25 +129,13 @@ mod tests {
         let len = 1000;
         let go = |v: &str| resolve(&parse(v).unwrap(), len, 10);
         assert_eq!(go("bytes=0-499"), RangeAnswer::Partial(vec![r(0, 500)]));
-        assert_eq!(
-            go("bytes=900-2000"),
-            RangeAnswer::Partial(vec![r(900, 1000)]),
-            "end is clamped"
-        );
+        assert_eq!(go("bytes=900-2000"), RangeAnswer::Partial(vec![r(900, 1000)]), "end is clamped");
         assert_eq!(go("bytes=-300"), RangeAnswer::Partial(vec![r(700, 1000)]));
         assert_eq!(go("bytes=-5000"), RangeAnswer::Partial(vec![r(0, 1000)]));
         assert_eq!(go("bytes=1000-"), RangeAnswer::Unsatisfiable);
         assert_eq!(go("bytes=-0"), RangeAnswer::Unsatisfiable);
-        assert_eq!(
-            go("bytes=2000-3000,0-0"),
-            RangeAnswer::Partial(vec![r(0, 1)]),
-            "unsatisfiable parts drop out"
-        );
-        assert_eq!(
-            resolve(&parse("bytes=0-").unwrap(), 0, 10),
-            RangeAnswer::Unsatisfiable,
-            "empty object"
-        );
+        assert_eq!(go("bytes=2000-3000,0-0"), RangeAnswer::Partial(vec![r(0, 1)]), "unsatisfiable parts drop out");
+        assert_eq!(resolve(&parse("bytes=0-").unwrap(), 0, 10), RangeAnswer::Unsatisfiable, "empty object");
         let many: Vec<_> = (0..11).map(|i| RangeSpec::Bounded(i, i)).collect();
         assert_eq!(resolve(&many, len, 10), RangeAnswer::Full);
     }

@@ -42,10 +42,7 @@ impl BlobGuards {
                 let n = held.entry(digest).or_insert(0);
                 if *n >= 0 {
                     *n += 1;
-                    return Guard {
-                        inner: self.inner.clone(),
-                        digest,
-                    };
+                    return Guard { inner: self.inner.clone(), digest };
                 }
             }
             wait.await;
@@ -59,10 +56,7 @@ impl BlobGuards {
             return None;
         }
         held.insert(digest, -1);
-        Some(Guard {
-            inner: self.inner.clone(),
-            digest,
-        })
+        Some(Guard { inner: self.inner.clone(), digest })
     }
 }
 

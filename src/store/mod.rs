@@ -20,8 +20,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use md5::Digest as _;
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery,
-    ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, ObjectPut,
+    ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineError};
 use guards::BlobGuards;
@@ -102,9 +102,7 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig {
-            gc_grace: Duration::from_secs(3600),
-        }
+        StoreConfig { gc_grace: Duration::from_secs(3600) }
     }
 }
 
@@ -160,22 +158,12 @@ pub struct Store {
 
 impl Store {
     /// A store over `catalog` and `engine`; creates the default bucket.
-    pub async fn open(
-        catalog: Arc<dyn Catalog>,
-        engine: DynEngine,
-        config: StoreConfig,
-    ) -> Result<Store> {
+    pub async fn open(catalog: Arc<dyn Catalog>, engine: DynEngine, config: StoreConfig) -> Result<Store> {
         match catalog.create_bucket(DEFAULT_BUCKET, false).await {
             Ok(()) | Err(CatalogError::BucketExists(_)) => {}
             Err(e) => return Err(e.into()),
         }
-        Ok(Store {
-            catalog,
-            engine,
-            config,
-            guards: BlobGuards::default(),
-            poisoned: AtomicBool::new(false),
-        })
+        Ok(Store { catalog, engine, config, guards: BlobGuards::default(), poisoned: AtomicBool::new(false) })
     }
 
     pub fn engine(&self) -> &dyn BlobEngine {
@@ -198,9 +186,7 @@ impl Store {
 
     fn check_writable(&self) -> Result<()> {
         if self.poisoned.load(Ordering::SeqCst) {
-            return Err(StoreError::WritesDisabled(
-                "an earlier sync failed; restart the server".into(),
-            ));
+            return Err(StoreError::WritesDisabled("an earlier sync failed; restart the server".into()));
         }
         Ok(())
     }
@@ -210,11 +196,7 @@ impl Store {
     pub async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
         names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
-        let r = self
-            .catalog
-            .create_bucket(name, public_read)
-            .await
-            .map_err(Into::into);
+        let r = self.catalog.create_bucket(name, public_read).await.map_err(Into::into);
         self.note(r)
     }
 
@@ -227,10 +209,7 @@ impl Store {
 
     pub async fn bucket(&self, name: &str) -> Result<BucketRecord> {
         names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
-        self.catalog
-            .bucket(name)
-            .await?
-            .ok_or_else(|| StoreError::NoSuchBucket(name.to_string()))
+        self.catalog.bucket(name).await?.ok_or_else(|| StoreError::NoSuchBucket(name.to_string()))
     }
 
     pub async fn buckets(&self) -> Result<Vec<BucketRecord>> {
@@ -242,13 +221,7 @@ impl Store {
     /// Stores `body` under bucket/key. The body streams through the hashes
     /// into the engine; nothing is visible until the bytes are durable and
     /// the catalog has committed.
-    pub async fn put<S, E>(
-        &self,
-        bucket: &str,
-        key: &str,
-        body: S,
-        opts: PutOptions,
-    ) -> Result<PutResult>
+    pub async fn put<S, E>(&self, bucket: &str, key: &str, body: S, opts: PutOptions) -> Result<PutResult>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
@@ -264,17 +237,11 @@ impl Store {
                 return Err(StoreError::PreconditionFailed);
             }
         }
-        let written = self.note(
-            self.write_blob(body, opts.content_length, opts.expected_sha256)
-                .await,
-        )?;
+        let written = self.note(self.write_blob(body, opts.content_length, opts.expected_sha256).await)?;
         let record = ObjectRecord {
             key: key.to_string(),
             size: written.blob.size,
-            parts: vec![Part {
-                digest: written.blob.digest,
-                size: written.blob.size,
-            }],
+            parts: vec![Part { digest: written.blob.digest, size: written.blob.size }],
             etag: hex::encode(written.md5),
             sha256: written.blob.digest,
             content_type: opts.content_type.unwrap_or_else(|| guess_content_type(key)),
@@ -290,11 +257,7 @@ impl Store {
         let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
         self.drop_redundant(&outcome.redundant).await;
         drop(written.guard);
-        Ok(PutResult {
-            record,
-            replaced: outcome.replaced.is_some(),
-            deduplicated: outcome.deduplicated,
-        })
+        Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: outcome.deduplicated })
     }
 
     /// Streams a body into a new blob, hashing as it goes.
@@ -328,14 +291,10 @@ impl Store {
         };
         let digest = Digest(sha.finalize().into());
         let failure = failure.or_else(|| match (declared_len, expected) {
-            (Some(n), _) if n != size => Some(StoreError::IncompleteBody {
-                expected: n,
-                got: size,
-            }),
-            (_, Some(e)) if e != digest => Some(StoreError::BadDigest {
-                declared: e.to_hex(),
-                actual: digest.to_hex(),
-            }),
+            (Some(n), _) if n != size => Some(StoreError::IncompleteBody { expected: n, got: size }),
+            (_, Some(e)) if e != digest => {
+                Some(StoreError::BadDigest { declared: e.to_hex(), actual: digest.to_hex() })
+            }
             _ => None,
         });
         if let Some(e) = failure {
@@ -344,11 +303,7 @@ impl Store {
         }
         let guard = self.guards.writing(digest).await;
         let blob = writer.finish(digest).await?;
-        Ok(Written {
-            blob,
-            md5: md5.finalize().into(),
-            guard,
-        })
+        Ok(Written { blob, md5: md5.finalize().into(), guard })
     }
 
     /// Deletes bytes the catalog said it already had elsewhere.
@@ -364,10 +319,7 @@ impl Store {
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectRecord> {
         names::check_key(key).map_err(StoreError::InvalidKey)?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
-        self.catalog
-            .get_object(bucket, key)
-            .await?
-            .ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
+        self.catalog.get_object(bucket, key).await?.ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
     }
 
     /// Streams `range` of an object's body, across its parts.
@@ -383,19 +335,15 @@ impl Store {
             if end <= range.start || start >= range.end {
                 continue;
             }
-            let within = ByteRange {
-                start: range.start.max(start) - start,
-                end: range.end.min(end) - start,
-            };
+            let within = ByteRange { start: range.start.max(start) - start, end: range.end.min(end) - start };
             pieces.push((part.digest, within));
         }
         let digests: Vec<Digest> = pieces.iter().map(|(d, _)| *d).collect();
         let blobs = self.catalog.get_blobs(&digests).await?;
         let mut refs = Vec::with_capacity(pieces.len());
         for ((digest, within), blob) in pieces.into_iter().zip(blobs) {
-            let blob = blob.ok_or_else(|| {
-                StoreError::Internal(format!("blob {digest} of an object is not in the catalog"))
-            })?;
+            let blob =
+                blob.ok_or_else(|| StoreError::Internal(format!("blob {digest} of an object is not in the catalog")))?;
             refs.push((blob.blob_ref(), within));
         }
         if refs.len() == 1 {
@@ -414,29 +362,19 @@ impl Store {
 
     async fn read_blob_range(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         self.engine.read(blob, range).await.map_err(|e| match e {
-            EngineError::NotFound(d) => StoreError::Internal(format!(
-                "blob {d} is in the catalog but its bytes are missing"
-            )),
+            EngineError::NotFound(d) => {
+                StoreError::Internal(format!("blob {d} is in the catalog but its bytes are missing"))
+            }
             e => e.into(),
         })
     }
 
-    pub async fn delete(
-        &self,
-        bucket: &str,
-        key: &str,
-        precondition: &Precondition,
-    ) -> Result<ObjectRecord> {
+    pub async fn delete(&self, bucket: &str, key: &str, precondition: &Precondition) -> Result<ObjectRecord> {
         names::check_key(key).map_err(StoreError::InvalidKey)?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
-        let r = self
-            .catalog
-            .delete_object(bucket, key, precondition)
-            .await
-            .map_err(Into::into);
-        self.note(r)?
-            .ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
+        let r = self.catalog.delete_object(bucket, key, precondition).await.map_err(Into::into);
+        self.note(r)?.ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
     }
 
     pub async fn list(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
@@ -454,11 +392,7 @@ impl Store {
     ) -> Result<Vec<Option<(ObjectRecord, Vec<BlobRecord>)>>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         let records = self.catalog.get_objects(bucket, keys).await?;
-        let digests: Vec<Digest> = records
-            .iter()
-            .flatten()
-            .flat_map(|r| r.parts.iter().map(|p| p.digest))
-            .collect();
+        let digests: Vec<Digest> = records.iter().flatten().flat_map(|r| r.parts.iter().map(|p| p.digest)).collect();
         let mut blobs = self.catalog.get_blobs(&digests).await?.into_iter();
         let mut out = Vec::with_capacity(records.len());
         for record in records {
@@ -466,9 +400,7 @@ impl Store {
                 None => None,
                 Some(r) => {
                     let b: Option<Vec<BlobRecord>> = blobs.by_ref().take(r.parts.len()).collect();
-                    let b = b.ok_or_else(|| {
-                        StoreError::Internal(format!("a blob of {:?} is missing", r.key))
-                    })?;
+                    let b = b.ok_or_else(|| StoreError::Internal(format!("a blob of {:?} is missing", r.key)))?;
                     Some((r, b))
                 }
             });
@@ -478,19 +410,14 @@ impl Store {
 
     /// Reads a whole blob given its record: for batch answers.
     pub async fn read_blob(&self, blob: &BlobRecord) -> Result<ByteStream> {
-        self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size))
-            .await
+        self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size)).await
     }
 
     /// Starts a batch of puts that commit together.
     pub fn batch(&self, bucket: &str) -> Result<PutBatch<'_>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
-        Ok(PutBatch {
-            store: self,
-            bucket: bucket.to_string(),
-            entries: Vec::new(),
-        })
+        Ok(PutBatch { store: self, bucket: bucket.to_string(), entries: Vec::new() })
     }
 
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Result<Vec<bool>> {
@@ -499,21 +426,14 @@ impl Store {
             names::check_key(key).map_err(StoreError::InvalidKey)?;
         }
         self.check_writable()?;
-        let r = self
-            .catalog
-            .delete_objects(bucket, keys, &Precondition::default())
-            .await
-            .map_err(Into::into);
+        let r = self.catalog.delete_objects(bucket, keys, &Precondition::default()).await.map_err(Into::into);
         Ok(self.note(r)?.iter().map(Option::is_some).collect())
     }
 
     // ----- blobs and maintenance -----
 
     pub async fn blob(&self, digest: &Digest) -> Result<BlobRecord> {
-        self.catalog
-            .get_blob(digest)
-            .await?
-            .ok_or_else(|| StoreError::NoSuchBlob(digest.to_hex()))
+        self.catalog.get_blob(digest).await?.ok_or_else(|| StoreError::NoSuchBlob(digest.to_hex()))
     }
 
     pub async fn stats(&self) -> Result<CatalogStats> {
@@ -558,11 +478,7 @@ impl Store {
             if known.is_some_and(|b| b.locator == info.locator) {
                 continue;
             }
-            let blob = BlobRef {
-                digest: info.digest,
-                size: info.size,
-                locator: info.locator,
-            };
+            let blob = BlobRef { digest: info.digest, size: info.size, locator: info.locator };
             self.engine.delete(&blob).await?;
             report.orphans += 1;
             report.bytes_freed += info.size;
@@ -586,16 +502,11 @@ impl PutBatch<'_> {
         E: std::fmt::Display,
     {
         names::check_key(key).map_err(StoreError::InvalidKey)?;
-        let written = self
-            .store
-            .note(self.store.write_blob(body, Some(len), None).await)?;
+        let written = self.store.note(self.store.write_blob(body, Some(len), None).await)?;
         let record = ObjectRecord {
             key: key.to_string(),
             size: written.blob.size,
-            parts: vec![Part {
-                digest: written.blob.digest,
-                size: written.blob.size,
-            }],
+            parts: vec![Part { digest: written.blob.digest, size: written.blob.size }],
             etag: hex::encode(written.md5),
             sha256: written.blob.digest,
             content_type: guess_content_type(key),
@@ -626,13 +537,7 @@ impl PutBatch<'_> {
                 precondition: Precondition::default(),
             })
             .collect();
-        let outcomes = self.store.note(
-            self.store
-                .catalog
-                .put_objects(puts)
-                .await
-                .map_err(Into::into),
-        )?;
+        let outcomes = self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))?;
         for o in &outcomes {
             self.store.drop_redundant(&o.redundant).await;
         }
@@ -643,10 +548,7 @@ impl PutBatch<'_> {
 /// A Content-Type from the key's extension, `application/octet-stream`
 /// when it says nothing.
 pub fn guess_content_type(key: &str) -> String {
-    mime_guess::from_path(key)
-        .first_raw()
-        .unwrap_or("application/octet-stream")
-        .to_string()
+    mime_guess::from_path(key).first_raw().unwrap_or("application/octet-stream").to_string()
 }
 
 #[cfg(test)]
@@ -656,29 +558,19 @@ mod tests {
     use crate::engine::faulty::{Fault, FaultyEngine};
     use crate::engine::memory::MemoryEngine;
 
-    fn body(
-        bytes: &'static [u8],
-    ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
+    fn body(bytes: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
         futures::stream::iter(vec![Ok(Bytes::from_static(bytes))])
     }
 
     async fn store_over(engine: DynEngine) -> (Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
-        (
-            Store::open(catalog, engine, StoreConfig::default())
-                .await
-                .unwrap(),
-            dir,
-        )
+        (Store::open(catalog, engine, StoreConfig::default()).await.unwrap(), dir)
     }
 
     async fn read_all(store: &Store, bucket: &str, key: &str) -> Vec<u8> {
         let record = store.head(bucket, key).await.unwrap();
-        let mut s = store
-            .read(&record, ByteRange::full(record.size))
-            .await
-            .unwrap();
+        let mut s = store.read(&record, ByteRange::full(record.size)).await.unwrap();
         let mut out = Vec::new();
         while let Some(c) = s.try_next().await.unwrap() {
             out.extend_from_slice(&c);
@@ -690,57 +582,34 @@ mod tests {
     async fn a_failed_sync_stops_writes_but_not_reads() {
         let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
         let (store, _dir) = store_over(faulty.clone()).await;
-        store
-            .put("files", "before", body(b"kept"), PutOptions::default())
-            .await
-            .unwrap();
+        store.put("files", "before", body(b"kept"), PutOptions::default()).await.unwrap();
         faulty.set(Fault::Sync);
-        let r = store
-            .put("files", "during", body(b"lost"), PutOptions::default())
-            .await;
+        let r = store.put("files", "during", body(b"lost"), PutOptions::default()).await;
         assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
         // Even once the device would work again, writes stay refused.
         faulty.set(Fault::None);
-        let r = store
-            .put("files", "after", body(b"x"), PutOptions::default())
-            .await;
+        let r = store.put("files", "after", body(b"x"), PutOptions::default()).await;
         assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
         assert!(matches!(
-            store
-                .delete("files", "before", &Precondition::default())
-                .await,
+            store.delete("files", "before", &Precondition::default()).await,
             Err(StoreError::WritesDisabled(_))
         ));
         assert_eq!(read_all(&store, "files", "before").await, b"kept");
-        assert!(matches!(
-            store.head("files", "during").await,
-            Err(StoreError::NoSuchKey(_))
-        ));
+        assert!(matches!(store.head("files", "during").await, Err(StoreError::NoSuchKey(_))));
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_full_disk_fails_the_write_and_keeps_serving() {
         let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
         let (store, _dir) = store_over(faulty.clone()).await;
-        store
-            .put("files", "old", body(b"old"), PutOptions::default())
-            .await
-            .unwrap();
+        store.put("files", "old", body(b"old"), PutOptions::default()).await.unwrap();
         faulty.set(Fault::NoSpace);
-        let r = store
-            .put("files", "new", body(b"new"), PutOptions::default())
-            .await;
+        let r = store.put("files", "new", body(b"new"), PutOptions::default()).await;
         assert!(matches!(r, Err(StoreError::NoSpace)), "{r:?}");
-        assert!(matches!(
-            store.head("files", "new").await,
-            Err(StoreError::NoSuchKey(_))
-        ));
+        assert!(matches!(store.head("files", "new").await, Err(StoreError::NoSuchKey(_))));
         assert_eq!(read_all(&store, "files", "old").await, b"old");
         faulty.set(Fault::None);
-        store
-            .put("files", "new", body(b"new"), PutOptions::default())
-            .await
-            .unwrap();
+        store.put("files", "new", body(b"new"), PutOptions::default()).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -749,12 +618,7 @@ mod tests {
         let puts = (0..20).map(|i| {
             let key = format!("k{i}");
             let store = &store;
-            async move {
-                store
-                    .put("files", &key, body(b"same bytes"), PutOptions::default())
-                    .await
-                    .unwrap()
-            }
+            async move { store.put("files", &key, body(b"same bytes"), PutOptions::default()).await.unwrap() }
         });
         let results = futures::future::join_all(puts).await;
         assert_eq!(results.iter().filter(|r| !r.deduplicated).count(), 1);
@@ -769,15 +633,9 @@ mod tests {
     async fn a_read_failure_is_an_error_not_a_panic() {
         let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
         let (store, _dir) = store_over(faulty.clone()).await;
-        store
-            .put("files", "k", body(b"bytes"), PutOptions::default())
-            .await
-            .unwrap();
+        store.put("files", "k", body(b"bytes"), PutOptions::default()).await.unwrap();
         faulty.set(Fault::Read);
         let record = store.head("files", "k").await.unwrap();
-        assert!(matches!(
-            store.read(&record, ByteRange::full(5)).await,
-            Err(StoreError::Internal(_))
-        ));
+        assert!(matches!(store.read(&record, ByteRange::full(5)).await, Err(StoreError::Internal(_))));
     }
 }

@@ -37,10 +37,7 @@ impl Server {
     /// Starts a server on `data` (kept after the server stops).
     pub fn start_in(data: &Path, extra: &[&str]) -> Server {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--data"])
-            .arg(data)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra);
+        cmd.args(["serve", "--data"]).arg(data).args(["--listen", "127.0.0.1:0"]).args(extra);
         if !extra.contains(&"--gc-interval") {
             cmd.args(["--gc-interval", "0"]);
         }
@@ -49,9 +46,7 @@ impl Server {
                 cmd.env_remove(k);
             }
         }
-        cmd.env("DEPOT_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.env("DEPOT_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning depot");
         let stderr = child.stderr.take().expect("stderr piped");
         let log = Arc::new(Mutex::new(String::new()));
@@ -76,14 +71,7 @@ impl Server {
                 panic!("depot did not start; log:\n{}", log.lock().unwrap());
             }
         };
-        Server {
-            child,
-            url: format!("http://{addr}"),
-            addr,
-            data: data.to_path_buf(),
-            log,
-            _dir: None,
-        }
+        Server { child, url: format!("http://{addr}"), addr, data: data.to_path_buf(), log, _dir: None }
     }
 
     pub fn pid(&self) -> u32 {
@@ -104,10 +92,7 @@ impl Server {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "depot did not stop after SIGTERM"
-            );
+            assert!(Instant::now() < deadline, "depot did not stop after SIGTERM");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -119,12 +104,8 @@ impl Server {
 
     /// Peak resident memory so far (VmHWM), in bytes.
     pub fn peak_rss(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .expect("VmHWM");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
         let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
         kb * 1024
     }
@@ -148,20 +129,13 @@ impl Drop for Server {
 }
 
 fn unsafe_kill(pid: u32, signal: i32) {
-    let _ = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status();
+    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
 }
 
 /// Percent-encodes a key for a URL path, keeping `/`.
 pub fn encode(key: &str) -> String {
-    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'/')
-        .remove(b'-')
-        .remove(b'_')
-        .remove(b'.')
-        .remove(b'~');
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
     percent_encoding::utf8_percent_encode(key, SET).to_string()
 }
 
@@ -189,10 +163,7 @@ pub fn md5_hex(bytes: &[u8]) -> String {
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
 }
 
 /// Sends raw bytes over a new TCP connection and returns everything the
@@ -215,10 +186,7 @@ pub fn raw(addr: &str, request: &[u8], quiet: Duration) -> String {
 
 /// The status code of the first response in a raw answer.
 pub fn status_of(raw: &str) -> u16 {
-    raw.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    raw.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 /// Files (not directories) under `dir`, recursively.
