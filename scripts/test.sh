@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
+source scripts/services.sh
 depot_install_packages "${BUILD_PACKAGES[@]}"
+
+echo "== services"
+start_postgres
 
 echo "== format and lints"
 cargo fmt --all -- --check

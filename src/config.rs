@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+use crate::catalog::CatalogKind;
 use crate::engine::EngineKind;
 use crate::engine::hybrid::DEFAULT_THRESHOLD;
 
@@ -34,9 +35,18 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "DEPOT_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// Blob engine: fs, rocksdb, hybrid or memory.
+    /// Blob engine: hybrid, fs, rocksdb, sqlite, postgres or memory.
     #[arg(long, env = "DEPOT_ENGINE", value_name = "NAME")]
     pub engine: Option<String>,
+    /// The engine's server, for engines that use one (postgres://...).
+    #[arg(long, env = "DEPOT_ENGINE_URL", value_name = "URL")]
+    pub engine_url: Option<String>,
+    /// Catalog: rocksdb (embedded, the default) or a postgres:// URL.
+    #[arg(long, env = "DEPOT_CATALOG", value_name = "URL")]
+    pub catalog: Option<String>,
+    /// Bytes per stored chunk for the sqlite and postgres engines.
+    #[arg(long, env = "DEPOT_CHUNK_SIZE", value_name = "BYTES")]
+    pub chunk_size: Option<usize>,
     /// Largest blob the hybrid engine keeps in RocksDB, in bytes.
     #[arg(long, env = "DEPOT_INLINE_THRESHOLD", value_name = "BYTES")]
     pub inline_threshold: Option<u64>,
@@ -70,6 +80,9 @@ struct FileSettings {
     data: Option<PathBuf>,
     listen: Option<SocketAddr>,
     engine: Option<String>,
+    engine_url: Option<String>,
+    catalog: Option<String>,
+    chunk_size: Option<usize>,
     inline_threshold: Option<u64>,
     threads: Option<usize>,
     gc_grace: Option<u64>,
@@ -85,6 +98,9 @@ pub struct Settings {
     pub data: PathBuf,
     pub listen: SocketAddr,
     pub engine: EngineKind,
+    pub engine_url: Option<String>,
+    pub catalog: CatalogKind,
+    pub chunk_size: Option<usize>,
     pub inline_threshold: u64,
     pub threads: usize,
     pub gc_grace: Duration,
@@ -129,6 +145,16 @@ impl Settings {
             data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
             engine,
+            engine_url: args.engine_url.clone().or(file.engine_url),
+            catalog: args
+                .catalog
+                .clone()
+                .or(file.catalog)
+                .as_deref()
+                .unwrap_or("rocksdb")
+                .parse()
+                .map_err(anyhow::Error::msg)?,
+            chunk_size: args.chunk_size.or(file.chunk_size),
             inline_threshold: args.inline_threshold.or(file.inline_threshold).unwrap_or(DEFAULT_THRESHOLD),
             threads,
             gc_grace: Duration::from_secs(args.gc_grace.or(file.gc_grace).unwrap_or(3600)),

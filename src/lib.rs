@@ -13,4 +13,5 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod http;
+pub mod pg;
 pub mod store;

@@ -40,7 +40,12 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     check_engine_marker(data, settings.engine)?;
     let catalog = RocksCatalog::open(&data.join("catalog"))
         .map_err(|e| anyhow::anyhow!("opening the catalog in {} (is another depot using it?): {e}", data.display()))?;
-    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), settings.inline_threshold)?;
+    let config = engine::EngineConfig {
+        inline_threshold: settings.inline_threshold,
+        url: settings.engine_url.clone(),
+        chunk_size: settings.chunk_size,
+    };
+    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &config).await?;
     let config = StoreConfig { gc_grace: settings.gc_grace };
     Ok(Store::open(Arc::new(catalog), engine, config).await?)
 }

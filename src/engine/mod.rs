@@ -121,6 +121,9 @@ pub enum EngineError {
     SyncFailed(std::io::Error),
     #[error("no space left on the storage device")]
     NoSpace,
+    /// The engine's server is unreachable; the request may succeed later.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{engine} engine: {source}")]
     Io {
         engine: &'static str,
@@ -299,12 +302,24 @@ impl std::str::FromStr for EngineKind {
 /// A shared handle to any engine.
 pub type DynEngine = Arc<dyn BlobEngine>;
 
-/// Opens an engine of `kind` with its files under `root`.
-pub fn open(kind: EngineKind, root: &std::path::Path, inline_threshold: u64) -> Result<DynEngine> {
+/// How to open an engine, beyond its kind.
+#[derive(Clone, Debug, Default)]
+pub struct EngineConfig {
+    /// Largest blob `hybrid` keeps in RocksDB.
+    pub inline_threshold: u64,
+    /// The server of engines that use one (`postgres://...`).
+    pub url: Option<String>,
+    /// Bytes per stored chunk for the chunking SQL engines; `None`: the
+    /// engine's default.
+    pub chunk_size: Option<usize>,
+}
+
+/// Opens an engine of `kind`, with its files (if any) under `root`.
+pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfig) -> Result<DynEngine> {
     Ok(match kind {
         EngineKind::Fs => Arc::new(fs::FsEngine::open(root)?),
         EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open(root)?),
-        EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, inline_threshold)?),
+        EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, config.inline_threshold)?),
         EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
         other => {
             return Err(EngineError::other("depot", format!("the {} engine is not built yet", other.name())));

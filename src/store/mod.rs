@@ -88,6 +88,7 @@ impl From<EngineError> for StoreError {
         match e {
             EngineError::NoSpace => StoreError::NoSpace,
             EngineError::SyncFailed(e) => StoreError::WritesDisabled(e.to_string()),
+            EngineError::Unavailable(m) => StoreError::Unavailable(m),
             e => StoreError::Internal(e.to_string()),
         }
     }

@@ -1,0 +1,124 @@
+//! PostgreSQL plumbing shared by the `postgres` engine and catalog: a
+//! connection pool with timeouts, and retries with bounded exponential
+//! backoff for the errors that a retry can cure (a refused or reset
+//! connection, a serialization failure, a timeout).
+
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::{ManagerConfig, Pool, PoolConfig, RecyclingMethod, Runtime, Timeouts};
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+/// Attempts of one operation before it fails.
+const ATTEMPTS: u32 = 6;
+const FIRST_DELAY: Duration = Duration::from_millis(50);
+const MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// A PostgreSQL failure, sorted by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// The server cannot be reached or asks to be retried; it may recover.
+    #[error("PostgreSQL is unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else: a bug or corrupt data, not cured by retrying.
+    #[error("PostgreSQL: {0}")]
+    Query(String),
+}
+
+impl PgError {
+    fn transient(&self) -> bool {
+        matches!(self, PgError::Unavailable(_))
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let retry = e.is_closed()
+            || e.code().is_some_and(|c| {
+                c == &SqlState::T_R_SERIALIZATION_FAILURE
+                    || c == &SqlState::T_R_DEADLOCK_DETECTED
+                    || c == &SqlState::ADMIN_SHUTDOWN
+                    || c == &SqlState::CRASH_SHUTDOWN
+                    || c == &SqlState::CANNOT_CONNECT_NOW
+                    || c == &SqlState::TOO_MANY_CONNECTIONS
+                    || c.code().starts_with("08")
+            })
+            // No SQL state: the error came from the socket.
+            || e.code().is_none();
+        let text = match e.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => e.to_string(),
+        };
+        if retry { PgError::Unavailable(text) } else { PgError::Query(text) }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for PgError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => PgError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// A pool of connections to `url`; connecting, waiting for a connection and
+/// recycling one each time out after five seconds.
+pub fn pool(url: &str, max_size: usize) -> Result<Pool, PgError> {
+    let mut config = deadpool_postgres::Config::new();
+    config.url = Some(url.to_string());
+    config.manager = Some(ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let five = Some(Duration::from_secs(5));
+    config.pool = Some(PoolConfig {
+        max_size,
+        timeouts: Timeouts { wait: five, create: five, recycle: five },
+        ..Default::default()
+    });
+    config.connect_timeout = five;
+    config.create_pool(Some(Runtime::Tokio1), NoTls).map_err(|e| PgError::Query(format!("bad PostgreSQL URL: {e}")))
+}
+
+/// Runs `op` until it succeeds, fails for good, or has failed transiently
+/// [`ATTEMPTS`] times with exponentially growing pauses (about 2.5 s in all).
+pub async fn retry<T, F, Fut>(what: &str, mut op: F) -> Result<T, PgError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, PgError>>,
+{
+    let mut delay = FIRST_DELAY;
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e) if e.transient() && attempt < ATTEMPTS => {
+                tracing::debug!(attempt, "{what}: {e}; retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_DELAY);
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// For tests: a new, empty database on the server named by the
+/// `DEPOT_TEST_POSTGRES` URL (which `scripts/test.sh` sets after starting
+/// PostgreSQL), and its URL. Panics with instructions when the variable is
+/// missing: tests that need PostgreSQL never pass without one.
+#[doc(hidden)]
+pub async fn fresh_test_database() -> String {
+    let admin = std::env::var("DEPOT_TEST_POSTGRES")
+        .expect("DEPOT_TEST_POSTGRES is not set: run scripts/test.sh, which starts PostgreSQL and sets it");
+    let name = format!("depot_t_{:016x}", rand::random::<u64>());
+    let (client, conn) = tokio_postgres::connect(&admin, NoTls).await.expect("connecting to DEPOT_TEST_POSTGRES");
+    tokio::spawn(conn);
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("creating a test database");
+    match admin.rfind('/') {
+        Some(at) if at > "postgres://".len() => {
+            let (base, rest) = admin.split_at(at);
+            let query = rest.find('?').map(|q| &rest[q..]).unwrap_or("");
+            format!("{base}/{name}{query}")
+        }
+        _ => panic!("DEPOT_TEST_POSTGRES must name a database: postgres://user:pass@host:port/db"),
+    }
+}
