@@ -9,6 +9,7 @@
 
 #[cfg(test)]
 pub mod conformance;
+pub mod postgres;
 pub mod rocks;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -191,6 +192,24 @@ pub enum CatalogError {
 }
 
 pub type Result<T, E = CatalogError> = std::result::Result<T, E>;
+
+/// Records as stored by the catalogs: compact postcard bytes.
+pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).expect("records always serialise")
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T> {
+    postcard::from_bytes(v).map_err(|e| CatalogError::Internal(format!("corrupt record: {e}")))
+}
+
+impl From<crate::pg::PgError> for CatalogError {
+    fn from(e: crate::pg::PgError) -> Self {
+        match e {
+            crate::pg::PgError::Unavailable(m) => CatalogError::Unavailable(m),
+            crate::pg::PgError::Query(m) => CatalogError::Internal(m),
+        }
+    }
+}
 
 /// Maps bucket/key to object records and counts blob references.
 #[async_trait]

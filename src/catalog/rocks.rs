@@ -31,6 +31,7 @@ use super::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
     ObjectRecord, Precondition, PutOutcome, Result, now_millis,
 };
+use super::{decode, encode};
 use crate::engine::{BlobRef, Digest};
 
 const STRIPES: usize = 1024;
@@ -38,14 +39,6 @@ const STATS_KEY: &[u8] = b"stats";
 
 fn err(e: impl std::fmt::Display) -> CatalogError {
     CatalogError::Internal(e.to_string())
-}
-
-fn decode<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T> {
-    postcard::from_bytes(v).map_err(|e| CatalogError::Internal(format!("corrupt record: {e}")))
-}
-
-fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    postcard::to_stdvec(v).expect("records always serialise")
 }
 
 fn object_key(bucket: &str, key: &str) -> Vec<u8> {

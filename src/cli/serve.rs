@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
+use crate::catalog::{Catalog, CatalogKind};
 use crate::config::{ServeArgs, Settings};
 use crate::engine::{self, EngineKind};
 use crate::http::{self, App, Limits};
@@ -38,8 +40,14 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let data = &settings.data;
     std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
     check_engine_marker(data, settings.engine)?;
-    let catalog = RocksCatalog::open(&data.join("catalog"))
-        .map_err(|e| anyhow::anyhow!("opening the catalog in {} (is another depot using it?): {e}", data.display()))?;
+    let catalog: Arc<dyn Catalog> = match &settings.catalog {
+        CatalogKind::Rocksdb => Arc::new(RocksCatalog::open(&data.join("catalog")).map_err(|e| {
+            anyhow::anyhow!("opening the catalog in {} (is another depot using it?): {e}", data.display())
+        })?),
+        CatalogKind::Postgres(url) => Arc::new(
+            PostgresCatalog::connect(url).await.map_err(|e| anyhow::anyhow!("opening the PostgreSQL catalog: {e}"))?,
+        ),
+    };
     let config = engine::EngineConfig {
         inline_threshold: settings.inline_threshold,
         url: settings.engine_url.clone(),
@@ -47,7 +55,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     };
     let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &config).await?;
     let config = StoreConfig { gc_grace: settings.gc_grace };
-    Ok(Store::open(Arc::new(catalog), engine, config).await?)
+    Ok(Store::open(catalog, engine, config).await?)
 }
 
 fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {

@@ -33,6 +33,30 @@ struct Inner {
     blobs: PathBuf,
     tmp: PathBuf,
     next_tmp: AtomicU64,
+    /// `host-pid-`: names this process's staging files.
+    prefix: String,
+}
+
+/// Staging files of another host are left alone this long: several nodes
+/// may share one directory, and only the host that wrote a file knows
+/// whether its writer is still alive.
+const STALE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+fn staging_prefix(host: &str) -> String {
+    format!("{host}-{}-", std::process::id())
+}
+
+/// Whether the staging file `name` (`host-pid-n`) was left by a process of
+/// `host` (this one) that is gone, or that had this process's id (which
+/// cannot have written anything yet). Other hosts' files are kept.
+fn abandoned_here(name: &str, host: &str) -> bool {
+    let Some((writer, _n)) = name.rsplit_once('-') else { return false };
+    let Some((h, pid)) = writer.rsplit_once('-') else { return false };
+    h == host && (pid == std::process::id().to_string() || !Path::new("/proc").join(pid).exists())
 }
 
 impl FsEngine {
@@ -44,11 +68,19 @@ impl FsEngine {
         for dir in [&blobs, &tmp] {
             fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
         }
+        let host = hostname();
         for entry in fs::read_dir(&tmp).map_err(|e| EngineError::io(NAME, e))? {
             let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
-            fs::remove_file(entry.path()).map_err(|e| EngineError::io(NAME, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let old =
+                entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
+            if old || abandoned_here(&name, &host) {
+                fs::remove_file(entry.path()).map_err(|e| EngineError::io(NAME, e))?;
+            }
         }
-        Ok(FsEngine { inner: Arc::new(Inner { blobs, tmp, next_tmp: AtomicU64::new(0) }) })
+        Ok(FsEngine {
+            inner: Arc::new(Inner { blobs, tmp, next_tmp: AtomicU64::new(0), prefix: staging_prefix(&host) }),
+        })
     }
 
     /// The path of a blob's file. Only a digest, never a user's key, becomes
@@ -163,7 +195,7 @@ impl BlobEngine for FsEngine {
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
         let n = self.inner.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self.inner.tmp.join(format!("{}-{n}", std::process::id()));
+        let path = self.inner.tmp.join(format!("{}{n}", self.inner.prefix));
         let p = path.clone();
         let file = blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
         Ok(Box::new(FsWriter {
@@ -312,9 +344,13 @@ mod tests {
         let mut w = engine.writer(None).await.unwrap();
         w.write(conformance::pattern(5000, 2)).await.unwrap();
         std::mem::forget(w);
-        std::fs::write(dir.path().join("tmp").join("left-by-a-crash"), b"x").unwrap();
+        std::fs::write(dir.path().join("tmp").join(format!("{}-999999999-1", hostname())), b"x").unwrap();
         drop(engine);
+        // Another node sharing the directory is writing this one right now.
+        let other_host = dir.path().join("tmp").join("some-other-host-1-0");
+        std::fs::write(&other_host, b"in flight").unwrap();
         FsEngine::open(dir.path()).unwrap();
-        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(left, vec![other_host], "only this host's abandoned staging files go");
     }
 }

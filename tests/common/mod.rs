@@ -205,3 +205,54 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// What a key may hold after a crash or an outage: the last body the
+/// server acknowledged, or a body in flight when it struck (SHA-256s).
+#[derive(Clone, Debug, Default)]
+pub struct Allowed {
+    pub acked: Option<String>,
+    pub in_flight: Option<String>,
+}
+
+/// Writers' record of what they sent and what was acknowledged, per key.
+#[derive(Clone, Default)]
+pub struct Ledger(Arc<Mutex<std::collections::HashMap<String, Allowed>>>);
+
+impl Ledger {
+    pub fn sending(&self, key: &str, sha: &str) {
+        self.0.lock().unwrap().entry(key.to_string()).or_default().in_flight = Some(sha.to_string());
+    }
+
+    pub fn acked(&self, key: &str, sha: &str) {
+        let mut all = self.0.lock().unwrap();
+        *all.entry(key.to_string()).or_default() = Allowed { acked: Some(sha.to_string()), in_flight: None };
+    }
+
+    pub fn acked_count(&self) -> usize {
+        self.0.lock().unwrap().values().filter(|a| a.acked.is_some()).count()
+    }
+
+    /// Every acknowledged write reads back whole from `base/files/KEY`; an
+    /// unacknowledged one is wholly there or absent. Returns how many keys
+    /// hold an object.
+    pub async fn assert_survivors(&self, base: &str) -> usize {
+        let all = self.0.lock().unwrap().clone();
+        let http = client();
+        let mut present = 0;
+        for (key, allowed) in &all {
+            let r = http.get(format!("{base}/files/{key}")).send().await.unwrap();
+            if r.status() == 404 {
+                assert!(allowed.acked.is_none(), "acknowledged {key} is gone");
+                continue;
+            }
+            assert_eq!(r.status(), 200);
+            let got = Some(sha256_hex(&r.bytes().await.unwrap()));
+            assert!(
+                got == allowed.acked || got == allowed.in_flight,
+                "{key} holds bytes never acknowledged nor in flight"
+            );
+            present += 1;
+        }
+        present
+    }
+}

@@ -1,0 +1,604 @@
+//! The shared catalog, in PostgreSQL: several depot nodes over one database
+//! form one store.
+//!
+//! Tables (created at start-up, under an advisory lock so nodes starting
+//! together do not race):
+//!
+//! | table | row |
+//! |---|---|
+//! | `depot_catalog_buckets` | name, created, public_read |
+//! | `depot_catalog_objects` | bucket, key (`COLLATE "C"`: byte order, as S3 lists), the record as postcard bytes |
+//! | `depot_catalog_blobs` | digest, size, locator, refs, unreferenced_since (indexed where refs = 0) |
+//! | `depot_catalog_stats` | 16 shards of running totals: a transaction adds its deltas to one random shard, so writers rarely wait on each other |
+//!
+//! A write is one transaction at READ COMMITTED. It first takes
+//! transaction-scoped advisory locks on the hashes of the keys it writes (in
+//! sorted order), so two writers of one key queue up even when the key does
+//! not exist yet, and the record it replaces is the one it read. Blob
+//! reference rows are changed in digest order, so concurrent writers cannot
+//! deadlock on them; a bucket row is read `FOR SHARE` by writers and locked
+//! `FOR UPDATE` by a bucket delete. A transaction that meets a lost
+//! connection, a serialization failure or a deadlock is retried from the
+//! start with bounded backoff ([`crate::pg::retry`]); replaying a put is
+//! harmless, because putting the same record again nets out to no change in
+//! reference counts.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Pool, Transaction};
+
+use super::{
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
+    ObjectRecord, Precondition, PutOutcome, Result, decode, encode, now_millis,
+};
+use crate::engine::{BlobRef, Digest};
+use crate::pg::{self, PgError};
+
+/// Runs the block in a transaction (`$txn` names it), committing on
+/// success; the whole of it is retried on transient failures.
+macro_rules! in_txn {
+    ($pool:expr, $what:expr, |$txn:ident| $body:block) => {{
+        let outcome = pg::retry($what, || async {
+            let mut client = $pool.get().await?;
+            let transaction = client.transaction().await?;
+            let result = {
+                let $txn = &transaction;
+                async { $body }.await
+            };
+            match result {
+                Ok(v) => {
+                    transaction.commit().await?;
+                    Ok(Ok(v))
+                }
+                Err(TxnError::Pg(e)) => Err(e),
+                Err(TxnError::Catalog(e)) => Ok(Err(e)),
+            }
+        })
+        .await?;
+        outcome
+    }};
+}
+
+const STATS_SHARDS: i32 = 16;
+/// Connections per node.
+const POOL_SIZE: usize = 16;
+
+const MIGRATION: &str = r#"
+CREATE TABLE IF NOT EXISTS depot_catalog_buckets (
+    name text PRIMARY KEY,
+    created bigint NOT NULL,
+    public_read boolean NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS depot_catalog_objects (
+    bucket text NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    record bytea NOT NULL,
+    PRIMARY KEY (bucket, key)
+);
+CREATE TABLE IF NOT EXISTS depot_catalog_blobs (
+    digest bytea PRIMARY KEY,
+    size bigint NOT NULL,
+    locator bytea NOT NULL,
+    refs bigint NOT NULL,
+    unreferenced_since bigint
+);
+CREATE INDEX IF NOT EXISTS depot_catalog_blobs_dead ON depot_catalog_blobs (unreferenced_since) WHERE refs = 0;
+CREATE TABLE IF NOT EXISTS depot_catalog_stats (
+    shard int PRIMARY KEY,
+    objects bigint NOT NULL DEFAULT 0,
+    logical_bytes bigint NOT NULL DEFAULT 0,
+    blobs bigint NOT NULL DEFAULT 0,
+    blob_bytes bigint NOT NULL DEFAULT 0
+);
+INSERT INTO depot_catalog_stats (shard) SELECT generate_series(0, 15) ON CONFLICT DO NOTHING;
+"#;
+
+/// Any advisory-lock key: the migration's, apart from the per-key locks.
+const MIGRATION_LOCK: i64 = 0x6465_706f_7400_0001;
+
+/// The PostgreSQL catalog.
+#[derive(Clone)]
+pub struct PostgresCatalog {
+    pool: Pool,
+}
+
+impl PostgresCatalog {
+    /// Connects and applies the schema (idempotent).
+    pub async fn connect(url: &str) -> Result<PostgresCatalog> {
+        let pool = pg::pool(url, POOL_SIZE)?;
+        let catalog = PostgresCatalog { pool };
+        in_txn!(catalog.pool, "migrating the catalog schema", |txn| {
+            txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+            txn.batch_execute(MIGRATION).await?;
+            Ok(())
+        })?;
+        Ok(catalog)
+    }
+}
+
+/// Inside a transaction: a database failure (retried when transient) or
+/// a catalog answer such as a failed precondition (returned as is).
+enum TxnError {
+    Pg(PgError),
+    Catalog(CatalogError),
+}
+
+impl From<tokio_postgres::Error> for TxnError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TxnError::Pg(e.into())
+    }
+}
+
+impl From<CatalogError> for TxnError {
+    fn from(e: CatalogError) -> Self {
+        TxnError::Catalog(e)
+    }
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The advisory-lock key of one object key.
+fn key_lock(bucket: &str, key: &str) -> i64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (bucket, key).hash(&mut h);
+    h.finish() as i64
+}
+
+fn blob_from_row(row: &tokio_postgres::Row) -> Result<BlobRecord, TxnError> {
+    let digest: Vec<u8> = row.get("digest");
+    let digest = Digest(digest.try_into().map_err(|_| CatalogError::Internal("corrupt digest".into()))?);
+    Ok(BlobRecord {
+        digest,
+        size: row.get::<_, i64>("size") as u64,
+        locator: row.get("locator"),
+        refs: row.get::<_, i64>("refs") as u64,
+        unreferenced_since: row.get::<_, Option<i64>>("unreferenced_since").map(|t| t as u64),
+    })
+}
+
+async fn bucket_exists(txn: &Transaction<'_>, bucket: &str, lock: &str) -> Result<bool, TxnError> {
+    let sql = format!("SELECT 1 FROM depot_catalog_buckets WHERE name = $1 {lock}");
+    Ok(txn.query_opt(&sql, &[&bucket]).await?.is_some())
+}
+
+async fn read_object(txn: &Transaction<'_>, bucket: &str, key: &str) -> Result<Option<ObjectRecord>, TxnError> {
+    let row = txn
+        .query_opt("SELECT record FROM depot_catalog_objects WHERE bucket = $1 AND key = $2", &[&bucket, &key])
+        .await?;
+    match row {
+        Some(r) => Ok(Some(ObjectRecord { key: key.to_string(), ..decode(r.get::<_, &[u8]>(0))? })),
+        None => Ok(None),
+    }
+}
+
+/// Applies net reference changes in digest order; returns, for each digest
+/// that gained references, the locator already stored (`None`: inserted now).
+async fn apply_refs(
+    txn: &Transaction<'_>,
+    deltas: &BTreeMap<Digest, (i64, Option<BlobRef>)>,
+    now: Millis,
+    stats: &mut CatalogStats,
+) -> Result<BTreeMap<Digest, Option<Vec<u8>>>, TxnError> {
+    let mut existing = BTreeMap::new();
+    for (digest, (delta, stored)) in deltas {
+        if *delta > 0 {
+            let stored =
+                stored.as_ref().ok_or_else(|| CatalogError::Internal(format!("no blob given for {digest}")))?;
+            let row = txn
+                .query_one(
+                    "INSERT INTO depot_catalog_blobs AS b (digest, size, locator, refs, unreferenced_since)
+                     VALUES ($1, $2, $3, $4, NULL)
+                     ON CONFLICT (digest) DO UPDATE SET refs = b.refs + EXCLUDED.refs, unreferenced_since = NULL
+                     RETURNING locator, (xmax = 0) AS inserted",
+                    &[&&digest.0[..], &to_i64(stored.size), &stored.locator, delta],
+                )
+                .await?;
+            if row.get::<_, bool>("inserted") {
+                stats.blobs += 1;
+                stats.blob_bytes += to_i64(stored.size);
+                existing.insert(*digest, None);
+            } else {
+                existing.insert(*digest, Some(row.get("locator")));
+            }
+        } else if *delta < 0 {
+            txn.execute(
+                "UPDATE depot_catalog_blobs
+                 SET refs = GREATEST(refs + $2, 0),
+                     unreferenced_since = CASE WHEN refs + $2 <= 0 THEN $3 ELSE unreferenced_since END
+                 WHERE digest = $1",
+                &[&&digest.0[..], delta, &to_i64(now)],
+            )
+            .await?;
+        }
+    }
+    Ok(existing)
+}
+
+async fn add_stats(txn: &Transaction<'_>, s: &CatalogStats) -> Result<(), TxnError> {
+    if *s == CatalogStats::default() {
+        return Ok(());
+    }
+    let shard = (rand::random::<u32>() % STATS_SHARDS as u32) as i32;
+    txn.execute(
+        "UPDATE depot_catalog_stats SET objects = objects + $2, logical_bytes = logical_bytes + $3,
+         blobs = blobs + $4, blob_bytes = blob_bytes + $5 WHERE shard = $1",
+        &[&shard, &s.objects, &s.logical_bytes, &s.blobs, &s.blob_bytes],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Locks the given keys for the transaction, in a fixed order.
+async fn lock_keys(txn: &Transaction<'_>, bucket_keys: &[(&str, &str)]) -> Result<(), TxnError> {
+    let mut locks: Vec<i64> = bucket_keys.iter().map(|(b, k)| key_lock(b, k)).collect();
+    locks.sort_unstable();
+    locks.dedup();
+    for l in locks {
+        txn.execute("SELECT pg_advisory_xact_lock($1)", &[&l]).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Catalog for PostgresCatalog {
+    async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
+        in_txn!(self.pool, "creating a bucket", |txn| {
+            let n = txn
+                .execute(
+                    "INSERT INTO depot_catalog_buckets (name, created, public_read) VALUES ($1, $2, $3)
+                         ON CONFLICT DO NOTHING",
+                    &[&name, &to_i64(now_millis()), &public_read],
+                )
+                .await?;
+            if n == 0 {
+                return Err(CatalogError::BucketExists(name.to_string()).into());
+            }
+            Ok(())
+        })
+    }
+
+    async fn delete_bucket(&self, name: &str) -> Result<()> {
+        in_txn!(self.pool, "deleting a bucket", |txn| {
+            if !bucket_exists(txn, name, "FOR UPDATE").await? {
+                return Err(CatalogError::NoSuchBucket(name.to_string()).into());
+            }
+            let any = txn.query_opt("SELECT 1 FROM depot_catalog_objects WHERE bucket = $1 LIMIT 1", &[&name]).await?;
+            if any.is_some() {
+                return Err(CatalogError::BucketNotEmpty(name.to_string()).into());
+            }
+            txn.execute("DELETE FROM depot_catalog_buckets WHERE name = $1", &[&name]).await?;
+            Ok(())
+        })
+    }
+
+    async fn bucket(&self, name: &str) -> Result<Option<BucketRecord>> {
+        let rows = self.buckets_where(Some(name)).await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn buckets(&self) -> Result<Vec<BucketRecord>> {
+        self.buckets_where(None).await
+    }
+
+    async fn get_objects(&self, bucket: &str, keys: &[String]) -> Result<Vec<Option<ObjectRecord>>> {
+        in_txn!(self.pool, "reading objects", |txn| {
+            if !bucket_exists(txn, bucket, "").await? {
+                return Err(CatalogError::NoSuchBucket(bucket.to_string()).into());
+            }
+            let rows = txn
+                .query(
+                    "SELECT key, record FROM depot_catalog_objects WHERE bucket = $1 AND key = ANY($2)",
+                    &[&bucket, &keys],
+                )
+                .await?;
+            let mut found = std::collections::HashMap::with_capacity(rows.len());
+            for row in rows {
+                let key: String = row.get(0);
+                let record: ObjectRecord = decode(row.get::<_, &[u8]>(1))?;
+                found.insert(key.clone(), ObjectRecord { key, ..record });
+            }
+            Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
+        })
+    }
+
+    async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
+        let puts = &puts;
+        in_txn!(self.pool, "writing objects", |txn| {
+            let now = now_millis();
+            let ids: Vec<(&str, &str)> = puts.iter().map(|p| (p.bucket.as_str(), p.record.key.as_str())).collect();
+            lock_keys(txn, &ids).await?;
+            let mut stats = CatalogStats::default();
+            let mut deltas: BTreeMap<Digest, (i64, Option<BlobRef>)> = BTreeMap::new();
+            let mut replaced = Vec::with_capacity(puts.len());
+            // Within one batch a key may repeat: what an earlier entry
+            // wrote is what a later one replaces.
+            let mut written: std::collections::HashMap<(&str, &str), ObjectRecord> = Default::default();
+            for put in puts {
+                if !bucket_exists(txn, &put.bucket, "FOR SHARE").await? {
+                    return Err(CatalogError::NoSuchBucket(put.bucket.clone()).into());
+                }
+                let id = (put.bucket.as_str(), put.record.key.as_str());
+                let current = match written.get(&id) {
+                    Some(r) => Some(r.clone()),
+                    None => read_object(txn, id.0, id.1).await?,
+                };
+                if !put.precondition.check(current.as_ref()) {
+                    return Err(CatalogError::PreconditionFailed.into());
+                }
+                for part in &put.record.parts {
+                    let stored = put.blobs.iter().find(|b| b.digest == part.digest).cloned();
+                    let entry = deltas.entry(part.digest).or_insert((0, None));
+                    entry.0 += 1;
+                    if entry.1.is_none() {
+                        entry.1 = stored;
+                    }
+                }
+                if let Some(old) = &current {
+                    stats.objects -= 1;
+                    stats.logical_bytes -= to_i64(old.size);
+                    for part in &old.parts {
+                        deltas.entry(part.digest).or_insert((0, None)).0 -= 1;
+                    }
+                }
+                stats.objects += 1;
+                stats.logical_bytes += to_i64(put.record.size);
+                written.insert(id, put.record.clone());
+                replaced.push(current);
+            }
+            let existing = apply_refs(txn, &deltas, now, &mut stats).await?;
+            for ((bucket, key), record) in &written {
+                txn.execute(
+                    "INSERT INTO depot_catalog_objects (bucket, key, record) VALUES ($1, $2, $3)
+                         ON CONFLICT (bucket, key) DO UPDATE SET record = EXCLUDED.record",
+                    &[bucket, key, &encode(record)],
+                )
+                .await?;
+            }
+            add_stats(txn, &stats).await?;
+            let mut outcomes = Vec::with_capacity(puts.len());
+            // Only the first entry to bring a new blob stored it.
+            let mut claimed = std::collections::HashSet::new();
+            for (put, replaced) in puts.iter().zip(replaced) {
+                let mut deduplicated = true;
+                let mut redundant = Vec::new();
+                for part in &put.record.parts {
+                    match existing.get(&part.digest) {
+                        Some(None) => deduplicated &= !claimed.insert(part.digest),
+                        Some(Some(locator)) => {
+                            if let Some(b) = put.blobs.iter().find(|b| b.digest == part.digest)
+                                && &b.locator != locator
+                                && !redundant.contains(b)
+                            {
+                                redundant.push(b.clone());
+                            }
+                        }
+                        // No net change: the record replaced itself.
+                        None => {}
+                    }
+                }
+                outcomes.push(PutOutcome { replaced, deduplicated, redundant });
+            }
+            Ok(outcomes)
+        })
+    }
+
+    async fn delete_objects(
+        &self,
+        bucket: &str,
+        keys: &[String],
+        precondition: &Precondition,
+    ) -> Result<Vec<Option<ObjectRecord>>> {
+        in_txn!(self.pool, "deleting objects", |txn| {
+            if !bucket_exists(txn, bucket, "FOR SHARE").await? {
+                return Err(CatalogError::NoSuchBucket(bucket.to_string()).into());
+            }
+            let ids: Vec<(&str, &str)> = keys.iter().map(|k| (bucket, k.as_str())).collect();
+            lock_keys(txn, &ids).await?;
+            let now = now_millis();
+            let mut stats = CatalogStats::default();
+            let mut deltas: BTreeMap<Digest, (i64, Option<BlobRef>)> = BTreeMap::new();
+            let mut out = Vec::with_capacity(keys.len());
+            let mut gone = std::collections::HashSet::new();
+            for key in keys {
+                let current = if gone.contains(key) { None } else { read_object(txn, bucket, key).await? };
+                if let Some(c) = &current {
+                    if !precondition.check(Some(c)) {
+                        return Err(CatalogError::PreconditionFailed.into());
+                    }
+                    stats.objects -= 1;
+                    stats.logical_bytes -= to_i64(c.size);
+                    for part in &c.parts {
+                        deltas.entry(part.digest).or_insert((0, None)).0 -= 1;
+                    }
+                    txn.execute("DELETE FROM depot_catalog_objects WHERE bucket = $1 AND key = $2", &[&bucket, key])
+                        .await?;
+                    gone.insert(key.clone());
+                }
+                out.push(current);
+            }
+            apply_refs(txn, &deltas, now, &mut stats).await?;
+            add_stats(txn, &stats).await?;
+            Ok(out)
+        })
+    }
+
+    async fn list_objects(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
+        in_txn!(self.pool, "listing objects", |txn| { list_page(txn, bucket, query).await })
+    }
+
+    async fn get_blobs(&self, digests: &[Digest]) -> Result<Vec<Option<BlobRecord>>> {
+        let wanted: Vec<&[u8]> = digests.iter().map(|d| &d.0[..]).collect();
+        let wanted = &wanted;
+        in_txn!(self.pool, "reading blob records", |txn| {
+            let rows = txn.query("SELECT * FROM depot_catalog_blobs WHERE digest = ANY($1)", &[wanted]).await?;
+            let mut found = std::collections::HashMap::with_capacity(rows.len());
+            for row in &rows {
+                let b = blob_from_row(row)?;
+                found.insert(b.digest, b);
+            }
+            Ok(digests.iter().map(|d| found.get(d).cloned()).collect())
+        })
+    }
+
+    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>> {
+        in_txn!(self.pool, "finding dead blobs", |txn| {
+            let rows = txn
+                .query(
+                    "SELECT * FROM depot_catalog_blobs WHERE refs = 0 AND unreferenced_since <= $1
+                         ORDER BY unreferenced_since LIMIT $2",
+                    &[&to_i64(before), &(limit as i64)],
+                )
+                .await?;
+            rows.iter().map(blob_from_row).collect()
+        })
+    }
+
+    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
+        in_txn!(self.pool, "removing a dead blob", |txn| {
+            let row = txn
+                .query_opt(
+                    "DELETE FROM depot_catalog_blobs WHERE digest = $1 AND refs = 0 AND unreferenced_since <= $2
+                         RETURNING size",
+                    &[&&digest.0[..], &to_i64(before)],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(false) };
+            let stats = CatalogStats { blobs: -1, blob_bytes: -row.get::<_, i64>(0), ..Default::default() };
+            add_stats(txn, &stats).await?;
+            Ok(true)
+        })
+    }
+
+    async fn stats(&self) -> Result<CatalogStats> {
+        in_txn!(self.pool, "reading totals", |txn| {
+            let row = txn
+                    .query_one(
+                        "SELECT COALESCE(SUM(objects), 0)::bigint, COALESCE(SUM(logical_bytes), 0)::bigint,
+                         COALESCE(SUM(blobs), 0)::bigint, COALESCE(SUM(blob_bytes), 0)::bigint FROM depot_catalog_stats",
+                        &[],
+                    )
+                    .await?;
+            Ok(CatalogStats {
+                objects: row.get(0),
+                logical_bytes: row.get(1),
+                blobs: row.get(2),
+                blob_bytes: row.get(3),
+            })
+        })
+    }
+}
+
+impl PostgresCatalog {
+    async fn buckets_where(&self, name: Option<&str>) -> Result<Vec<BucketRecord>> {
+        in_txn!(self.pool, "reading buckets", |txn| {
+            let rows = txn
+                .query(
+                    "SELECT name, created, public_read FROM depot_catalog_buckets
+                         WHERE $1::text IS NULL OR name = $1 ORDER BY name",
+                    &[&name],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| BucketRecord { name: r.get(0), created: r.get::<_, i64>(1) as u64, public_read: r.get(2) })
+                .collect())
+        })
+    }
+}
+
+/// A string greater than every key that starts with `prefix`: in byte order
+/// no UTF-8 text continues past U+10FFFF.
+fn past(prefix: &str) -> String {
+    format!("{prefix}\u{10FFFF}")
+}
+
+/// One page of a listing, rolling keys up to common prefixes; a run of
+/// keys under one common prefix is skipped with a fresh query starting
+/// past it, so a page costs a few index range scans however many keys
+/// hide under its prefixes.
+async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Result<ListPage, TxnError> {
+    if !bucket_exists(txn, bucket, "").await? {
+        return Err(CatalogError::NoSuchBucket(bucket.to_string()).into());
+    }
+    let limit = query.limit.max(1);
+    // Exclusive lower bound.
+    let mut after: Option<String> = match &query.after {
+        Some(a) if query.delimiter.is_some_and(|d| a.ends_with(d)) && a.starts_with(&query.prefix) => Some(past(a)),
+        Some(a) => Some(a.clone()),
+        None => None,
+    };
+    let like = format!("{}%", query.prefix.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+    let mut page = ListPage::default();
+    loop {
+        let want = (limit - page.objects.len() - page.prefixes.len()) as i64 + 1;
+        let rows = txn
+            .query(
+                "SELECT key, record FROM depot_catalog_objects
+                 WHERE bucket = $1 AND key LIKE $2 AND ($3::text IS NULL OR key > $3)
+                 ORDER BY key LIMIT $4",
+                &[&bucket, &like, &after, &want],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(page);
+        }
+        let mut restarted = false;
+        for row in &rows {
+            let key: String = row.get(0);
+            if page.objects.len() + page.prefixes.len() >= limit {
+                page.next =
+                    page.objects.last().map(|o| o.key.clone()).into_iter().chain(page.prefixes.last().cloned()).max();
+                return Ok(page);
+            }
+            let rest = &key[query.prefix.len()..];
+            if let Some(at) = query.delimiter.and_then(|d| rest.find(d)) {
+                let d_len = query.delimiter.map(char::len_utf8).unwrap_or(1);
+                let common = key[..query.prefix.len() + at + d_len].to_string();
+                after = Some(past(&common));
+                page.prefixes.push(common);
+                restarted = true;
+                break;
+            }
+            let record: ObjectRecord = decode(row.get::<_, &[u8]>(1))?;
+            after = Some(key.clone());
+            page.objects.push(ObjectRecord { key, ..record });
+        }
+        if !restarted && (rows.len() as i64) < want {
+            return Ok(page);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conformance() {
+        let url = pg::fresh_test_database().await;
+        super::super::conformance::run_all(&PostgresCatalog::connect(&url).await.unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn two_nodes_share_one_catalog() {
+        let url = pg::fresh_test_database().await;
+        let (a, b) = futures::join!(PostgresCatalog::connect(&url), PostgresCatalog::connect(&url));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        a.create_bucket("shared", false).await.unwrap();
+        assert!(b.bucket("shared").await.unwrap().is_some());
+        assert!(matches!(b.create_bucket("shared", false).await, Err(CatalogError::BucketExists(_))));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_unreachable_server_is_unavailable() {
+        match PostgresCatalog::connect("postgres://depot:depot@127.0.0.1:1/depot").await {
+            Err(CatalogError::Unavailable(_)) => {}
+            Err(other) => panic!("expected Unavailable, got {other}"),
+            Ok(_) => panic!("connected to a closed port"),
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Several depot nodes over one PostgreSQL catalog and one shared engine
+//! directory form one store.
+
+mod common;
+
+use common::{Server, client, pattern, sha256_hex};
+
+/// Two nodes on one catalog (a fresh database) and one `fs` directory.
+async fn two_nodes() -> (Server, Server, tempfile::TempDir) {
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("shared");
+    let args = ["--catalog", url.as_str(), "--engine", "fs"];
+    let a = Server::start_in(&data, &args);
+    let b = Server::start_in(&data, &args);
+    (a, b, dir)
+}
+
+async fn metric(server: &Server, name: &str) -> i64 {
+    let text = client().get(format!("{}/_/metrics", server.url)).send().await.unwrap().text().await.unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("no {name}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_written_through_one_node_is_read_listed_and_deleted_through_another() {
+    let (a, b, _dir) = two_nodes().await;
+    let http = client();
+    let body = pattern(700_000, 1);
+    let r = http.put(a.object_url("files", "docs/report.pdf")).body(body.clone()).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+
+    let r = http.get(b.object_url("files", "docs/report.pdf")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap(), body);
+    let ranged =
+        http.get(b.object_url("files", "docs/report.pdf")).header("range", "bytes=10-19").send().await.unwrap();
+    assert_eq!(ranged.status(), 206);
+    assert_eq!(ranged.bytes().await.unwrap(), body[10..20]);
+
+    let listing: serde_json::Value = http
+        .get(format!("{}/files/docs/", b.url))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listing["entries"][0]["key"], "docs/report.pdf");
+
+    // A bucket made on one node exists on the other.
+    assert_eq!(http.put(format!("{}/photos", b.url)).send().await.unwrap().status(), 201);
+    assert_eq!(http.put(format!("{}/photos", a.url)).send().await.unwrap().status(), 409);
+
+    assert_eq!(http.delete(b.object_url("files", "docs/report.pdf")).send().await.unwrap().status(), 204);
+    assert_eq!(http.get(a.object_url("files", "docs/report.pdf")).send().await.unwrap().status(), 404);
+    a.assert_no_panic();
+    b.assert_no_panic();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dedup_holds_across_nodes_under_concurrency() {
+    let (a, b, _dir) = two_nodes().await;
+    let body = pattern(300_000, 2);
+    let puts = (0..20).map(|i| {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let (url, body) = (node.object_url("files", &format!("copy-{i}")), body.clone());
+        async move { client().put(url).body(body).send().await.unwrap().status() }
+    });
+    let statuses = futures::future::join_all(puts).await;
+    assert!(statuses.iter().all(|s| *s == 201), "{statuses:?}");
+    assert_eq!(metric(&a, "depot_blobs").await, 1, "twenty copies over two nodes are one blob");
+    assert_eq!(metric(&b, "depot_objects").await, 20);
+    let blob = client().head(format!("{}/_/blobs/{}", a.url, sha256_hex(&body))).send().await.unwrap();
+    assert_eq!(blob.status(), 200);
+    for i in 0..20 {
+        let r = client().get(b.object_url("files", &format!("copy-{i}"))).send().await.unwrap();
+        assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&body));
+    }
+}
