@@ -18,6 +18,9 @@ start_postgres() {
     || runuser -u postgres -- psql -p "$port" -qc "CREATE ROLE depot LOGIN CREATEDB PASSWORD 'depot'"
   runuser -u postgres -- psql -p "$port" -qtAc "SELECT 1 FROM pg_database WHERE datname = 'depot'" | grep -q 1 \
     || runuser -u postgres -- createdb -p "$port" -O depot depot
+  # Databases earlier test runs created for themselves.
+  runuser -u postgres -- psql -p "$port" -qtAc "SELECT datname FROM pg_database WHERE datname LIKE 'depot\_t\_%'" \
+    | while read -r db; do runuser -u postgres -- dropdb -p "$port" --if-exists "$db"; done
   export DEPOT_TEST_POSTGRES="postgres://depot:depot@127.0.0.1:$port/depot"
   export DEPOT_TEST_POSTGRES_CLUSTER="$version main"
   echo "PostgreSQL $version on port $port" >&2
