@@ -23,6 +23,7 @@ pub mod faulty;
 pub mod fs;
 pub mod hybrid;
 pub mod memory;
+pub mod postgres;
 pub mod rocks;
 
 use std::fmt;
@@ -284,7 +285,10 @@ impl EngineKind {
 
     /// Whether this build can run the engine.
     pub fn available(self) -> bool {
-        matches!(self, EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory)
+        matches!(
+            self,
+            EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory | EngineKind::Postgres
+        )
     }
 }
 
@@ -321,6 +325,14 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
         EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open(root)?),
         EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, config.inline_threshold)?),
         EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
+        EngineKind::Postgres => {
+            let url = config.url.as_deref().ok_or_else(|| {
+                EngineError::other("postgres", "needs --engine-url postgres://user:password@host/database")
+            })?;
+            Arc::new(
+                postgres::PostgresEngine::connect(url, config.chunk_size.unwrap_or(postgres::DEFAULT_CHUNK)).await?,
+            )
+        }
         other => {
             return Err(EngineError::other("depot", format!("the {} engine is not built yet", other.name())));
         }
