@@ -5,14 +5,17 @@ mod common;
 
 use common::{Server, client, pattern, sha256_hex};
 
-/// Two nodes on one catalog (a fresh database) and one `fs` directory.
-async fn two_nodes() -> (Server, Server, tempfile::TempDir) {
+/// Two nodes on one catalog (a fresh database) and one shared engine:
+/// `fs` on one directory, or `postgres` in the catalog's database.
+async fn two_nodes(engine: &str) -> (Server, Server, tempfile::TempDir) {
     let url = depot::pg::fresh_test_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("shared");
-    let args = ["--catalog", url.as_str(), "--engine", "fs"];
-    let a = Server::start_in(&data, &args);
-    let b = Server::start_in(&data, &args);
+    let mut args = vec!["--catalog", url.as_str(), "--engine", engine];
+    if engine == "postgres" {
+        args.extend(["--engine-url", url.as_str()]);
+    }
+    let a = Server::start_in(&dir.path().join("shared"), &args);
+    let b = Server::start_in(&dir.path().join(if engine == "fs" { "shared" } else { "node-b" }), &args);
     (a, b, dir)
 }
 
@@ -23,8 +26,18 @@ async fn metric(server: &Server, name: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_object_written_through_one_node_is_read_listed_and_deleted_through_another() {
-    let (a, b, _dir) = two_nodes().await;
+async fn nodes_on_a_shared_directory_are_one_store() {
+    one_store(two_nodes("fs").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_on_the_postgres_engine_are_one_store() {
+    one_store(two_nodes("postgres").await).await;
+}
+
+/// An object written through one node is read, listed and deleted through
+/// the other.
+async fn one_store((a, b, _dir): (Server, Server, tempfile::TempDir)) {
     let http = client();
     let body = pattern(700_000, 1);
     let r = http.put(a.object_url("files", "docs/report.pdf")).body(body.clone()).send().await.unwrap();
@@ -61,7 +74,7 @@ async fn an_object_written_through_one_node_is_read_listed_and_deleted_through_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dedup_holds_across_nodes_under_concurrency() {
-    let (a, b, _dir) = two_nodes().await;
+    let (a, b, _dir) = two_nodes("postgres").await;
     let body = pattern(300_000, 2);
     let puts = (0..20).map(|i| {
         let node = if i % 2 == 0 { &a } else { &b };
