@@ -54,8 +54,15 @@ struct Data {
 struct Series {
     name: String,
     color: RGBColor,
-    /// Per case: median and, when measured over rounds, the spread.
-    values: Vec<Option<(f64, Option<(f64, f64)>)>>,
+    /// Per case, when there is a figure.
+    values: Vec<Option<Bar>>,
+}
+
+/// One bar: the median and, when measured over rounds, the spread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Bar {
+    value: f64,
+    spread: Option<(f64, f64)>,
 }
 
 fn collect(e: &ExperimentReport) -> Data {
@@ -86,7 +93,7 @@ fn collect(e: &ExperimentReport) -> Data {
             .iter()
             .map(|case| {
                 let r = rows.iter().find(|r| &r.case == case && &r.subject == name)?;
-                Some((r.value?, r.min.zip(r.max)))
+                Some(Bar { value: r.value?, spread: r.min.zip(r.max) })
             })
             .collect(),
     });
@@ -97,7 +104,7 @@ fn collect(e: &ExperimentReport) -> Data {
             .iter()
             .map(|case| {
                 let r = rows.iter().find(|r| &r.case == case && r.seed_source.as_ref() == Some(src))?;
-                Some((r.seed?, None))
+                Some(Bar { value: r.seed?, spread: None })
             })
             .collect(),
     });
@@ -158,13 +165,13 @@ fn draw_panel<DB: DrawingBackend>(
     index: usize,
     data: &Data,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    let bars: Vec<(usize, &Series, f64, Option<(f64, f64)>)> = data
+    let bars: Vec<(usize, &Series, Bar)> = data
         .series
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| s.values.get(index).copied().flatten().map(|(v, spread)| (i, s, v, spread)))
+        .filter_map(|(i, s)| s.values.get(index).copied().flatten().map(|bar| (i, s, bar)))
         .collect();
-    let top = bars.iter().map(|(_, _, v, spread)| spread.map_or(*v, |(_, hi)| hi.max(*v))).fold(0.0, f64::max);
+    let top = bars.iter().map(|(_, _, b)| b.spread.map_or(b.value, |(_, hi)| hi.max(b.value))).fold(0.0, f64::max);
     let top = if top > 0.0 { top * 1.18 } else { 1.0 };
     let n = data.series.len().max(1) as f64;
     let mut chart = ChartBuilder::on(panel)
@@ -182,7 +189,7 @@ fn draw_panel<DB: DrawingBackend>(
         .y_desc(data.metric.as_str())
         .label_style((FONT, 12))
         .draw()?;
-    for (i, s, v, spread) in bars {
+    for (i, s, Bar { value: v, spread }) in bars {
         let x = i as f64;
         chart.draw_series(std::iter::once(Rectangle::new([(x + 0.12, 0.0), (x + 0.88, v)], s.color.filled())))?;
         if let Some((lo, hi)) = spread.filter(|(lo, hi)| hi > lo) {
@@ -219,7 +226,7 @@ mod tests {
         assert_eq!(d.cases, vec!["a", "b"]);
         let names: Vec<_> = d.series.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, vec!["depot hybrid", "published: old"]);
-        assert_eq!(d.series[0].values, vec![Some((1.0, Some((0.5, 2.0)))), None]);
-        assert_eq!(d.series[1].values, vec![Some((3.0, None)), None]);
+        assert_eq!(d.series[0].values, vec![Some(Bar { value: 1.0, spread: Some((0.5, 2.0)) }), None]);
+        assert_eq!(d.series[1].values, vec![Some(Bar { value: 3.0, spread: None }), None]);
     }
 }

@@ -149,7 +149,10 @@ mod tests {
         assert!(c.contains("listen 127.0.0.1:8123;"));
         assert!(c.contains("sendfile on;") && c.contains("open_file_cache off;"));
         assert!(c.contains("dav_methods PUT;"));
-        for line in c.lines().filter(|l| l.contains('/')) {
+        let paths = ["pid ", "error_log ", "root ", "_temp_path "];
+        let lines: Vec<&str> = c.lines().filter(|l| paths.iter().any(|p| l.contains(p))).collect();
+        assert_eq!(lines.len(), 9, "{lines:?}");
+        for line in lines {
             assert!(line.contains("/x/n/"), "{line}");
         }
     }
