@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use http::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -24,7 +25,10 @@ const NAME: &str = "mget";
 const MS: &str = "ms/request";
 const BUCKET: &str = "files";
 /// Entries per `/_/batch/put` while loading.
-const LOAD_BATCH: usize = 10_000;
+const LOAD_BATCH: usize = 1000;
+/// Batch puts in flight while loading: every entry is made durable on its
+/// own, and concurrent writers share syncs.
+const LOADERS: usize = 8;
 /// Keys per request, with the seed's time on SSD (cold: machine rebooted).
 const SIZES: [(usize, f64); 5] = [(50, 4.7), (300, 12.6), (1000, 29.5), (10_000, 124.6), (100_000, 2346.6)];
 const SEED_SOURCE: &str = "RocksServer SSD, cold";
@@ -140,11 +144,12 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         title: "Batch get of random keys (seed: RocksServer microbenchmark)".into(),
         method: vec![
             format!(
-                "{} keys with values of 50 ± 5 bytes, loaded with /_/batch/put ({} entries per request); \
+                "{} keys with values of 50 ± 5 bytes, loaded with /_/batch/put ({} entries per request, {} at a time); \
                  then /_/batch/get of random keys, one request at a time: one untimed request, then {} timed \
                  ones per batch size, each with its own keys; median and spread (min..max).",
                 thousands(scale.keys as u64),
                 thousands(LOAD_BATCH as u64),
+                LOADERS,
                 scale.rounds
             ),
             "cold: dirty pages synced, page cache dropped and the server restarted before each timed request; \
@@ -209,19 +214,24 @@ async fn measure_depot(
     let mut server = DepotServer::start(&engine.name, flags, &data, settings.threads)?;
     progress.doing(&format!("{subject}: loading {} keys", thousands(scale.keys as u64)));
     let started = Instant::now();
-    let mut conn = Connection::open(server.addr).await?;
-    for first in (0..scale.keys).step_by(LOAD_BATCH) {
-        let mut body = Vec::new();
-        for i in first..(first + LOAD_BATCH).min(scale.keys) {
-            let v = value(i);
-            body.extend_from_slice(format!("{}\n{}\n", key(i), v.len()).as_bytes());
-            body.extend_from_slice(&v);
-            body.push(b'\n');
-        }
-        let path = format!("/_/batch/put?bucket={BUCKET}");
-        conn.expect_ok(load::request(Method::POST, server.addr, &path, body.into())).await?;
-    }
+    let addr = server.addr;
+    futures::stream::iter((0..scale.keys).step_by(LOAD_BATCH))
+        .map(|first| async move {
+            let mut body = Vec::new();
+            for i in first..(first + LOAD_BATCH).min(scale.keys) {
+                let v = value(i);
+                body.extend_from_slice(format!("{}\n{}\n", key(i), v.len()).as_bytes());
+                body.extend_from_slice(&v);
+                body.push(b'\n');
+            }
+            let path = format!("/_/batch/put?bucket={BUCKET}");
+            Connection::open(addr).await?.expect_ok(load::request(Method::POST, addr, &path, body.into())).await
+        })
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<_>>()
+        .await?;
     let rate = scale.keys as f64 / started.elapsed().as_secs_f64();
+    let mut conn = Connection::open(server.addr).await?;
     progress.done(1);
     let mut warm = Vec::new();
     for ((n, _), rounds) in sets.sizes.iter().zip(&sets.sets) {
