@@ -15,5 +15,11 @@ depot_install_packages() {
 }
 
 # RocksDB is compiled from source: a C++ compiler, and libclang for its
-# Rust bindings.
-BUILD_PACKAGES=(g++ libclang-dev)
+# Rust bindings. The charts of `depot bench` (drawn by the tests too) need
+# a TrueType font.
+BUILD_PACKAGES=(g++ libclang-dev fonts-dejavu-core)
+
+# The outside peers of `depot bench`: nginx serves the same files from disk,
+# wrk cross-checks the built-in load generator. Without them their rows say
+# "skipped".
+BENCH_PACKAGES=(nginx wrk)

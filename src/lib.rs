@@ -3,11 +3,13 @@
 //! - [`http`]: the native REST API on one port;
 //! - [`store`]: buckets, objects, dedup, ranges, garbage collection;
 //! - [`catalog`] (names and reference counts) and [`engine`] (the bytes);
-//! - [`cli`] and [`config`]: the command line and settings.
+//! - [`cli`] and [`config`]: the command line and settings;
+//! - [`bench`]: the seed experiments re-run, depot beside its peers.
 
 #![deny(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod config;

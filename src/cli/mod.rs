@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::bench::BenchArgs;
 use crate::config::ServeArgs;
 use client::ClientArgs;
 
@@ -23,6 +24,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Re-run the seed experiments on this machine, every engine beside
+    /// nginx and RocksDB; writes a report with tables and charts.
+    Bench(BenchArgs),
     /// Remove unreferenced blobs past their grace period, and orphaned bytes
     /// (run it while the server is stopped; the server also does it itself).
     Gc(ServeArgs),
@@ -60,6 +64,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::serve(&args),
+        Command::Bench(args) => crate::bench::bench(&args),
         Command::Gc(args) => serve::gc(&args),
         Command::Put { client, paths } => client::put(&client, &paths),
         Command::Get { client, target, out } => client::get(&client, &target, out.as_deref()),

@@ -1,0 +1,232 @@
+//! Charts of an experiment, drawn with plotters as SVG and PNG: one panel
+//! per case (each with its own scale, since 1 KB and 1 MB differ a
+//! hundredfold), one bar per engine or peer with its spread as a whisker,
+//! and the seed's published figures as grey bars beside them. Text is
+//! rendered from DejaVu Sans by a pure-Rust rasteriser, so no system font
+//! libraries are needed.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use anyhow::{Context, anyhow};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::report::number;
+use super::{ExperimentReport, Row};
+
+const FONT: &str = "sans-serif";
+const FONT_FILES: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+const PANEL: (u32, u32) = (440, 320);
+const COLUMNS: usize = 3;
+const TITLE_HEIGHT: u32 = 40;
+const LEGEND_LINE: u32 = 24;
+/// The seed's published figures, one grey per source.
+const SEED_GREYS: [RGBColor; 3] = [RGBColor(110, 110, 110), RGBColor(170, 170, 170), RGBColor(210, 210, 210)];
+
+/// Loads the font once; the reason when there is none.
+fn font() -> Result<(), String> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let bytes = FONT_FILES
+                .iter()
+                .find_map(|p| std::fs::read(p).ok())
+                .ok_or("no DejaVu Sans font found (Debian package fonts-dejavu-core)")?;
+            plotters::style::register_font(FONT, FontStyle::Normal, Box::leak(bytes.into_boxed_slice()))
+                .map_err(|_| "DejaVu Sans could not be read".to_string())
+        })
+        .clone()
+}
+
+/// What one chart shows: cases (panels) and series (bars).
+struct Data {
+    metric: String,
+    cases: Vec<String>,
+    series: Vec<Series>,
+}
+
+struct Series {
+    name: String,
+    color: RGBColor,
+    /// Per case, when there is a figure.
+    values: Vec<Option<Bar>>,
+}
+
+/// One bar: the median and, when measured over rounds, the spread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Bar {
+    value: f64,
+    spread: Option<(f64, f64)>,
+}
+
+fn collect(e: &ExperimentReport) -> Data {
+    let rows: Vec<&Row> = e.rows.iter().filter(|r| r.metric == e.chart_metric).collect();
+    let mut cases: Vec<String> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut seeds: Vec<String> = Vec::new();
+    for r in &rows {
+        if !cases.contains(&r.case) {
+            cases.push(r.case.clone());
+        }
+        if r.value.is_some() && !names.contains(&r.subject) {
+            names.push(r.subject.clone());
+        }
+        if let (Some(_), Some(src)) = (r.seed, &r.seed_source) {
+            if !seeds.contains(src) {
+                seeds.push(src.clone());
+            }
+        }
+    }
+    let measured = names.iter().enumerate().map(|(i, name)| Series {
+        name: name.clone(),
+        color: {
+            let c = Palette99::pick(i).to_rgba();
+            RGBColor(c.0, c.1, c.2)
+        },
+        values: cases
+            .iter()
+            .map(|case| {
+                let r = rows.iter().find(|r| &r.case == case && &r.subject == name)?;
+                Some(Bar { value: r.value?, spread: r.min.zip(r.max) })
+            })
+            .collect(),
+    });
+    let published = seeds.iter().enumerate().map(|(i, src)| Series {
+        name: format!("published: {src}"),
+        color: SEED_GREYS[i % SEED_GREYS.len()],
+        values: cases
+            .iter()
+            .map(|case| {
+                let r = rows.iter().find(|r| &r.case == case && r.seed_source.as_ref() == Some(src))?;
+                Some(Bar { value: r.seed?, spread: None })
+            })
+            .collect(),
+    });
+    let series = measured.chain(published).collect();
+    Data { metric: e.chart_metric.clone(), cases, series }
+}
+
+/// Draws `e` into `out` as `<name>.svg` and `<name>.png`; returns the file
+/// names.
+pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
+    font().map_err(anyhow::Error::msg)?;
+    let data = collect(e);
+    let columns = data.cases.len().clamp(1, COLUMNS);
+    let panel_rows = data.cases.len().div_ceil(columns).max(1);
+    let legend_rows = data.series.len().div_ceil(COLUMNS).max(1) as u32;
+    let size = (PANEL.0 * columns as u32, TITLE_HEIGHT + PANEL.1 * panel_rows as u32 + LEGEND_LINE * legend_rows + 16);
+    let title = format!("{}: {} ({}; shorter is faster)", e.name, e.title, data.metric);
+    let svg = format!("{}.svg", e.name);
+    let png = format!("{}.png", e.name);
+    render(SVGBackend::new(&out.join(&svg), size).into_drawing_area(), &title, &data, columns)
+        .with_context(|| format!("drawing {svg}"))?;
+    render(BitMapBackend::new(&out.join(&png), size).into_drawing_area(), &title, &data, columns)
+        .with_context(|| format!("drawing {png}"))?;
+    Ok(vec![svg, png])
+}
+
+fn render<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    data: &Data,
+    columns: usize,
+) -> anyhow::Result<()> {
+    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e:?}");
+    root.fill(&WHITE).map_err(fail)?;
+    let (_, height) = root.dim_in_pixel();
+    let (head, rest) = root.split_vertically(TITLE_HEIGHT);
+    head.draw(&Text::new(title.to_string(), (12, 12), (FONT, 18).into_font().color(&BLACK))).map_err(fail)?;
+    let legend_height = LEGEND_LINE * data.series.len().div_ceil(COLUMNS).max(1) as u32 + 16;
+    let (grid, legend) = rest.split_vertically(height - TITLE_HEIGHT - legend_height);
+    let panel_rows = data.cases.len().div_ceil(columns).max(1);
+    for (i, (panel, case)) in grid.split_evenly((panel_rows, columns)).iter().zip(&data.cases).enumerate() {
+        draw_panel(panel, case, i, data).map_err(fail)?;
+    }
+    let (width, _) = legend.dim_in_pixel();
+    let entry = (width / COLUMNS as u32) as i32;
+    for (i, s) in data.series.iter().enumerate() {
+        let x = 12 + entry * (i % COLUMNS) as i32;
+        let y = 8 + LEGEND_LINE as i32 * (i / COLUMNS) as i32;
+        legend.draw(&Rectangle::new([(x, y), (x + 14, y + 14)], s.color.filled())).map_err(fail)?;
+        legend.draw(&Text::new(s.name.clone(), (x + 20, y), (FONT, 14).into_font().color(&BLACK))).map_err(fail)?;
+    }
+    root.present().map_err(fail)
+}
+
+fn draw_panel<DB: DrawingBackend>(
+    panel: &DrawingArea<DB, Shift>,
+    case: &str,
+    index: usize,
+    data: &Data,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let bars: Vec<(usize, &Series, Bar)> = data
+        .series
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.values.get(index).copied().flatten().map(|bar| (i, s, bar)))
+        .collect();
+    let top = bars.iter().map(|(_, _, b)| b.spread.map_or(b.value, |(_, hi)| hi.max(b.value))).fold(0.0, f64::max);
+    let top = if top > 0.0 { top * 1.18 } else { 1.0 };
+    let n = data.series.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(panel)
+        .caption(case, (FONT, 16))
+        .margin(10)
+        .x_label_area_size(8)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..n, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_labels(6)
+        .y_label_formatter(&|v| number(*v))
+        .y_desc(data.metric.as_str())
+        .label_style((FONT, 12))
+        .draw()?;
+    for (i, s, Bar { value: v, spread }) in bars {
+        let x = i as f64;
+        chart.draw_series(std::iter::once(Rectangle::new([(x + 0.12, 0.0), (x + 0.88, v)], s.color.filled())))?;
+        if let Some((lo, hi)) = spread.filter(|(lo, hi)| hi > lo) {
+            chart.draw_series(std::iter::once(PathElement::new(vec![(x + 0.5, lo), (x + 0.5, hi)], BLACK)))?;
+        }
+        let label_at = spread.map_or(v, |(_, hi)| hi.max(v));
+        let style = (FONT, 11).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Bottom));
+        chart.draw_series(std::iter::once(Text::new(number(v), (x + 0.5, label_at), style)))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::stats::Summary;
+
+    #[test]
+    fn series_follow_the_rows_and_seeds_come_last() {
+        let s = |m, lo, hi| Summary { median: m, min: lo, max: hi };
+        let e = ExperimentReport {
+            name: "x".into(),
+            title: "t".into(),
+            method: vec![],
+            chart_metric: "ms/request".into(),
+            rows: vec![
+                Row::measured("x", "a", "depot hybrid", "ms/request", s(1.0, 0.5, 2.0)).with_seed(Some((3.0, "old"))),
+                Row::measured("x", "a", "depot hybrid", "req/s", s(1000.0, 900.0, 1100.0)),
+                Row::skipped("x", "b", "depot hybrid", "ms/request", "broken"),
+                Row::skipped("x", "a", "depot s3", "ms/request", "not built"),
+            ],
+        };
+        let d = collect(&e);
+        assert_eq!(d.cases, vec!["a", "b"]);
+        let names: Vec<_> = d.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, vec!["depot hybrid", "published: old"]);
+        assert_eq!(d.series[0].values, vec![Some(Bar { value: 1.0, spread: Some((0.5, 2.0)) }), None]);
+        assert_eq!(d.series[1].values, vec![Some(Bar { value: 3.0, spread: None }), None]);
+    }
+}

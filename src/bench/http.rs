@@ -1,0 +1,298 @@
+//! `depot bench http`, after the seed "nginx vs GridFS serving": files of
+//! 1 KB, 100 KB and 1 MB fetched at concurrency 100 over keep-alive
+//! connections, from depot with each engine and from nginx serving the same
+//! files from disk; then PUTs of new 1 KB keys at the same concurrency,
+//! depot against nginx's WebDAV, with the disk space each used per byte
+//! written. Reported: requests per second (median and spread of the
+//! rounds), milliseconds per request as the seed's `ab` counted them
+//! (elapsed time / requests, i.e. 1000 / req/s), and p50/p99 latency.
+//! When `wrk` is installed, its request rate for the same GET is shown
+//! beside ours as a cross-check of the built-in load generator.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Method;
+use rand::{Rng, SeedableRng};
+
+use super::load::{self, Connection, Plan};
+use super::nginx::Nginx;
+use super::{DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program};
+
+const NAME: &str = "http";
+const CONCURRENCY: usize = 100;
+const PUT_SIZE: usize = 1024;
+const PUT_CASE: &str = "PUT 1 KB, new keys";
+const MS: &str = "ms/request";
+
+/// The files served: label, size, and the seed's ms/request for nginx from
+/// disk and for nginx-gridfs.
+const FILES: [(&str, usize, f64, f64); 3] =
+    [("1 KB", 1024, 0.174, 1.124), ("100 KB", 100 * 1024, 1.014, 1.572), ("1 MB", 1024 * 1024, 9.582, 9.567)];
+
+fn get_case(label: &str) -> String {
+    format!("GET {label}")
+}
+
+fn plan(settings: &Settings) -> Plan {
+    if settings.quick {
+        Plan { concurrency: CONCURRENCY, warmup: Duration::from_millis(500), rounds: 3, round: Duration::from_secs(1) }
+    } else {
+        Plan { concurrency: CONCURRENCY, warmup: Duration::from_secs(2), rounds: 5, round: Duration::from_secs(3) }
+    }
+}
+
+/// A server under test, as the load generator sees it (the server itself
+/// is kept running by the caller).
+struct Target {
+    subject: String,
+    addr: SocketAddr,
+    /// Prefix of the URLs of the published files.
+    get_prefix: &'static str,
+    /// Prefix of the URLs new keys are PUT to.
+    put_prefix: &'static str,
+    /// What grows on disk when it takes writes.
+    written: PathBuf,
+    /// Whether the seed compares it with nginx from disk (true) or with
+    /// nginx-gridfs, the database-backed server.
+    from_disk: bool,
+}
+
+pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
+    let plan = plan(settings);
+    let wrk = find_program("wrk");
+    let files: Vec<(String, Bytes)> = {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        FILES
+            .iter()
+            .map(|(label, size, ..)| {
+                let mut b = vec![0u8; *size];
+                rng.fill(&mut b[..]);
+                (label.replace(' ', ""), Bytes::from(b))
+            })
+            .collect()
+    };
+    let subjects = settings.engines.len() + 1;
+    let progress = Progress::new(NAME, (subjects * (FILES.len() + 1)) as u64);
+    let mut rows = Vec::new();
+    let skip_all = |rows: &mut Vec<Row>, subject: &str, why: &str| {
+        for (label, ..) in FILES {
+            rows.push(Row::skipped(NAME, &get_case(label), subject, MS, why));
+        }
+        rows.push(Row::skipped(NAME, PUT_CASE, subject, MS, why));
+        progress.done((FILES.len() + 1) as u64);
+    };
+    for (i, engine) in settings.engines.iter().enumerate() {
+        let subject = engine.subject();
+        progress.doing(&format!("{subject}: starting"));
+        let flags = match &engine.serve_flags {
+            Ok(flags) => flags,
+            Err(why) => {
+                skip_all(&mut rows, &subject, why);
+                continue;
+            }
+        };
+        let data = settings.scratch.join(format!("http-{i}-{}", engine.name));
+        let server = match DepotServer::start(&engine.name, flags, &data, settings.threads) {
+            Ok(s) => s,
+            Err(e) => {
+                skip_all(&mut rows, &subject, &format!("{e:#}"));
+                continue;
+            }
+        };
+        let addr = server.addr;
+        let published = async {
+            let mut c = Connection::open(addr).await?;
+            for (name, bytes) in &files {
+                c.expect_ok(load::request(Method::PUT, addr, &format!("/files/bench/{name}"), bytes.clone())).await?;
+            }
+            anyhow::Ok(())
+        };
+        if let Err(e) = published.await {
+            skip_all(&mut rows, &subject, &format!("{e:#}"));
+            continue;
+        }
+        let target = Target {
+            subject,
+            addr,
+            get_prefix: "/files/bench/",
+            put_prefix: "/files/bench/put/",
+            written: data,
+            from_disk: false,
+        };
+        measure(&target, &files, plan, settings, wrk.as_deref(), &progress, &mut rows).await;
+        drop(server);
+    }
+    progress.doing("nginx: starting");
+    let started = Nginx::start(&settings.scratch.join("nginx"), settings.threads)
+        .and_then(|n| files.iter().try_for_each(|(name, bytes)| n.publish(name, bytes)).map(|()| n));
+    match started {
+        Ok(nginx) => {
+            let target = Target {
+                subject: "nginx".into(),
+                addr: nginx.addr,
+                get_prefix: "/",
+                put_prefix: "/dav/",
+                written: nginx.dav.clone(),
+                from_disk: true,
+            };
+            measure(&target, &files, plan, settings, wrk.as_deref(), &progress, &mut rows).await;
+            drop(nginx);
+        }
+        Err(e) => skip_all(&mut rows, "nginx", &format!("{e:#}")),
+    }
+    progress.finish();
+    Ok(ExperimentReport {
+        name: NAME.into(),
+        title: "Serving files over HTTP (seed: nginx vs GridFS serving)".into(),
+        method: vec![
+            format!(
+                "{CONCURRENCY} keep-alive connections, each sending its next request when the last answer is read; \
+                 {:.1} s warm-up, then {} rounds of {} s; median and spread (min..max) of the rounds' rates, \
+                 p50/p99 over every request measured.",
+                plan.warmup.as_secs_f64(),
+                plan.rounds,
+                plan.round.as_secs_f64()
+            ),
+            "ms/request is the seed's unit (ab's time per request across all concurrent requests): 1000 / req/s. \
+             The seed column gives nginx from disk for nginx, nginx-gridfs (a database-backed server) for depot; \
+             the seed ran ab -c 100 -n 500 from another machine (EC2 m1.medium)."
+                .into(),
+            format!(
+                "nginx: sendfile on, open_file_cache off, {} worker processes; depot: --threads {}. \
+                 PUTs write new 1 KB keys with distinct content (depot: every answer durable; nginx WebDAV: \
+                 not synced). Disk bytes per byte: growth of the data directory / bytes written.",
+                settings.threads, settings.threads
+            ),
+        ],
+        chart_metric: MS.into(),
+        rows,
+    })
+}
+
+/// Runs every case against one target, adding its rows.
+async fn measure(
+    target: &Target,
+    files: &[(String, Bytes)],
+    plan: Plan,
+    settings: &Settings,
+    wrk: Option<&std::path::Path>,
+    progress: &Progress,
+    rows: &mut Vec<Row>,
+) {
+    let subject = target.subject.as_str();
+    let addr = target.addr;
+    for ((name, _), (label, _, seed_disk, seed_gridfs)) in files.iter().zip(FILES) {
+        let case = get_case(label);
+        progress.doing(&format!("{subject}: {case}"));
+        let path = format!("{}{name}", target.get_prefix);
+        let seed = if target.from_disk { (seed_disk, "nginx+disk") } else { (seed_gridfs, "nginx-gridfs") };
+        let make: load::MakeRequest = {
+            let path = path.clone();
+            Arc::new(move |_, _| load::request(Method::GET, addr, &path, Bytes::new()))
+        };
+        match load::run(addr, plan, make).await {
+            Ok(outcome) => rows.extend(rate_rows(&case, subject, &outcome, Some(seed))),
+            Err(e) => rows.push(Row::skipped(NAME, &case, subject, MS, &format!("failed: {e:#}"))),
+        }
+        if let Some(wrk) = wrk {
+            let secs = if settings.quick { 1 } else { (plan.round * plan.rounds as u32).as_secs().max(1) };
+            let metric = "req/s (wrk)";
+            match run_wrk(wrk, addr, &path, settings.threads, secs).await {
+                Ok(rate) => rows.push(Row::single(NAME, &case, subject, metric, rate)),
+                Err(e) => rows.push(Row::skipped(NAME, &case, subject, metric, &format!("{e:#}"))),
+            }
+        }
+        progress.done(1);
+    }
+    progress.doing(&format!("{subject}: {PUT_CASE}"));
+    let before = disk_usage(&target.written);
+    let base: Bytes = {
+        let mut b = vec![0u8; PUT_SIZE];
+        rand::rng().fill(&mut b[..]);
+        b.into()
+    };
+    let prefix = target.put_prefix;
+    let make: load::MakeRequest = Arc::new(move |w, seq| {
+        // Distinct content per request: no write is a dedup hit.
+        let mut body = base.to_vec();
+        body[..8].copy_from_slice(&(w as u64).to_le_bytes());
+        body[8..16].copy_from_slice(&seq.to_le_bytes());
+        load::request(Method::PUT, addr, &format!("{prefix}{w}-{seq}"), body.into())
+    });
+    match load::run(addr, plan, make).await {
+        Ok(outcome) => {
+            rows.extend(rate_rows(PUT_CASE, subject, &outcome, None));
+            let logical = outcome.ok_total * PUT_SIZE as u64;
+            let grown = disk_usage(&target.written).saturating_sub(before);
+            if logical > 0 {
+                rows.push(Row::single(NAME, PUT_CASE, subject, "disk bytes per byte", grown as f64 / logical as f64));
+            }
+        }
+        Err(e) => rows.push(Row::skipped(NAME, PUT_CASE, subject, MS, &format!("failed: {e:#}"))),
+    }
+    progress.done(1);
+}
+
+/// The rows of one load run: rate, ms/request, p50 and p99.
+fn rate_rows(case: &str, subject: &str, outcome: &load::Outcome, seed: Option<(f64, &str)>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    if let Some(rate) = outcome.rate().filter(|r| r.min > 0.0) {
+        rows.push(Row::measured(NAME, case, subject, "req/s", rate));
+        rows.push(Row::measured(NAME, case, subject, MS, rate.map_decreasing(|r| 1000.0 / r)).with_seed(seed));
+    } else {
+        rows.push(Row::skipped(NAME, case, subject, MS, "no request completed in some round").with_seed(seed));
+    }
+    for (p, metric) in [(50.0, "p50 ms"), (99.0, "p99 ms")] {
+        if let Some(ms) = outcome.latency_ms(p) {
+            rows.push(Row::single(NAME, case, subject, metric, ms));
+        }
+    }
+    rows
+}
+
+/// wrk's request rate for GETs of `path`.
+async fn run_wrk(
+    wrk: &std::path::Path,
+    addr: SocketAddr,
+    path: &str,
+    threads: usize,
+    secs: u64,
+) -> anyhow::Result<f64> {
+    let out = tokio::process::Command::new(wrk)
+        .arg(format!("-t{}", threads.clamp(1, CONCURRENCY)))
+        .arg(format!("-c{CONCURRENCY}"))
+        .arg(format!("-d{secs}s"))
+        .arg(format!("http://{addr}{path}"))
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_wrk(&text)
+        .ok_or_else(|| anyhow::anyhow!("wrk: {} {}", text.trim(), String::from_utf8_lossy(&out.stderr).trim()))
+}
+
+/// The request rate from wrk's summary, unless some answers were not 2xx/3xx.
+fn parse_wrk(text: &str) -> Option<f64> {
+    if text.contains("Non-2xx or 3xx responses") {
+        return None;
+    }
+    text.lines().find_map(|l| l.trim().strip_prefix("Requests/sec:")).and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrk_summaries_are_read() {
+        let ok = "Running 1s test @ http://127.0.0.1:1/x\n  2 threads and 100 connections\n\
+                  Requests/sec:  12345.67\nTransfer/sec:      1.00MB\n";
+        assert_eq!(parse_wrk(ok), Some(12345.67));
+        assert_eq!(parse_wrk("  Non-2xx or 3xx responses: 5\nRequests/sec: 10.0\n"), None);
+        assert_eq!(parse_wrk("unable to connect"), None);
+    }
+}

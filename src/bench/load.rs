@@ -1,0 +1,196 @@
+//! The built-in load generator: a fixed number of workers, each with one
+//! keep-alive HTTP/1.1 connection of its own, sending a request as soon as
+//! the previous answer has been read in full. A warm-up period comes first
+//! and is not measured; then several rounds of fixed length, each giving a
+//! request rate, and the latency of every request measured. A request that
+//! gets no 2xx answer is a failure: a run with failures is not reported as
+//! a figure.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+use super::stats::{Summary, percentile};
+
+/// A request as the load generator sends it.
+pub type Request = http::Request<Full<Bytes>>;
+
+/// Builds a request for a target: the Host header is set (HTTP/1.1 needs
+/// it; nginx refuses requests without it).
+pub fn request(method: http::Method, addr: SocketAddr, path: &str, body: Bytes) -> Request {
+    let mut req = http::Request::new(Full::new(body));
+    *req.method_mut() = method;
+    *req.uri_mut() = path.parse().unwrap_or_default();
+    if let Ok(host) = http::HeaderValue::from_str(&addr.to_string()) {
+        req.headers_mut().insert(http::header::HOST, host);
+    }
+    req
+}
+
+/// One keep-alive HTTP/1.1 connection.
+pub struct Connection {
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Connection {
+    pub async fn open(addr: SocketAddr) -> anyhow::Result<Connection> {
+        let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Connection { sender })
+    }
+
+    /// Sends `req` and reads the whole answer.
+    pub async fn send(&mut self, req: Request) -> anyhow::Result<(http::StatusCode, Bytes)> {
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+
+    /// Sends `req` and fails unless the answer is a 2xx.
+    pub async fn expect_ok(&mut self, req: Request) -> anyhow::Result<Bytes> {
+        let what = format!("{} {}", req.method(), req.uri());
+        let (status, body) = self.send(req).await.with_context(|| what.clone())?;
+        if !status.is_success() {
+            bail!("{what}: {status}: {}", String::from_utf8_lossy(&body[..body.len().min(300)]));
+        }
+        Ok(body)
+    }
+}
+
+/// How hard and how long to load a target.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub concurrency: usize,
+    pub warmup: Duration,
+    pub rounds: usize,
+    pub round: Duration,
+}
+
+impl Plan {
+    pub fn total(&self) -> Duration {
+        self.warmup + self.round * self.rounds as u32
+    }
+}
+
+/// What a load run measured.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Requests per second in each round.
+    pub per_round: Vec<f64>,
+    /// Latency of every measured request, in microseconds, ascending.
+    pub latencies_us: Vec<u32>,
+    /// Successful requests including the warm-up (what a write run leaves).
+    pub ok_total: u64,
+}
+
+impl Outcome {
+    pub fn rate(&self) -> Option<Summary> {
+        Summary::of(&self.per_round)
+    }
+
+    /// A latency percentile in milliseconds.
+    pub fn latency_ms(&self, p: f64) -> Option<f64> {
+        percentile(&self.latencies_us, p).map(|us| f64::from(us) / 1000.0)
+    }
+}
+
+/// Makes the `seq`-th request of worker `worker`.
+pub type MakeRequest = Arc<dyn Fn(usize, u64) -> Request + Send + Sync>;
+
+/// What one worker saw.
+#[derive(Default)]
+struct Tally {
+    per_round: Vec<u64>,
+    latencies_us: Vec<u32>,
+    ok_total: u64,
+    failures: u64,
+    first_failure: Option<String>,
+}
+
+/// Loads `addr` by `plan` with the requests `make` builds.
+pub async fn run(addr: SocketAddr, plan: Plan, make: MakeRequest) -> anyhow::Result<Outcome> {
+    let start = Instant::now();
+    let workers: Vec<_> =
+        (0..plan.concurrency).map(|w| tokio::spawn(worker(addr, plan, start, w, make.clone()))).collect();
+    let mut per_round = vec![0u64; plan.rounds];
+    let mut latencies_us = Vec::new();
+    let (mut ok_total, mut failures, mut first_failure) = (0, 0, None);
+    for w in workers {
+        let t = w.await?;
+        for (sum, n) in per_round.iter_mut().zip(&t.per_round) {
+            *sum += n;
+        }
+        latencies_us.extend(t.latencies_us);
+        ok_total += t.ok_total;
+        failures += t.failures;
+        first_failure = first_failure.or(t.first_failure);
+    }
+    if failures > 0 {
+        bail!("{failures} of {} requests failed (first: {})", failures + ok_total, first_failure.unwrap_or_default());
+    }
+    latencies_us.sort_unstable();
+    let secs = plan.round.as_secs_f64();
+    Ok(Outcome { per_round: per_round.iter().map(|n| *n as f64 / secs).collect(), latencies_us, ok_total })
+}
+
+async fn worker(addr: SocketAddr, plan: Plan, start: Instant, w: usize, make: MakeRequest) -> Tally {
+    let end = start + plan.total();
+    let measured_from = start + plan.warmup;
+    let mut tally = Tally { per_round: vec![0; plan.rounds], ..Tally::default() };
+    let fail = |tally: &mut Tally, why: String| {
+        tally.failures += 1;
+        tally.first_failure.get_or_insert(why);
+    };
+    let mut conn: Option<Connection> = None;
+    let mut seq = 0u64;
+    while Instant::now() < end {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match Connection::open(addr).await {
+                Ok(c) => conn.insert(c),
+                Err(e) => {
+                    fail(&mut tally, format!("{e:#}"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let req = make(w, seq);
+        seq += 1;
+        let sent = Instant::now();
+        let result = c.send(req).await;
+        let done = Instant::now();
+        match result {
+            Ok((status, _)) if status.is_success() => {
+                tally.ok_total += 1;
+                if done >= measured_from && done < end {
+                    let round = ((done - measured_from).as_secs_f64() / plan.round.as_secs_f64()) as usize;
+                    if let Some(n) = tally.per_round.get_mut(round) {
+                        *n += 1;
+                    }
+                    tally.latencies_us.push(u32::try_from((done - sent).as_micros()).unwrap_or(u32::MAX));
+                }
+            }
+            Ok((status, body)) => {
+                fail(&mut tally, format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])))
+            }
+            Err(e) => {
+                fail(&mut tally, format!("{e:#}"));
+                conn = None;
+            }
+        }
+    }
+    tally
+}

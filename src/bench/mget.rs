@@ -1,0 +1,405 @@
+//! `depot bench mget`, after the seed "RocksServer microbenchmark": many
+//! keys with values of 50 ± 5 bytes, loaded through `/_/batch/put`, then
+//! `/_/batch/get` of 50, 300, 1000, 10,000 and 100,000 random keys, one
+//! request at a time over a keep-alive connection. Each batch size is timed
+//! warm (after one untimed request) and cold (page cache dropped and the
+//! server restarted before each request; needs root). The floor is
+//! RocksDB's own in-process `multi_get` of the same keys in a fresh
+//! database, warm and cold the same way. Every answer is checked to hold
+//! every key asked for.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use http::Method;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::load::{self, Connection};
+use super::{DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, drop_caches, thousands};
+use crate::bench::stats::Summary;
+
+const NAME: &str = "mget";
+const MS: &str = "ms/request";
+const BUCKET: &str = "files";
+/// Entries per `/_/batch/put` while loading.
+const LOAD_BATCH: usize = 1000;
+/// Batch puts in flight while loading: every entry is made durable on its
+/// own, and concurrent writers share syncs.
+const LOADERS: usize = 8;
+/// Keys per request, with the seed's time on SSD (cold: machine rebooted).
+const SIZES: [(usize, f64); 5] = [(50, 4.7), (300, 12.6), (1000, 29.5), (10_000, 124.6), (100_000, 2346.6)];
+const SEED_SOURCE: &str = "RocksServer SSD, cold";
+
+/// How much data and how many timed requests.
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    keys: usize,
+    largest_batch: usize,
+    rounds: usize,
+}
+
+fn scale(settings: &Settings) -> Scale {
+    if settings.quick {
+        Scale { keys: 20_000, largest_batch: 10_000, rounds: 3 }
+    } else {
+        Scale { keys: 1_000_000, largest_batch: 100_000, rounds: 5 }
+    }
+}
+
+fn key(i: usize) -> String {
+    format!("mget/{i:08}")
+}
+
+/// The value of key `i`: 45 to 55 printable bytes, the same on every run.
+fn value(i: usize) -> Vec<u8> {
+    let mut rng = SmallRng::seed_from_u64(0x6d67_6574 ^ i as u64);
+    let len = rng.random_range(45..=55);
+    (0..len).map(|_| rng.random_range(b'!'..=b'~')).collect()
+}
+
+fn case(size: usize) -> String {
+    format!("{} keys", thousands(size as u64))
+}
+
+/// The random key sets: per batch size, one untimed set then one per round.
+#[derive(Clone)]
+struct KeySets {
+    sizes: Vec<(usize, f64)>,
+    sets: Vec<Vec<Vec<usize>>>,
+}
+
+impl KeySets {
+    fn new(scale: Scale) -> KeySets {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let sizes: Vec<_> = SIZES.into_iter().filter(|(n, _)| *n <= scale.largest_batch && *n <= scale.keys).collect();
+        let sets = sizes
+            .iter()
+            .map(|(n, _)| {
+                (0..=scale.rounds).map(|_| rand::seq::index::sample(&mut rng, scale.keys, *n).into_vec()).collect()
+            })
+            .collect();
+        KeySets { sizes, sets }
+    }
+}
+
+/// Warm and cold timings of every batch size, in milliseconds.
+struct Timings {
+    warm: Vec<Vec<f64>>,
+    cold: Result<Vec<Vec<f64>>, String>,
+}
+
+pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
+    let scale = scale(settings);
+    let sets = KeySets::new(scale);
+    let steps_per_subject = 1 + 2 * sets.sizes.len() as u64;
+    let progress = Progress::new(NAME, (settings.engines.len() as u64 + 1) * steps_per_subject);
+    let cold_possible = drop_caches();
+    let mut rows = Vec::new();
+    let load_case = format!("load {} keys", thousands(scale.keys as u64));
+    for (i, engine) in settings.engines.iter().enumerate() {
+        let subject = engine.subject();
+        progress.doing(&format!("{subject}: starting"));
+        let measured = match skip_reason(engine, settings) {
+            Some(why) => Err(why),
+            None => measure_depot(engine, i, scale, &sets, &cold_possible, settings, &progress)
+                .await
+                .map_err(|e| format!("{e:#}")),
+        };
+        match measured {
+            Ok((rate, timings)) => {
+                rows.push(Row::single(NAME, &load_case, &subject, "keys/s", rate));
+                rows.extend(timing_rows(&subject, &sets, &timings, true));
+            }
+            Err(why) => {
+                rows.push(Row::skipped(NAME, &load_case, &subject, "keys/s", &why));
+                for (n, _) in &sets.sizes {
+                    rows.push(Row::skipped(NAME, &case(*n), &subject, MS, &why));
+                }
+            }
+        }
+        progress.done(steps_per_subject);
+    }
+    progress.doing("rocksdb multi_get");
+    let dir = settings.scratch.join("mget-rocksdb");
+    let floor = {
+        let (sets, cold) = (sets.clone(), cold_possible.clone());
+        tokio::task::spawn_blocking(move || floor(&dir, scale, &sets, cold)).await?
+    };
+    let subject = "rocksdb multi_get";
+    match floor {
+        Ok(timings) => rows.extend(timing_rows(subject, &sets, &timings, false)),
+        Err(e) => {
+            for (n, _) in &sets.sizes {
+                rows.push(Row::skipped(NAME, &case(*n), subject, MS, &format!("{e:#}")));
+            }
+        }
+    }
+    progress.done(steps_per_subject);
+    progress.finish();
+    Ok(ExperimentReport {
+        name: NAME.into(),
+        title: "Batch get of random keys (seed: RocksServer microbenchmark)".into(),
+        method: vec![
+            format!(
+                "{} keys with values of 50 ± 5 bytes, loaded with /_/batch/put ({} entries per request, {} at a time); \
+                 then /_/batch/get of random keys, one request at a time: one untimed request, then {} timed \
+                 ones per batch size, each with its own keys; median and spread (min..max).",
+                thousands(scale.keys as u64),
+                thousands(LOAD_BATCH as u64),
+                LOADERS,
+                scale.rounds
+            ),
+            "cold: dirty pages synced, page cache dropped and the server restarted before each timed request; \
+             warm: the server kept running. rocksdb multi_get: the same keys and values in a fresh RocksDB \
+             with default options, read in-process (no HTTP), the floor for any server over it."
+                .into(),
+            "The seed column is RocksServer's figure on SSD, caches cleared by a reboot, 1,000,000 keys; its \
+             client was a PHP driver."
+                .into(),
+        ],
+        chart_metric: MS.into(),
+        rows,
+    })
+}
+
+/// Why an engine is left out of this experiment, when it is.
+fn skip_reason(engine: &EngineChoice, settings: &Settings) -> Option<String> {
+    match &engine.serve_flags {
+        Err(why) => Some(why.clone()),
+        Ok(_) if engine.name == "fs" && !settings.engines_named => {
+            Some("one file per 50-byte value; not run unless named (--engines fs)".into())
+        }
+        Ok(_) => None,
+    }
+}
+
+fn timing_rows(subject: &str, sets: &KeySets, t: &Timings, seeded: bool) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (i, (n, seed)) in sets.sizes.iter().enumerate() {
+        let case = case(*n);
+        let seed = seeded.then_some((*seed, SEED_SOURCE));
+        let warm = format!("{subject} (warm)");
+        if let Some(s) = t.warm.get(i).and_then(|v| Summary::of(v)) {
+            rows.push(Row::measured(NAME, &case, &warm, MS, s));
+        }
+        let cold = format!("{subject} (cold)");
+        rows.push(match &t.cold {
+            Ok(times) => match times.get(i).and_then(|v| Summary::of(v)) {
+                Some(s) => Row::measured(NAME, &case, &cold, MS, s).with_seed(seed),
+                None => Row::skipped(NAME, &case, &cold, MS, "no timing").with_seed(seed),
+            },
+            Err(why) => Row::skipped(NAME, &case, &cold, MS, why).with_seed(seed),
+        });
+    }
+    rows
+}
+
+/// Loads the keys into a depot with `engine` and times every batch size;
+/// returns the load rate (keys/s) and the timings.
+async fn measure_depot(
+    engine: &EngineChoice,
+    index: usize,
+    scale: Scale,
+    sets: &KeySets,
+    cold_possible: &Result<(), String>,
+    settings: &Settings,
+    progress: &Progress,
+) -> anyhow::Result<(f64, Timings)> {
+    let subject = engine.subject();
+    let flags = engine.serve_flags.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let data = settings.scratch.join(format!("mget-{index}-{}", engine.name));
+    let mut server = DepotServer::start(&engine.name, flags, &data, settings.threads)?;
+    progress.doing(&format!("{subject}: loading {} keys", thousands(scale.keys as u64)));
+    let started = Instant::now();
+    let addr = server.addr;
+    futures::stream::iter((0..scale.keys).step_by(LOAD_BATCH))
+        .map(|first| async move {
+            let mut body = Vec::new();
+            for i in first..(first + LOAD_BATCH).min(scale.keys) {
+                let v = value(i);
+                body.extend_from_slice(format!("{}\n{}\n", key(i), v.len()).as_bytes());
+                body.extend_from_slice(&v);
+                body.push(b'\n');
+            }
+            let path = format!("/_/batch/put?bucket={BUCKET}");
+            Connection::open(addr).await?.expect_ok(load::request(Method::POST, addr, &path, body.into())).await
+        })
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let rate = scale.keys as f64 / started.elapsed().as_secs_f64();
+    let mut conn = Connection::open(server.addr).await?;
+    progress.done(1);
+    let mut warm = Vec::new();
+    for ((n, _), rounds) in sets.sizes.iter().zip(&sets.sets) {
+        progress.doing(&format!("{subject}: {} warm", case(*n)));
+        let mut times = Vec::new();
+        for (r, keys) in rounds.iter().enumerate() {
+            let ms = timed_get(&mut conn, server.addr, keys).await?;
+            if r > 0 {
+                times.push(ms);
+            }
+        }
+        warm.push(times);
+        progress.done(1);
+    }
+    let cold = match cold_possible {
+        Err(why) => Err(why.clone()),
+        Ok(()) => {
+            let mut cold = Vec::new();
+            for ((n, _), rounds) in sets.sizes.iter().zip(&sets.sets) {
+                progress.doing(&format!("{subject}: {} cold", case(*n)));
+                let mut times = Vec::new();
+                for keys in &rounds[1..] {
+                    server.restart(|| drop_caches().map_err(anyhow::Error::msg))?;
+                    let mut conn = Connection::open(server.addr).await?;
+                    times.push(timed_get(&mut conn, server.addr, keys).await?);
+                }
+                cold.push(times);
+                progress.done(1);
+            }
+            Ok(cold)
+        }
+    };
+    Ok((rate, Timings { warm, cold }))
+}
+
+/// Times one `/_/batch/get` of `keys`, in milliseconds, and checks that
+/// every key came back with its value's length.
+async fn timed_get(conn: &mut Connection, addr: std::net::SocketAddr, keys: &[usize]) -> anyhow::Result<f64> {
+    let mut body = String::new();
+    for i in keys {
+        body.push_str(&key(*i));
+        body.push('\n');
+    }
+    let req = load::request(Method::POST, addr, &format!("/_/batch/get?bucket={BUCKET}"), Bytes::from(body));
+    let started = Instant::now();
+    let answer = conn.expect_ok(req).await?;
+    let elapsed = started.elapsed();
+    let lengths = batch_lengths(&answer)?;
+    let expected: Vec<Option<usize>> = keys.iter().map(|i| Some(value(*i).len())).collect();
+    if lengths != expected {
+        bail!("the batch answer does not match the {} keys asked for", keys.len());
+    }
+    Ok(ms(elapsed))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The value lengths in a `/_/batch/get` answer (`None` for an absent key).
+fn batch_lengths(mut body: &[u8]) -> anyhow::Result<Vec<Option<usize>>> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        let nl = body.iter().position(|b| *b == b'\n').context("a length line without newline")?;
+        let line = std::str::from_utf8(&body[..nl])?;
+        body = &body[nl + 1..];
+        if line == "-1" {
+            out.push(None);
+            continue;
+        }
+        let len: usize = line.parse().with_context(|| format!("length {line:?}"))?;
+        if body.len() < len + 1 || body[len] != b'\n' {
+            bail!("a value of {len} bytes is cut short");
+        }
+        body = &body[len + 1..];
+        out.push(Some(len));
+    }
+    Ok(out)
+}
+
+/// RocksDB's in-process `multi_get` of the same keys: the floor.
+fn floor(dir: &std::path::Path, scale: Scale, sets: &KeySets, cold: Result<(), String>) -> anyhow::Result<Timings> {
+    let open = || rocksdb::DB::open_default(dir).context("opening the RocksDB floor");
+    let db = open()?;
+    for first in (0..scale.keys).step_by(LOAD_BATCH) {
+        let mut batch = rocksdb::WriteBatch::default();
+        for i in first..(first + LOAD_BATCH).min(scale.keys) {
+            batch.put(key(i), value(i));
+        }
+        db.write(batch)?;
+    }
+    db.flush()?;
+    let get = |db: &rocksdb::DB, keys: &[usize]| -> anyhow::Result<f64> {
+        let names: Vec<String> = keys.iter().map(|i| key(*i)).collect();
+        let started = Instant::now();
+        let values = db.multi_get(&names);
+        let elapsed = started.elapsed();
+        for (i, v) in keys.iter().zip(values) {
+            if v?.map(|v| v.len()) != Some(value(*i).len()) {
+                bail!("RocksDB lost {}", key(*i));
+            }
+        }
+        Ok(ms(elapsed))
+    };
+    let mut warm = Vec::new();
+    for rounds in &sets.sets {
+        let mut times = Vec::new();
+        for (r, keys) in rounds.iter().enumerate() {
+            let t = get(&db, keys)?;
+            if r > 0 {
+                times.push(t);
+            }
+        }
+        warm.push(times);
+    }
+    drop(db);
+    let cold = match cold {
+        Err(why) => Err(why),
+        Ok(()) => {
+            let mut cold = Vec::new();
+            for rounds in &sets.sets {
+                let mut times = Vec::new();
+                for keys in &rounds[1..] {
+                    drop_caches().map_err(anyhow::Error::msg)?;
+                    let db = open()?;
+                    times.push(get(&db, keys)?);
+                }
+                cold.push(times);
+            }
+            Ok(cold)
+        }
+    };
+    Ok(Timings { warm, cold })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_fifty_bytes_give_or_take_five_and_stable() {
+        for i in 0..1000 {
+            let v = value(i);
+            assert!((45..=55).contains(&v.len()), "{}", v.len());
+            assert!(!v.contains(&b'\n'));
+        }
+        assert_eq!(value(42), value(42));
+        assert_ne!(value(1), value(2));
+    }
+
+    #[test]
+    fn batch_answers_are_parsed() {
+        assert_eq!(batch_lengths(b"5\nfirst\n-1\n6\nsecond\n").unwrap(), vec![Some(5), None, Some(6)]);
+        assert_eq!(batch_lengths(b"").unwrap(), vec![]);
+        assert!(batch_lengths(b"9\nshort\n").is_err());
+        assert!(batch_lengths(b"x\n").is_err());
+    }
+
+    #[test]
+    fn key_sets_are_distinct_and_sized() {
+        let sets = KeySets::new(Scale { keys: 20_000, largest_batch: 10_000, rounds: 3 });
+        assert_eq!(sets.sizes.iter().map(|s| s.0).collect::<Vec<_>>(), vec![50, 300, 1000, 10_000]);
+        for (rounds, (n, _)) in sets.sets.iter().zip(&sets.sizes) {
+            assert_eq!(rounds.len(), 4);
+            let mut keys = rounds[0].clone();
+            keys.sort_unstable();
+            keys.dedup();
+            assert_eq!(keys.len(), *n);
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! `depot bench`: re-runs the experiments of the seed write-ups on this
+//! machine, every engine side by side with outside peers, and writes a
+//! report (Markdown tables, JSON, CSV and charts).
+//!
+//! Shared machinery lives here: the settings, the result [`Row`], the
+//! [`DepotServer`] child (`depot serve` of this very executable on a free
+//! port with a scratch data directory), page-cache dropping for cold runs
+//! and disk usage. Each experiment is a module with one `run` function
+//! returning rows: [`http`] (files served at concurrency 100, depot vs
+//! nginx) and [`mget`] (batch gets of random small values, depot vs
+//! RocksDB's own `multi_get`). The load generator is [`load`], the peers
+//! [`nginx`] and `wrk`, the writers [`report`] and [`chart`].
+
+pub mod chart;
+pub mod http;
+pub mod load;
+pub mod machine;
+pub mod mget;
+pub mod nginx;
+pub mod report;
+pub mod stats;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use crate::engine::EngineKind;
+use stats::Summary;
+
+/// The experiments, in report order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Experiment {
+    /// Files of 1 KB, 100 KB and 1 MB over HTTP at concurrency 100, and PUTs
+    /// of new 1 KB keys: depot with each engine vs nginx.
+    Http,
+    /// Batch gets of random keys among many small values: depot with each
+    /// engine vs RocksDB's in-process multi_get.
+    Mget,
+    /// Every experiment above.
+    All,
+}
+
+impl Experiment {
+    const EACH: [Experiment; 2] = [Experiment::Http, Experiment::Mget];
+
+    fn expand(self) -> Vec<Experiment> {
+        match self {
+            Experiment::All => Experiment::EACH.to_vec(),
+            e => vec![e],
+        }
+    }
+}
+
+/// `depot bench` as given on the command line.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Which experiment to run.
+    #[arg(value_enum)]
+    pub experiment: Experiment,
+    /// Scaled down: every experiment in well under a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the report goes (default: bench-results/<UTC time>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Engines to measure, comma-separated (default: all of them).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub engines: Option<Vec<String>>,
+    /// Worker threads of each server, and nginx worker processes
+    /// (default: the number of CPU cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// The PostgreSQL server for the postgres engine (postgres://...).
+    #[arg(long, env = "DEPOT_BENCH_POSTGRES", value_name = "URL", hide_env_values = true)]
+    pub postgres_url: Option<String>,
+}
+
+/// Engines measured when none are named.
+pub const DEFAULT_ENGINES: [&str; 7] = ["hybrid", "fs", "rocksdb", "sqlite", "postgres", "gridfs", "s3"];
+
+/// One engine to measure: the extra `serve` flags it needs, or why it
+/// cannot be measured here.
+#[derive(Clone, Debug)]
+pub struct EngineChoice {
+    pub name: String,
+    pub serve_flags: Result<Vec<String>, String>,
+}
+
+impl EngineChoice {
+    /// How the engine appears in the report.
+    pub fn subject(&self) -> String {
+        format!("depot {}", self.name)
+    }
+}
+
+/// Validated settings of a bench run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub quick: bool,
+    pub threads: usize,
+    pub engines: Vec<EngineChoice>,
+    /// Whether the engines were named by the user (then experiments run
+    /// them even where they would be skipped by default).
+    pub engines_named: bool,
+    /// Where scratch data lives: on the disk the report describes.
+    pub scratch: PathBuf,
+}
+
+impl Settings {
+    fn resolve(args: &BenchArgs, scratch: PathBuf) -> anyhow::Result<Settings> {
+        let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        if threads == 0 {
+            bail!("--threads must be at least 1");
+        }
+        let names: Vec<String> = match &args.engines {
+            Some(list) => list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            None => DEFAULT_ENGINES.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut engines = Vec::new();
+        for name in names {
+            let kind: EngineKind = name.parse().map_err(anyhow::Error::msg)?;
+            let serve_flags = match kind {
+                EngineKind::Gridfs | EngineKind::S3 => Err("engine not built yet".to_string()),
+                EngineKind::Postgres => match &args.postgres_url {
+                    Some(url) => Ok(vec!["--engine-url".to_string(), url.clone()]),
+                    None => Err("no PostgreSQL given (--postgres-url)".to_string()),
+                },
+                _ => Ok(Vec::new()),
+            };
+            engines.push(EngineChoice { name, serve_flags });
+        }
+        Ok(Settings { quick: args.quick, threads, engines, engines_named: args.engines.is_some(), scratch })
+    }
+}
+
+/// One figure of the report, or the reason it could not be measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    pub experiment: String,
+    /// What was done: "GET 1 KB", "1,000 keys".
+    pub case: String,
+    /// Who did it: "depot hybrid", "nginx", "rocksdb multi_get".
+    pub subject: String,
+    /// What was measured, with its unit: "ms/request", "req/s".
+    pub metric: String,
+    /// The median over the rounds.
+    pub value: Option<f64>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    /// The seed write-up's published figure for the same case and metric.
+    pub seed: Option<f64>,
+    /// Whose figure `seed` is.
+    pub seed_source: Option<String>,
+    /// Why there is no value.
+    pub skipped: Option<String>,
+}
+
+impl Row {
+    pub fn measured(experiment: &str, case: &str, subject: &str, metric: &str, s: Summary) -> Row {
+        Row {
+            experiment: experiment.into(),
+            case: case.into(),
+            subject: subject.into(),
+            metric: metric.into(),
+            value: Some(s.median),
+            min: Some(s.min),
+            max: Some(s.max),
+            seed: None,
+            seed_source: None,
+            skipped: None,
+        }
+    }
+
+    /// A figure without spread (a percentile, a ratio).
+    pub fn single(experiment: &str, case: &str, subject: &str, metric: &str, value: f64) -> Row {
+        Row { min: None, max: None, ..Row::measured(experiment, case, subject, metric, Summary::single(value)) }
+    }
+
+    pub fn skipped(experiment: &str, case: &str, subject: &str, metric: &str, why: &str) -> Row {
+        let why = if why.trim().is_empty() { "no reason given" } else { why.trim() };
+        Row {
+            value: None,
+            min: None,
+            max: None,
+            skipped: Some(why.to_string()),
+            ..Row::measured(experiment, case, subject, metric, Summary::single(0.0))
+        }
+    }
+
+    pub fn with_seed(mut self, seed: Option<(f64, &str)>) -> Row {
+        if let Some((value, source)) = seed {
+            self.seed = Some(value);
+            self.seed_source = Some(source.to_string());
+        }
+        self
+    }
+}
+
+/// What an experiment produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExperimentReport {
+    pub name: String,
+    pub title: String,
+    /// How it was measured, for the reader of the report.
+    pub method: Vec<String>,
+    /// The metric drawn in the chart.
+    pub chart_metric: String,
+    pub rows: Vec<Row>,
+}
+
+/// A `depot serve` child of this executable, on a free loopback port.
+pub struct DepotServer {
+    child: Child,
+    pub addr: SocketAddr,
+    pub data: PathBuf,
+    args: Vec<String>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl DepotServer {
+    /// Starts `depot serve --engine ENGINE` on `data` with `threads` workers
+    /// and the engine's extra flags; fails with the server's own error
+    /// when it refuses to start.
+    pub fn start(engine: &str, flags: &[String], data: &Path, threads: usize) -> anyhow::Result<DepotServer> {
+        let mut args: Vec<String> =
+            vec!["serve".into(), "--engine".into(), engine.into(), "--threads".into(), threads.to_string()];
+        args.extend(["--listen", "127.0.0.1:0", "--gc-interval", "0"].map(String::from));
+        args.extend(flags.iter().cloned());
+        let (child, addr, log) = spawn_depot(&args, data)?;
+        Ok(DepotServer { child, addr, data: data.to_path_buf(), args, log })
+    }
+
+    /// Stops the server, runs `between` (dropping caches, say) and starts
+    /// it again on the same data (on a new port).
+    pub fn restart(&mut self, between: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+        self.stop();
+        between()?;
+        let (child, addr, log) = spawn_depot(&self.args, &self.data)?;
+        (self.child, self.addr, self.log) = (child, addr, log);
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The last lines the server logged, for error messages.
+    pub fn log_tail(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+}
+
+impl Drop for DepotServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+const LISTENING: &str = "listening on http://";
+const LOG_LINES_KEPT: usize = 20;
+
+type Spawned = (Child, SocketAddr, Arc<Mutex<Vec<String>>>);
+
+fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
+    // When the executable was replaced on disk while running (a rebuild),
+    // the kernel still has the running one.
+    let exe = std::env::current_exe().ok().filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
+    let mut cmd = Command::new(exe);
+    cmd.args(args).arg("--data").arg(data);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEPOT_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("DEPOT_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().context("starting depot serve")?;
+    let stderr = child.stderr.take().context("no stderr from depot serve")?;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find(LISTENING) {
+                let addr = line[at + LISTENING.len()..].split_whitespace().next().unwrap_or("").to_string();
+                let _ = tx.send(Some(addr));
+            }
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+                if l.len() > LOG_LINES_KEPT {
+                    l.remove(0);
+                }
+            }
+        }
+        let _ = tx.send(None);
+    });
+    let refused = |child: &mut Child, log: &Mutex<Vec<String>>| {
+        let _ = child.kill();
+        let _ = child.wait();
+        let lines = log.lock().map(|l| l.clone()).unwrap_or_default();
+        // The binary reports a failed start as `error: ...` on its last line.
+        match lines.iter().rev().find_map(|l| l.strip_prefix("error: ")) {
+            Some(e) => anyhow::anyhow!("{e}"),
+            None => anyhow::anyhow!("depot serve did not start: {}", lines.join(" / ")),
+        }
+    };
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(Some(addr)) => {
+            let addr = addr.parse().with_context(|| format!("depot serve announced {addr:?}"))?;
+            Ok((child, addr, log))
+        }
+        Ok(None) | Err(_) => {
+            // Give the reader a moment to collect the last lines.
+            std::thread::sleep(Duration::from_millis(100));
+            Err(refused(&mut child, &log))
+        }
+    }
+}
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
+        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().nth(1)) == Some("0")
+    })
+}
+
+/// Writes dirty pages out and empties the page cache, so the next reads
+/// come from the disk; the reason when that is not possible here.
+pub fn drop_caches() -> Result<(), String> {
+    if !is_root() {
+        return Err("needs root".into());
+    }
+    let synced = Command::new("sync").status().map_err(|e| format!("sync: {e}"))?;
+    if !synced.success() {
+        return Err(format!("sync: {synced}"));
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| format!("cannot drop the page cache: {e}"))
+}
+
+/// Bytes a directory tree occupies on disk (allocated blocks, not lengths).
+pub fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => m.blocks() * 512 + disk_usage(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// A program on the PATH, or in the sbin directories Debian puts servers in.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/local/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Groups of digits for big counts: 1000000 -> "1,000,000".
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Progress shown while an experiment runs: one bar of known length.
+pub struct Progress {
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    pub fn new(experiment: &str, steps: u64) -> Progress {
+        let bar = indicatif::ProgressBar::new(steps);
+        let style = indicatif::ProgressStyle::with_template("{prefix:>6} [{bar:30}] {pos}/{len} {elapsed:>4} {msg}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_prefix(experiment.to_string());
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Progress { bar }
+    }
+
+    /// Announces the step now running.
+    pub fn doing(&self, what: &str) {
+        self.bar.set_message(what.to_string());
+    }
+
+    /// Marks `n` steps done.
+    pub fn done(&self, n: u64) {
+        self.bar.inc(n);
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_with_message("done");
+    }
+}
+
+/// `depot bench`.
+pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let out = match &args.out {
+        Some(dir) => dir.clone(),
+        None => PathBuf::from("bench-results").join(report::timestamp_for_path(std::time::SystemTime::now())),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let scratch = tempfile::Builder::new()
+        .prefix(".scratch-")
+        .tempdir_in(&out)
+        .with_context(|| format!("a scratch directory in {}", out.display()))?;
+    let settings = Settings::resolve(args, scratch.path().to_path_buf())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let machine = machine::facts(&out, &settings);
+    let mut experiments = Vec::new();
+    for experiment in args.experiment.expand() {
+        let report = runtime.block_on(async {
+            match experiment {
+                Experiment::Http => http::run(&settings).await,
+                Experiment::Mget => mget::run(&settings).await,
+                Experiment::All => unreachable!("expanded above"),
+            }
+        })?;
+        experiments.push(report);
+    }
+    drop(runtime);
+    drop(scratch);
+    let markdown = report::write_all(&out, &machine, &experiments)?;
+    println!("{markdown}");
+    println!("written to {}", out.display());
+    Ok(())
+}

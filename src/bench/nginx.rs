@@ -1,0 +1,159 @@
+//! nginx as the outside peer: files served from disk the way the seed did
+//! (`sendfile on`, `open_file_cache` off), and WebDAV PUT for the write
+//! half. Runs as a child of the bench with its configuration, pid file,
+//! logs and temporary paths in a scratch directory of its own, and as many
+//! worker processes as depot has worker threads.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::find_program;
+
+/// A running nginx.
+pub struct Nginx {
+    child: Child,
+    pub addr: SocketAddr,
+    /// The document root: a file `root/x` is served as `/x`.
+    pub root: PathBuf,
+    /// Where WebDAV PUTs to `/dav/...` land.
+    pub dav: PathBuf,
+}
+
+/// The configuration: everything nginx writes stays inside `dir`.
+pub fn config(dir: &Path, port: u16, workers: usize) -> String {
+    let d = dir.display();
+    format!(
+        "daemon off;
+master_process on;
+worker_processes {workers};
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    open_file_cache off;
+    keepalive_requests 1000000;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {d}/www;
+        location /dav/ {{
+            dav_methods PUT;
+            create_full_put_path on;
+            client_body_temp_path {d}/tmp/dav;
+        }}
+    }}
+}}
+"
+    )
+}
+
+impl Nginx {
+    /// Starts nginx in `dir` (created) with `workers` worker processes;
+    /// fails with the reason when nginx is absent or will not start.
+    pub fn start(dir: &Path, workers: usize) -> anyhow::Result<Nginx> {
+        let Some(program) = find_program("nginx") else { bail!("nginx not installed (Debian package nginx)") };
+        let root = dir.join("www");
+        let dav = root.join("dav");
+        for d in [dir, &root, &dir.join("tmp")] {
+            std::fs::create_dir_all(d)?;
+            // Worker processes of a root master run as an unprivileged user:
+            // they must be able to read what is served.
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+        }
+        std::fs::create_dir_all(&dav)?;
+        std::fs::set_permissions(&dav, std::fs::Permissions::from_mode(0o777))?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let conf = dir.join("nginx.conf");
+        std::fs::write(&conf, config(dir, port, workers))?;
+        let mut child = Command::new(&program)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+                bail!("nginx exited ({status}): {} {}", err.trim(), log.trim());
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("nginx did not listen on {addr} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Nginx { child, addr, root, dav })
+    }
+
+    /// Puts a file where nginx serves it as `/name`, readable by its workers.
+    pub fn publish(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        let path = self.root.join(name);
+        std::fs::write(&path, bytes)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        Ok(())
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGKILL to the master leaves its workers behind; ask for a fast
+        // shutdown (SIGTERM) through nginx itself, then make sure.
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_keeps_everything_in_its_directory() {
+        let c = config(Path::new("/x/n"), 8123, 3);
+        assert!(c.contains("worker_processes 3;"));
+        assert!(c.contains("listen 127.0.0.1:8123;"));
+        assert!(c.contains("sendfile on;") && c.contains("open_file_cache off;"));
+        assert!(c.contains("dav_methods PUT;"));
+        let paths = ["pid ", "error_log ", "root ", "_temp_path "];
+        let lines: Vec<&str> = c.lines().filter(|l| paths.iter().any(|p| l.contains(p))).collect();
+        assert_eq!(lines.len(), 9, "{lines:?}");
+        for line in lines {
+            assert!(line.contains("/x/n/"), "{line}");
+        }
+    }
+}
