@@ -24,6 +24,7 @@ pub mod fs;
 pub mod hybrid;
 pub mod memory;
 pub mod rocks;
+pub mod sqlite;
 
 use std::fmt;
 use std::pin::Pin;
@@ -284,7 +285,10 @@ impl EngineKind {
 
     /// Whether this build can run the engine.
     pub fn available(self) -> bool {
-        matches!(self, EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory)
+        matches!(
+            self,
+            EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory | EngineKind::Sqlite
+        )
     }
 }
 
@@ -321,6 +325,10 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
         EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open(root)?),
         EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, config.inline_threshold)?),
         EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
+        EngineKind::Sqlite => Arc::new(sqlite::SqliteEngine::open(
+            &root.join("blobs.sqlite"),
+            config.chunk_size.unwrap_or(sqlite::DEFAULT_CHUNK),
+        )?),
         other => {
             return Err(EngineError::other("depot", format!("the {} engine is not built yet", other.name())));
         }
