@@ -23,15 +23,24 @@ const SIZES: [usize; 6] = [0, 700, 40_000, 200_000, 600_000, 2_500_000];
 struct Allowed {
     acked: Option<String>,
     in_flight: Option<String>,
+    /// Whether `acked` was acknowledged in this round.
+    acked_now: bool,
 }
 
 /// Uploads from several clients until the server dies; returns, per key,
-/// the bodies it may hold afterwards.
-async fn upload_until_killed(server: &Server, writers: usize) -> HashMap<String, Allowed> {
+/// the bodies it may hold afterwards. `held` is what keys held before (a
+/// previous round writes the same keys): until overwritten, a key may still
+/// hold that.
+async fn upload_until_killed(
+    server: &Server,
+    writers: usize,
+    held: &HashMap<String, String>,
+) -> HashMap<String, Allowed> {
     let acked: Arc<Mutex<HashMap<String, Allowed>>> = Arc::default();
+    let held = Arc::new(held.clone());
     let mut tasks = Vec::new();
     for w in 0..writers {
-        let (url, acked) = (server.url.clone(), acked.clone());
+        let (url, acked, held) = (server.url.clone(), acked.clone(), held.clone());
         tasks.push(tokio::spawn(async move {
             let http = client();
             for i in 0u64.. {
@@ -39,12 +48,13 @@ async fn upload_until_killed(server: &Server, writers: usize) -> HashMap<String,
                 // Every fifth write overwrites an earlier key.
                 let key = if i % 5 == 4 { format!("w{w}/k{}", i - 2) } else { format!("w{w}/k{i}") };
                 let sha = sha256_hex(&body);
-                acked.lock().unwrap().entry(key.clone()).or_default().in_flight = Some(sha.clone());
+                let before = || Allowed { acked: held.get(&key).cloned(), ..Allowed::default() };
+                acked.lock().unwrap().entry(key.clone()).or_insert_with(before).in_flight = Some(sha.clone());
                 match http.put(format!("{url}/files/{key}")).body(body).send().await {
                     Ok(r) if r.status().is_success() => {
                         let mut all = acked.lock().unwrap();
                         let entry = all.get_mut(&key).unwrap();
-                        (entry.acked, entry.in_flight) = (Some(sha), None);
+                        (entry.acked, entry.in_flight, entry.acked_now) = (Some(sha), None, true);
                     }
                     _ => return,
                 }
@@ -60,27 +70,37 @@ async fn upload_until_killed(server: &Server, writers: usize) -> HashMap<String,
 }
 
 /// Every acknowledged write reads back whole; an unacknowledged one is
-/// either wholly there or not at all.
-async fn assert_survivors(server: &Server, keys: &HashMap<String, Allowed>) {
+/// either wholly there or not at all. Updates `held` to what the keys hold.
+async fn assert_survivors(server: &Server, keys: &HashMap<String, Allowed>, held: &mut HashMap<String, String>) {
     let http = client();
     for (key, allowed) in keys {
         let r = http.get(format!("{}/files/{key}", server.url)).send().await.unwrap();
         if r.status() == 404 {
             assert!(allowed.acked.is_none(), "acknowledged {key} is gone after kill -9");
+            held.remove(key);
             continue;
         }
         assert_eq!(r.status(), 200);
-        let got = Some(sha256_hex(&r.bytes().await.unwrap()));
+        let got = sha256_hex(&r.bytes().await.unwrap());
         assert!(
-            got == allowed.acked || got == allowed.in_flight,
+            allowed.acked.as_ref() == Some(&got) || allowed.in_flight.as_ref() == Some(&got),
             "{key} holds bytes that were never acknowledged nor in flight"
         );
+        held.insert(key.clone(), got);
     }
+}
+
+/// The one number a query on the sqlite engine's database returns, read
+/// beside the running server.
+fn sqlite_count(db: &std::path::Path, query: &str) -> i64 {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    c.query_row(query, [], |r| r.get(0)).unwrap()
 }
 
 async fn kill9_keeps_acknowledged_writes(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    let mut held = HashMap::new();
     for round in 0..2 {
         let mut server = Server::start_in(&data, &["--engine", engine]);
         let killer = {
@@ -90,17 +110,23 @@ async fn kill9_keeps_acknowledged_writes(engine: &str) {
                 let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
             })
         };
-        let keys = upload_until_killed(&server, 6).await;
+        let keys = upload_until_killed(&server, 6, &held).await;
         killer.join().unwrap();
         server.kill9();
-        let acked = keys.values().filter(|a| a.acked.is_some()).count();
+        let acked = keys.values().filter(|a| a.acked_now).count();
         assert!(acked > 10, "{engine} round {round}: only {acked} uploads before the kill");
         let restarted = Server::start_in(&data, &["--engine", engine]);
-        assert_survivors(&restarted, &keys).await;
+        assert_survivors(&restarted, &keys, &mut held).await;
         restarted.assert_no_panic();
-        // Staging space is empty after the restart.
-        let tmp = data.join(engine).join(if engine == "hybrid" { "files/tmp" } else { "tmp" });
-        assert!(files_under(&tmp).is_empty(), "{engine}: staging files survived a restart");
+        // Staging space is empty after the restart: sqlite stages chunks in
+        // its database, the others files in a directory.
+        if engine == "sqlite" {
+            let stray = "SELECT count(*) FROM chunks WHERE id NOT IN (SELECT id FROM blobs)";
+            assert_eq!(sqlite_count(&data.join("sqlite/blobs.sqlite"), stray), 0, "sqlite: staged chunks survived");
+        } else {
+            let tmp = data.join(engine).join(if engine == "hybrid" { "files/tmp" } else { "tmp" });
+            assert!(files_under(&tmp).is_empty(), "{engine}: staging files survived a restart");
+        }
     }
 }
 
@@ -117,6 +143,11 @@ async fn kill9_keeps_acknowledged_writes_fs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_keeps_acknowledged_writes_rocksdb() {
     kill9_keeps_acknowledged_writes("rocksdb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_keeps_acknowledged_writes_sqlite() {
+    kill9_keeps_acknowledged_writes("sqlite").await;
 }
 
 /// A body generated on the fly, never held whole by the client either.
@@ -192,7 +223,7 @@ async fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_disconnects_mid_upload_leaves_nothing() {
-    for engine in ["fs", "hybrid", "rocksdb"] {
+    for engine in ["fs", "hybrid", "rocksdb", "sqlite"] {
         let server = Server::start(&["--engine", engine]);
         let before = files_under(&server.data).len();
         abandon_upload(&server.addr, "gone.bin", 10 << 20, 3 << 20);
@@ -200,6 +231,9 @@ async fn a_client_that_disconnects_mid_upload_leaves_nothing() {
         assert_eq!(r.status(), 404, "{engine}: a cut-off upload became an object");
         let engine_dir = server.data.join(engine);
         let staged = || {
+            if engine == "sqlite" {
+                return sqlite_count(&engine_dir.join("blobs.sqlite"), "SELECT count(*) FROM chunks") > 0;
+            }
             files_under(&engine_dir)
                 .iter()
                 .any(|p| p.strip_prefix(&engine_dir).unwrap().to_string_lossy().contains("tmp/"))

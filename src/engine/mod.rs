@@ -25,6 +25,7 @@ pub mod hybrid;
 pub mod memory;
 pub mod postgres;
 pub mod rocks;
+pub mod sqlite;
 
 use std::fmt;
 use std::pin::Pin;
@@ -287,7 +288,12 @@ impl EngineKind {
     pub fn available(self) -> bool {
         matches!(
             self,
-            EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Memory | EngineKind::Postgres
+            EngineKind::Fs
+                | EngineKind::Rocksdb
+                | EngineKind::Hybrid
+                | EngineKind::Memory
+                | EngineKind::Sqlite
+                | EngineKind::Postgres
         )
     }
 }
@@ -325,6 +331,10 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
         EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open(root)?),
         EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, config.inline_threshold)?),
         EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
+        EngineKind::Sqlite => Arc::new(sqlite::SqliteEngine::open(
+            &root.join("blobs.sqlite"),
+            config.chunk_size.unwrap_or(sqlite::DEFAULT_CHUNK),
+        )?),
         EngineKind::Postgres => {
             let url = config.url.as_deref().ok_or_else(|| {
                 EngineError::other("postgres", "needs --engine-url postgres://user:password@host/database")
