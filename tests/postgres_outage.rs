@@ -63,7 +63,7 @@ async fn a_postgres_restart_under_load_loses_nothing_and_the_node_recovers() {
     }
 
     assert!(ledger.acked_count() > 20, "too few writes to mean anything");
-    let present = ledger.assert_survivors(&server.url).await;
+    let present = ledger.assert_survivors(&server.url).await.len();
     let http = client();
     let metrics = http.get(format!("{}/_/metrics", server.url)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains(&format!("depot_objects {present}\n")), "totals disagree with the objects:\n{metrics}");

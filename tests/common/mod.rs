@@ -207,7 +207,8 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// What a key may hold after a crash or an outage: the last body the
-/// server acknowledged, or a body in flight when it struck (SHA-256s).
+/// server acknowledged (or what it held before, until overwritten), or a
+/// body in flight when it struck (SHA-256s).
 #[derive(Clone, Debug, Default)]
 pub struct Allowed {
     pub acked: Option<String>,
@@ -216,29 +217,45 @@ pub struct Allowed {
 
 /// Writers' record of what they sent and what was acknowledged, per key.
 #[derive(Clone, Default)]
-pub struct Ledger(Arc<Mutex<std::collections::HashMap<String, Allowed>>>);
+pub struct Ledger {
+    keys: Arc<Mutex<std::collections::HashMap<String, Allowed>>>,
+    /// What keys held before this ledger's writes (an earlier round).
+    before: Arc<std::collections::HashMap<String, String>>,
+    acks: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 impl Ledger {
+    /// A ledger for keys that held `before` (key to SHA-256) so far.
+    pub fn after(before: std::collections::HashMap<String, String>) -> Ledger {
+        Ledger { before: Arc::new(before), ..Ledger::default() }
+    }
+
     pub fn sending(&self, key: &str, sha: &str) {
-        self.0.lock().unwrap().entry(key.to_string()).or_default().in_flight = Some(sha.to_string());
+        let mut keys = self.keys.lock().unwrap();
+        let entry = keys
+            .entry(key.to_string())
+            .or_insert_with(|| Allowed { acked: self.before.get(key).cloned(), in_flight: None });
+        entry.in_flight = Some(sha.to_string());
     }
 
     pub fn acked(&self, key: &str, sha: &str) {
-        let mut all = self.0.lock().unwrap();
-        *all.entry(key.to_string()).or_default() = Allowed { acked: Some(sha.to_string()), in_flight: None };
+        self.acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut keys = self.keys.lock().unwrap();
+        keys.insert(key.to_string(), Allowed { acked: Some(sha.to_string()), in_flight: None });
     }
 
+    /// Writes acknowledged through this ledger.
     pub fn acked_count(&self) -> usize {
-        self.0.lock().unwrap().values().filter(|a| a.acked.is_some()).count()
+        self.acks.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Every acknowledged write reads back whole from `base/files/KEY`; an
-    /// unacknowledged one is wholly there or absent. Returns how many keys
-    /// hold an object.
-    pub async fn assert_survivors(&self, base: &str) -> usize {
-        let all = self.0.lock().unwrap().clone();
+    /// unacknowledged one is wholly there or absent. Returns what each key
+    /// that holds an object holds (SHA-256).
+    pub async fn assert_survivors(&self, base: &str) -> std::collections::HashMap<String, String> {
+        let all = self.keys.lock().unwrap().clone();
         let http = client();
-        let mut present = 0;
+        let mut held = std::collections::HashMap::new();
         for (key, allowed) in &all {
             let r = http.get(format!("{base}/files/{key}")).send().await.unwrap();
             if r.status() == 404 {
@@ -246,13 +263,11 @@ impl Ledger {
                 continue;
             }
             assert_eq!(r.status(), 200);
-            let got = Some(sha256_hex(&r.bytes().await.unwrap()));
-            assert!(
-                got == allowed.acked || got == allowed.in_flight,
-                "{key} holds bytes never acknowledged nor in flight"
-            );
-            present += 1;
+            let got = sha256_hex(&r.bytes().await.unwrap());
+            let ok = allowed.acked.as_ref() == Some(&got) || allowed.in_flight.as_ref() == Some(&got);
+            assert!(ok, "{key} holds bytes never acknowledged nor in flight");
+            held.insert(key.clone(), got);
         }
-        present
+        held
     }
 }
