@@ -292,31 +292,19 @@ fn walk_blobs(blobs: &Path, mut visit: impl FnMut(&Path, &fs::Metadata)) -> Resu
     Ok(out)
 }
 
-/// Streams `len` bytes from the file's current position in bounded chunks,
-/// reading on the blocking pool one chunk ahead of the consumer.
-fn read_file_range(file: File, len: u64) -> ByteStream {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(2);
-    tokio::task::spawn_blocking(move || {
-        let mut file = file;
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(IO_CHUNK as u64) as usize;
-            let mut buf = BytesMut::zeroed(n);
-            let item = match file.read_exact(&mut buf) {
-                Ok(()) => Ok(buf.freeze()),
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    Err(EngineError::other(NAME, "blob file is shorter than its record: it was truncated on disk"))
-                }
-                Err(e) => Err(EngineError::io(NAME, e)),
-            };
-            let failed = item.is_err();
-            if tx.blocking_send(item).is_err() || failed {
-                return;
+/// Streams `len` bytes from the file's current position in bounded chunks.
+fn read_file_range(mut file: File, len: u64) -> ByteStream {
+    let pieces = (0..len).step_by(IO_CHUNK).map(move |at| (len - at).min(IO_CHUNK as u64) as usize);
+    super::read_blocking(pieces, move |n| {
+        let mut buf = BytesMut::zeroed(n);
+        match file.read_exact(&mut buf) {
+            Ok(()) => Ok(buf.freeze()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(EngineError::other(NAME, "blob file is shorter than its record: it was truncated on disk"))
             }
-            left -= n as u64;
+            Err(e) => Err(EngineError::io(NAME, e)),
         }
-    });
-    Box::pin(super::channel_stream(rx))
+    })
 }
 
 #[cfg(test)]

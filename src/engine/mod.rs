@@ -239,6 +239,28 @@ pub(crate) fn channel_stream<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// Reads a blob's pieces on the blocking pool, one bounded channel ahead of
+/// the consumer: `read` is called for each of `pieces` in order. The stream
+/// ends after the first error, and reading stops when the consumer goes away.
+pub(crate) fn read_blocking<P, F>(pieces: P, mut read: F) -> ByteStream
+where
+    P: IntoIterator + Send + 'static,
+    P::IntoIter: Send,
+    F: FnMut(P::Item) -> Result<Bytes> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        for piece in pieces {
+            let item = read(piece);
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    });
+    Box::pin(channel_stream(rx))
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;

@@ -279,30 +279,15 @@ impl BlobEngine for RocksEngine {
             .await?;
             return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
         }
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(2);
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            for n in first..=last {
-                let chunk_start = n as u64 * CHUNK as u64;
-                let item = inner
-                    .db
-                    .get_pinned(chunk_key(&head.id, n))
-                    .map_err(db_err)
-                    .and_then(|v| v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing")))
-                    .and_then(|v| {
-                        let from = range.start.saturating_sub(chunk_start) as usize;
-                        let to = ((range.end - chunk_start) as usize).min(v.len());
-                        v.get(from..to)
-                            .map(Bytes::copy_from_slice)
-                            .ok_or_else(|| EngineError::other(NAME, "blob chunk short"))
-                    });
-                let failed = item.is_err();
-                if tx.blocking_send(item).is_err() || failed {
-                    return;
-                }
-            }
-        });
-        Ok(Box::pin(super::channel_stream(rx)))
+        Ok(super::read_blocking(first..=last, move |n| {
+            let chunk_start = n as u64 * CHUNK as u64;
+            let v = inner.db.get_pinned(chunk_key(&head.id, n)).map_err(db_err)?;
+            let v = v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?;
+            let from = range.start.saturating_sub(chunk_start) as usize;
+            let to = ((range.end - chunk_start) as usize).min(v.len());
+            v.get(from..to).map(Bytes::copy_from_slice).ok_or_else(|| EngineError::other(NAME, "blob chunk short"))
+        }))
     }
 
     async fn delete(&self, blob: &BlobRef) -> Result<()> {

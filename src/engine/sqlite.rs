@@ -512,33 +512,24 @@ impl BlobEngine for SqliteEngine {
         }
         let first = range.start / head.chunk;
         let last = (range.end - 1) / head.chunk;
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(2);
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            for n in first..=last {
-                let chunk_start = n * head.chunk;
-                let from = range.start.saturating_sub(chunk_start) as usize;
-                let to = (range.end - chunk_start).min(head.chunk) as usize;
-                let item = inner
-                    .read(|c| {
-                        c.prepare_cached("SELECT data FROM chunks WHERE id = ?1 AND n = ?2")?
-                            .query_row(params![head.id, n as i64], |r| {
-                                Ok(r.get_ref(0)?.as_blob()?.get(from..to).map(Bytes::copy_from_slice))
-                            })
-                            .optional()
+        Ok(super::read_blocking(first..=last, move |n| {
+            let chunk_start = n * head.chunk;
+            let from = range.start.saturating_sub(chunk_start) as usize;
+            let to = (range.end - chunk_start).min(head.chunk) as usize;
+            let found = inner.read(|c| {
+                c.prepare_cached("SELECT data FROM chunks WHERE id = ?1 AND n = ?2")?
+                    .query_row(params![head.id, n as i64], |r| {
+                        Ok(r.get_ref(0)?.as_blob()?.get(from..to).map(Bytes::copy_from_slice))
                     })
-                    .and_then(|found| match found {
-                        Some(Some(bytes)) => Ok(bytes),
-                        Some(None) => Err(EngineError::other(NAME, format!("chunk {n} of blob {} is short", head.id))),
-                        None => Err(EngineError::other(NAME, format!("chunk {n} of blob {} is missing", head.id))),
-                    });
-                let failed = item.is_err();
-                if tx.blocking_send(item).is_err() || failed {
-                    return;
-                }
+                    .optional()
+            })?;
+            match found {
+                Some(Some(bytes)) => Ok(bytes),
+                Some(None) => Err(EngineError::other(NAME, format!("chunk {n} of blob {} is short", head.id))),
+                None => Err(EngineError::other(NAME, format!("chunk {n} of blob {} is missing", head.id))),
             }
-        });
-        Ok(Box::pin(super::channel_stream(rx)))
+        }))
     }
 
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
