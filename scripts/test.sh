@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then checks formatting and lints and runs
-# every test against real processes. Run from anywhere, as root or with sudo.
+# every test against real processes. Run from anywhere, as root (it starts and restarts PostgreSQL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
