@@ -34,6 +34,7 @@ pub async fn run_all(engine: &dyn BlobEngine) {
     abandoned_writes_leave_nothing(engine).await;
     delete_and_stat(engine).await;
     list_reports_every_blob(engine).await;
+    read_small_returns_blobs_in_order(engine).await;
 }
 
 pub async fn round_trip(engine: &dyn BlobEngine) {
@@ -129,4 +130,24 @@ pub async fn list_reports_every_blob(engine: &dyn BlobEngine) {
         let found = listed.iter().find(|i| i.digest == digest);
         assert_eq!(found.map(|i| i.size), Some(size), "{}: list misses {digest}", engine.name());
     }
+}
+
+pub async fn read_small_returns_blobs_in_order(engine: &dyn BlobEngine) {
+    let mut blobs = Vec::new();
+    let mut datas = Vec::new();
+    for (i, len) in [0usize, 50, 4096, 70_000, 300_000].into_iter().enumerate() {
+        let data = pattern(len, 200 + i as u8);
+        blobs.push(engine.put_bytes(data.clone()).await.unwrap());
+        datas.push(data);
+    }
+    // Out of order and with a repeat, as a batch of keys may ask.
+    let order = [3, 0, 4, 1, 2, 1];
+    let asked: Vec<_> = order.iter().map(|i| blobs[*i].clone()).collect();
+    let got = engine.read_small(&asked).await.unwrap();
+    assert_eq!(got.len(), order.len());
+    for (bytes, i) in got.iter().zip(order) {
+        assert!(*bytes == datas[i], "{}: read_small gave the wrong bytes for blob {i}", engine.name());
+    }
+    engine.delete(&blobs[1]).await.unwrap();
+    assert!(engine.read_small(&asked).await.is_err(), "{}: a missing blob must be an error", engine.name());
 }

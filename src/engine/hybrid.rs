@@ -138,6 +138,19 @@ impl BlobEngine for HybridEngine {
         Ok(all)
     }
 
+    async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
+        let (small, large): (Vec<usize>, Vec<usize>) = (0..blobs.len()).partition(|i| blobs[*i].locator == SMALL);
+        let picked = |idx: &[usize]| idx.iter().map(|i| blobs[*i].clone()).collect::<Vec<_>>();
+        let mut out = vec![Bytes::new(); blobs.len()];
+        for (i, bytes) in small.iter().zip(self.small.read_small(&picked(&small)).await?) {
+            out[*i] = bytes;
+        }
+        for (i, bytes) in large.iter().zip(self.large.read_small(&picked(&large)).await?) {
+            out[*i] = bytes;
+        }
+        Ok(out)
+    }
+
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let small = self.small.disk_usage().await?.unwrap_or(0);
         let large = self.large.disk_usage().await?.unwrap_or(0);

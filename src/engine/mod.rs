@@ -202,6 +202,18 @@ pub trait BlobEngine: Send + Sync + 'static {
     async fn disk_usage(&self) -> Result<Option<u64>> {
         Ok(None)
     }
+
+    /// Many small blobs whole, in order, for batch answers (the answer is
+    /// held in memory, so callers pass small blobs only). The default reads
+    /// them one after another; an engine that can fetch many values in one
+    /// call does so.
+    async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
+        let mut out = Vec::with_capacity(blobs.len());
+        for blob in blobs {
+            out.push(self.read_to_vec(blob, ByteRange::full(blob.size)).await?.into());
+        }
+        Ok(out)
+    }
 }
 
 /// Conveniences every engine gets from the required operations.

@@ -340,6 +340,36 @@ impl BlobEngine for RocksEngine {
         .await
     }
 
+    /// Heads, then chunks, each fetched with one `multi_get` on one trip to
+    /// the blocking pool.
+    async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
+        let inner = self.inner.clone();
+        let digests: Vec<Digest> = blobs.iter().map(|b| b.digest).collect();
+        blocking(move || {
+            let heads = inner.db.multi_get(digests.iter().map(head_key));
+            let mut keys = Vec::new();
+            for (digest, head) in digests.iter().zip(heads) {
+                let head = Head::decode(&head.map_err(db_err)?.ok_or(EngineError::NotFound(*digest))?)?;
+                let chunks = head.size.div_ceil(CHUNK as u64).max(1) as u32;
+                keys.push((0..chunks).map(|n| chunk_key(&head.id, n)).collect::<Vec<_>>());
+            }
+            let values = inner.db.multi_get(keys.iter().flatten());
+            let mut values = values.into_iter();
+            let mut out = Vec::with_capacity(keys.len());
+            for chunk_keys in &keys {
+                let mut blob = BytesMut::new();
+                for value in values.by_ref().take(chunk_keys.len()) {
+                    blob.extend_from_slice(
+                        &value.map_err(db_err)?.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?,
+                    );
+                }
+                out.push(blob.freeze());
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let inner = self.inner.clone();
         blocking(move || {

@@ -414,6 +414,18 @@ impl Store {
         self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size)).await
     }
 
+    /// Many small blobs whole, in order, in as few engine calls as the
+    /// engine allows: for batch answers.
+    pub async fn read_small(&self, blobs: &[BlobRecord]) -> Result<Vec<Bytes>> {
+        let refs: Vec<BlobRef> = blobs.iter().map(BlobRecord::blob_ref).collect();
+        self.engine.read_small(&refs).await.map_err(|e| match e {
+            EngineError::NotFound(d) => {
+                StoreError::Internal(format!("blob {d} is in the catalog but its bytes are missing"))
+            }
+            e => e.into(),
+        })
+    }
+
     /// Starts a batch of puts that commit together.
     pub fn batch(&self, bucket: &str) -> Result<PutBatch<'_>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
