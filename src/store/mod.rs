@@ -137,6 +137,32 @@ struct Written {
     guard: guards::Guard,
 }
 
+impl Written {
+    /// The record of a one-blob object holding these bytes.
+    fn record(&self, key: &str, content_type: Option<String>, metadata: Vec<(String, String)>) -> ObjectRecord {
+        ObjectRecord {
+            key: key.to_string(),
+            size: self.blob.size,
+            parts: vec![Part { digest: self.blob.digest, size: self.blob.size }],
+            etag: hex::encode(self.md5),
+            sha256: self.blob.digest,
+            content_type: content_type.unwrap_or_else(|| guess_content_type(key)),
+            modified: now_millis(),
+            metadata,
+        }
+    }
+}
+
+/// An engine's "not found" for a blob the catalog has: lost bytes, a 500.
+fn missing_bytes(e: EngineError) -> StoreError {
+    match e {
+        EngineError::NotFound(d) => {
+            StoreError::Internal(format!("blob {d} is in the catalog but its bytes are missing"))
+        }
+        e => e.into(),
+    }
+}
+
 /// What one pass of the collector did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GcReport {
@@ -239,16 +265,7 @@ impl Store {
             }
         }
         let written = self.note(self.write_blob(body, opts.content_length, opts.expected_sha256).await)?;
-        let record = ObjectRecord {
-            key: key.to_string(),
-            size: written.blob.size,
-            parts: vec![Part { digest: written.blob.digest, size: written.blob.size }],
-            etag: hex::encode(written.md5),
-            sha256: written.blob.digest,
-            content_type: opts.content_type.unwrap_or_else(|| guess_content_type(key)),
-            modified: now_millis(),
-            metadata: opts.metadata,
-        };
+        let record = written.record(key, opts.content_type, opts.metadata);
         let put = ObjectPut {
             bucket: bucket.to_string(),
             record: record.clone(),
@@ -362,12 +379,7 @@ impl Store {
     }
 
     async fn read_blob_range(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
-        self.engine.read(blob, range).await.map_err(|e| match e {
-            EngineError::NotFound(d) => {
-                StoreError::Internal(format!("blob {d} is in the catalog but its bytes are missing"))
-            }
-            e => e.into(),
-        })
+        self.engine.read(blob, range).await.map_err(missing_bytes)
     }
 
     pub async fn delete(&self, bucket: &str, key: &str, precondition: &Precondition) -> Result<ObjectRecord> {
@@ -418,12 +430,7 @@ impl Store {
     /// engine allows: for batch answers.
     pub async fn read_small(&self, blobs: &[BlobRecord]) -> Result<Vec<Bytes>> {
         let refs: Vec<BlobRef> = blobs.iter().map(BlobRecord::blob_ref).collect();
-        self.engine.read_small(&refs).await.map_err(|e| match e {
-            EngineError::NotFound(d) => {
-                StoreError::Internal(format!("blob {d} is in the catalog but its bytes are missing"))
-            }
-            e => e.into(),
-        })
+        self.engine.read_small(&refs).await.map_err(missing_bytes)
     }
 
     /// Starts a batch of puts that commit together.
@@ -516,16 +523,7 @@ impl PutBatch<'_> {
     {
         names::check_key(key).map_err(StoreError::InvalidKey)?;
         let written = self.store.note(self.store.write_blob(body, Some(len), None).await)?;
-        let record = ObjectRecord {
-            key: key.to_string(),
-            size: written.blob.size,
-            parts: vec![Part { digest: written.blob.digest, size: written.blob.size }],
-            etag: hex::encode(written.md5),
-            sha256: written.blob.digest,
-            content_type: guess_content_type(key),
-            modified: now_millis(),
-            metadata: Vec::new(),
-        };
+        let record = written.record(key, None, Vec::new());
         self.entries.push((record, written));
         Ok(())
     }
