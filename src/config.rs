@@ -10,8 +10,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use crate::catalog::CatalogKind;
-use crate::engine::EngineKind;
 use crate::engine::hybrid::DEFAULT_THRESHOLD;
+use crate::engine::{EngineConfig, EngineKind, S3Config};
 
 /// One access key and its secret.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -35,18 +35,34 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "DEPOT_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// Blob engine: hybrid, fs, rocksdb, sqlite, postgres or memory.
+    /// Blob engine: hybrid, fs, rocksdb, sqlite, postgres, gridfs, s3 or memory.
     #[arg(long, env = "DEPOT_ENGINE", value_name = "NAME")]
     pub engine: Option<String>,
-    /// The engine's server, for engines that use one (postgres://...).
+    /// The engine's server, for engines that use one (postgres://...,
+    /// mongodb://host/database, http://s3-host:port).
     #[arg(long, env = "DEPOT_ENGINE_URL", value_name = "URL")]
     pub engine_url: Option<String>,
     /// Catalog: rocksdb (embedded, the default) or a postgres:// URL.
     #[arg(long, env = "DEPOT_CATALOG", value_name = "URL")]
     pub catalog: Option<String>,
-    /// Bytes per stored chunk for the sqlite and postgres engines.
-    #[arg(long, env = "DEPOT_CHUNK_SIZE", value_name = "BYTES")]
+    /// Bytes per stored chunk for the sqlite, postgres and gridfs engines.
+    #[arg(long, alias = "gridfs-chunk-size", env = "DEPOT_CHUNK_SIZE", value_name = "BYTES")]
     pub chunk_size: Option<usize>,
+    /// The gridfs engine's bucket: collections BUCKET.files and BUCKET.chunks.
+    #[arg(long, env = "DEPOT_GRIDFS_BUCKET", value_name = "NAME")]
+    pub gridfs_bucket: Option<String>,
+    /// The s3 engine's bucket.
+    #[arg(long, env = "DEPOT_S3_BUCKET", value_name = "NAME")]
+    pub s3_bucket: Option<String>,
+    /// The s3 engine's region (default: AWS_REGION, else us-east-1).
+    #[arg(long, env = "DEPOT_S3_REGION", value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// The s3 engine's access key id (default: AWS_ACCESS_KEY_ID).
+    #[arg(long, env = "DEPOT_S3_ACCESS_KEY", value_name = "KEY")]
+    pub s3_access_key: Option<String>,
+    /// The s3 engine's secret (default: AWS_SECRET_ACCESS_KEY).
+    #[arg(long, env = "DEPOT_S3_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
+    pub s3_secret_key: Option<String>,
     /// Largest blob the hybrid engine keeps in RocksDB, in bytes.
     #[arg(long, env = "DEPOT_INLINE_THRESHOLD", value_name = "BYTES")]
     pub inline_threshold: Option<u64>,
@@ -83,6 +99,11 @@ struct FileSettings {
     engine_url: Option<String>,
     catalog: Option<String>,
     chunk_size: Option<usize>,
+    gridfs_bucket: Option<String>,
+    s3_bucket: Option<String>,
+    s3_region: Option<String>,
+    s3_access_key: Option<String>,
+    s3_secret_key: Option<String>,
     inline_threshold: Option<u64>,
     threads: Option<usize>,
     gc_grace: Option<u64>,
@@ -98,10 +119,8 @@ pub struct Settings {
     pub data: PathBuf,
     pub listen: SocketAddr,
     pub engine: EngineKind,
-    pub engine_url: Option<String>,
+    pub engine_config: EngineConfig,
     pub catalog: CatalogKind,
-    pub chunk_size: Option<usize>,
-    pub inline_threshold: u64,
     pub threads: usize,
     pub gc_grace: Duration,
     pub gc_interval: Duration,
@@ -145,7 +164,18 @@ impl Settings {
             data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
             engine,
-            engine_url: args.engine_url.clone().or(file.engine_url),
+            engine_config: EngineConfig {
+                inline_threshold: args.inline_threshold.or(file.inline_threshold).unwrap_or(DEFAULT_THRESHOLD),
+                url: args.engine_url.clone().or(file.engine_url),
+                chunk_size: args.chunk_size.or(file.chunk_size),
+                gridfs_bucket: args.gridfs_bucket.clone().or(file.gridfs_bucket),
+                s3: S3Config {
+                    bucket: args.s3_bucket.clone().or(file.s3_bucket),
+                    region: args.s3_region.clone().or(file.s3_region),
+                    access_key: args.s3_access_key.clone().or(file.s3_access_key),
+                    secret_key: args.s3_secret_key.clone().or(file.s3_secret_key),
+                },
+            },
             catalog: args
                 .catalog
                 .clone()
@@ -154,8 +184,6 @@ impl Settings {
                 .unwrap_or("rocksdb")
                 .parse()
                 .map_err(anyhow::Error::msg)?,
-            chunk_size: args.chunk_size.or(file.chunk_size),
-            inline_threshold: args.inline_threshold.or(file.inline_threshold).unwrap_or(DEFAULT_THRESHOLD),
             threads,
             gc_grace: Duration::from_secs(args.gc_grace.or(file.gc_grace).unwrap_or(3600)),
             gc_interval: Duration::from_secs(args.gc_interval.or(file.gc_interval).unwrap_or(600)),
@@ -188,7 +216,7 @@ mod tests {
         assert_eq!(s.data, PathBuf::from("depot-data"));
         assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(s.engine, EngineKind::Hybrid);
-        assert_eq!(s.inline_threshold, DEFAULT_THRESHOLD);
+        assert_eq!(s.engine_config.inline_threshold, DEFAULT_THRESHOLD);
     }
 
     #[test]

@@ -77,10 +77,10 @@ fn collect(e: &ExperimentReport) -> Data {
         if r.value.is_some() && !names.contains(&r.subject) {
             names.push(r.subject.clone());
         }
-        if let (Some(_), Some(src)) = (r.seed, &r.seed_source) {
-            if !seeds.contains(src) {
-                seeds.push(src.clone());
-            }
+        if let (Some(_), Some(src)) = (r.seed, &r.seed_source)
+            && !seeds.contains(src)
+        {
+            seeds.push(src.clone());
         }
     }
     let measured = names.iter().enumerate().map(|(i, name)| Series {

@@ -48,12 +48,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
             PostgresCatalog::connect(url).await.map_err(|e| anyhow::anyhow!("opening the PostgreSQL catalog: {e}"))?,
         ),
     };
-    let config = engine::EngineConfig {
-        inline_threshold: settings.inline_threshold,
-        url: settings.engine_url.clone(),
-        chunk_size: settings.chunk_size,
-    };
-    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &config).await?;
+    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
     let config = StoreConfig { gc_grace: settings.gc_grace };
     Ok(Store::open(catalog, engine, config).await?)
 }

@@ -351,11 +351,36 @@ pub type DynEngine = Arc<dyn BlobEngine>;
 pub struct EngineConfig {
     /// Largest blob `hybrid` keeps in RocksDB.
     pub inline_threshold: u64,
-    /// The server of engines that use one (`postgres://...`).
+    /// The server of engines that use one (`postgres://...`,
+    /// `mongodb://.../database`, `http://s3-host:port`).
     pub url: Option<String>,
-    /// Bytes per stored chunk for the chunking SQL engines; `None`: the
-    /// engine's default.
+    /// Bytes per stored chunk for the chunking engines (sqlite, postgres,
+    /// gridfs); `None`: the engine's default.
     pub chunk_size: Option<usize>,
+    /// The GridFS bucket (collection prefix); `None`: `fs`.
+    pub gridfs_bucket: Option<String>,
+    pub s3: S3Config,
+}
+
+/// Where the `s3` engine keeps blobs and how it signs in. Fields left
+/// `None` fall back to the standard `AWS_*` environment variables.
+#[derive(Clone, Default)]
+pub struct S3Config {
+    pub bucket: Option<String>,
+    pub region: Option<String>,
+    pub access_key: Option<String>,
+    pub secret_key: Option<String>,
+}
+
+impl fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &self.secret_key.as_ref().map(|_| "hidden"))
+            .finish()
+    }
 }
 
 /// Opens an engine of `kind`, with its files (if any) under `root`.

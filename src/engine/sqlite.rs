@@ -437,10 +437,10 @@ impl BlobWriter for SqliteWriter {
                 // next open remove the chunks.
                 Err(FinishFailure::Commit(_)) => None,
             };
-            if let Some(id) = cleanup {
-                if let Err(e) = inner.purge(id, inner.chunk) {
-                    tracing::warn!("sqlite engine: chunks {id} left for the next start to remove: {e}");
-                }
+            if let Some(id) = cleanup
+                && let Err(e) = inner.purge(id, inner.chunk)
+            {
+                tracing::warn!("sqlite engine: chunks {id} left for the next start to remove: {e}");
             }
             match outcome {
                 Ok((size, _)) => Ok(BlobRef { digest, size, locator: Vec::new() }),

@@ -57,10 +57,10 @@ pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators
         if !ok {
             return Verdict::Failed;
         }
-    } else if let (Some(since), Some(c)) = (date(headers, &header::IF_UNMODIFIED_SINCE), current) {
-        if secs(c.modified) > secs(since) {
-            return Verdict::Failed;
-        }
+    } else if let (Some(since), Some(c)) = (date(headers, &header::IF_UNMODIFIED_SINCE), current)
+        && secs(c.modified) > secs(since)
+    {
+        return Verdict::Failed;
     }
     if let Some(v) = header_str(headers, &header::IF_NONE_MATCH) {
         let tags = etag_list(v);
@@ -68,10 +68,10 @@ pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators
         if matched {
             return if read { Verdict::NotModified } else { Verdict::Failed };
         }
-    } else if let (true, Some(since), Some(c)) = (read, date(headers, &header::IF_MODIFIED_SINCE), current) {
-        if secs(c.modified) <= secs(since) {
-            return Verdict::NotModified;
-        }
+    } else if let (true, Some(since), Some(c)) = (read, date(headers, &header::IF_MODIFIED_SINCE), current)
+        && secs(c.modified) <= secs(since)
+    {
+        return Verdict::NotModified;
     }
     Verdict::Proceed
 }

@@ -203,10 +203,10 @@ impl Store {
 
     /// Records a failure; a failed sync disables writes from now on.
     fn note<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(StoreError::WritesDisabled(m)) = &r {
-            if !self.poisoned.swap(true, Ordering::SeqCst) {
-                tracing::error!("a sync failed; refusing writes until restart: {m}");
-            }
+        if let Err(StoreError::WritesDisabled(m)) = &r
+            && !self.poisoned.swap(true, Ordering::SeqCst)
+        {
+            tracing::error!("a sync failed; refusing writes until restart: {m}");
         }
         r
     }
