@@ -43,6 +43,7 @@ pub async fn run_all(catalog: &dyn Catalog) {
     listing(catalog).await;
     dead_blobs_wait_for_grace(catalog).await;
     concurrent_same_content(catalog).await;
+    blobs_are_listed_and_moved(catalog).await;
 }
 
 pub async fn buckets(c: &dyn Catalog) {
@@ -200,4 +201,28 @@ pub async fn concurrent_same_content(c: &dyn Catalog) {
     let fresh = outcomes.iter().filter(|o| !o.as_ref().unwrap().deduplicated).count();
     assert_eq!(fresh, 1, "exactly one put stores the blob");
     assert_eq!(c.get_blob(&digest(60)).await.unwrap().unwrap().refs, 20);
+}
+
+pub async fn blobs_are_listed_and_moved(c: &dyn Catalog) {
+    c.create_bucket("move", false).await.unwrap();
+    c.put_object(put("move", "a", &[blob(200, 1), blob(201, 2), blob(202, 3)])).await.unwrap();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = c.list_blobs(after, 2).await.unwrap();
+        assert!(page.len() <= 2);
+        let Some(last) = page.last() else { break };
+        after = Some(last.digest);
+        seen.extend(page.iter().map(|b| b.digest));
+    }
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "blobs come in digest order, each once");
+    for n in 200..=202 {
+        assert!(seen.contains(&digest(n)), "blob {n} listed");
+    }
+    c.set_locators(&[(digest(201), b"moved".to_vec()), (digest(203), b"absent".to_vec())]).await.unwrap();
+    let blobs = c.get_blobs(&[digest(200), digest(201), digest(203)]).await.unwrap();
+    assert_eq!(blobs[0].as_ref().unwrap().locator, vec![200]);
+    let moved = blobs[1].as_ref().unwrap();
+    assert_eq!((moved.locator.as_slice(), moved.refs, moved.size), (&b"moved"[..], 1, 2));
+    assert!(blobs[2].is_none(), "setting a locator creates no record");
 }

@@ -257,6 +257,14 @@ pub trait Catalog: Send + Sync + 'static {
     async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool>;
 
     async fn stats(&self) -> Result<CatalogStats>;
+
+    /// Up to `limit` blob records with digests greater than `after`, in
+    /// digest order: for maintenance that visits every blob.
+    async fn list_blobs(&self, after: Option<Digest>, limit: usize) -> Result<Vec<BlobRecord>>;
+
+    /// Records that blobs now live at new locators, after their bytes moved
+    /// to another engine. Digests without a record are skipped.
+    async fn set_locators(&self, moved: &[(Digest, Locator)]) -> Result<()>;
 }
 
 /// Conveniences over the required operations.

@@ -32,7 +32,7 @@ use super::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
     ObjectRecord, Precondition, PutOutcome, Result, decode, encode, now_millis,
 };
-use crate::engine::{BlobRef, Digest};
+use crate::engine::{BlobRef, Digest, Locator};
 use crate::pg::{self, PgError};
 
 /// Runs the block in a transaction (`$txn` names it), committing on
@@ -470,6 +470,35 @@ impl Catalog for PostgresCatalog {
             let stats = CatalogStats { blobs: -1, blob_bytes: -row.get::<_, i64>(0), ..Default::default() };
             add_stats(txn, &stats).await?;
             Ok(true)
+        })
+    }
+
+    async fn list_blobs(&self, after: Option<Digest>, limit: usize) -> Result<Vec<BlobRecord>> {
+        let after = after.map(|d| d.0.to_vec()).unwrap_or_default();
+        let after = &after;
+        in_txn!(self.pool, "listing blobs", |txn| {
+            let rows = txn
+                .query(
+                    "SELECT * FROM depot_catalog_blobs WHERE digest > $1 ORDER BY digest LIMIT $2",
+                    &[after, &(limit as i64)],
+                )
+                .await?;
+            rows.iter().map(blob_from_row).collect()
+        })
+    }
+
+    async fn set_locators(&self, moved: &[(Digest, Locator)]) -> Result<()> {
+        let digests: Vec<&[u8]> = moved.iter().map(|(d, _)| &d.0[..]).collect();
+        let locators: Vec<&[u8]> = moved.iter().map(|(_, l)| &l[..]).collect();
+        let (digests, locators) = (&digests, &locators);
+        in_txn!(self.pool, "moving blobs", |txn| {
+            txn.execute(
+                "UPDATE depot_catalog_blobs AS b SET locator = m.locator
+                     FROM unnest($1::bytea[], $2::bytea[]) AS m(digest, locator) WHERE b.digest = m.digest",
+                &[digests, locators],
+            )
+            .await?;
+            Ok(())
         })
     }
 

@@ -32,7 +32,7 @@ use super::{
     ObjectRecord, Precondition, PutOutcome, Result, now_millis,
 };
 use super::{decode, encode};
-use crate::engine::{BlobRef, Digest};
+use crate::engine::{BlobRef, Digest, Locator};
 
 const STRIPES: usize = 1024;
 const STATS_KEY: &[u8] = b"stats";
@@ -538,6 +538,45 @@ impl Catalog for RocksCatalog {
                 }
                 _ => Ok(false),
             }
+        })
+        .await
+    }
+
+    async fn list_blobs(&self, after: Option<Digest>, limit: usize) -> Result<Vec<BlobRecord>> {
+        self.blocking(move |inner| {
+            let mode = match &after {
+                Some(d) => IteratorMode::From(&d.0, rocksdb::Direction::Forward),
+                None => IteratorMode::Start,
+            };
+            let mut out = Vec::new();
+            for item in inner.db.iterator_cf(inner.cf("blobs"), mode) {
+                let (k, v) = item.map_err(err)?;
+                let digest = Digest(k[..].try_into().map_err(err)?);
+                if Some(digest) == after {
+                    continue;
+                }
+                if out.len() >= limit {
+                    break;
+                }
+                out.push(BlobRecord { digest, ..decode(&v)? });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn set_locators(&self, moved: &[(Digest, Locator)]) -> Result<()> {
+        let moved = moved.to_vec();
+        self.blocking(move |inner| {
+            let digests: Vec<Digest> = moved.iter().map(|(d, _)| *d).collect();
+            let _lock = inner.lock(&inner.digest_stripes, &digests);
+            let mut batch = WriteBatch::default();
+            for (digest, locator) in moved {
+                if let Some(b) = inner.read_blob(&digest)? {
+                    batch.put_cf(inner.cf("blobs"), digest.0, encode(&BlobRecord { locator, ..b }));
+                }
+            }
+            inner.commit(batch)
         })
         .await
     }
