@@ -27,8 +27,8 @@ const BAR_FROM: u64 = 1024 * 1024;
 const KEY: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
-struct Client {
-    base: String,
+pub(crate) struct Client {
+    pub(crate) base: String,
     http: reqwest::Client,
     secret: Option<String>,
 }
@@ -40,7 +40,7 @@ struct ErrorBody {
 }
 
 impl Client {
-    fn new(args: &ClientArgs) -> anyhow::Result<Client> {
+    pub(crate) fn new(args: &ClientArgs) -> anyhow::Result<Client> {
         let base = args.server.trim_end_matches('/').to_string();
         if !base.starts_with("http://") {
             bail!("--server must be an http:// URL, got {base:?}");
@@ -48,11 +48,11 @@ impl Client {
         Ok(Client { base, http: reqwest::Client::new(), secret: args.secret.clone() })
     }
 
-    fn url(&self, bucket: &str, key: &str) -> String {
+    pub(crate) fn url(&self, bucket: &str, key: &str) -> String {
         format!("{}/{}/{}", self.base, bucket, percent_encoding::utf8_percent_encode(key, KEY))
     }
 
-    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
         let r = self.http.request(method, url);
         match &self.secret {
             Some(s) => r.bearer_auth(s),
@@ -60,7 +60,7 @@ impl Client {
         }
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+    pub(crate) async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
         let resp = req.send().await.with_context(|| format!("cannot reach the depot server at {}", self.base))?;
         if resp.status().is_success() {
             return Ok(resp);
@@ -74,7 +74,7 @@ impl Client {
 }
 
 /// Splits `bucket/key` (the key may be empty).
-fn split_target(target: &str) -> (&str, &str) {
+pub(crate) fn split_target(target: &str) -> (&str, &str) {
     target.split_once('/').unwrap_or((target, ""))
 }
 

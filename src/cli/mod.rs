@@ -2,6 +2,7 @@
 //! help, and a dispatcher to the commands.
 
 pub mod client;
+pub mod import;
 pub mod serve;
 
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use clap::{Parser, Subcommand};
 use crate::bench::BenchArgs;
 use crate::config::ServeArgs;
 use client::ClientArgs;
+use import::ImportArgs;
 
 /// depot: a content-addressed file server over every storage engine.
 #[derive(Debug, Parser)]
@@ -27,6 +29,9 @@ pub enum Command {
     /// Re-run the seed experiments on this machine, every engine beside
     /// nginx and RocksDB; writes a report with tables and charts.
     Bench(BenchArgs),
+    /// Copy files into depot from a directory tree, a GridFS bucket or an
+    /// S3 bucket: depot import SOURCE BUCKET[/PREFIX]
+    Import(ImportArgs),
     /// Remove unreferenced blobs past their grace period, and orphaned bytes
     /// (run it while the server is stopped; the server also does it itself).
     Gc(ServeArgs),
@@ -66,6 +71,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(&args),
         Command::Bench(args) => crate::bench::bench(&args),
         Command::Gc(args) => serve::gc(&args),
+        Command::Import(args) => import::import(&args),
         Command::Put { client, paths } => client::put(&client, &paths),
         Command::Get { client, target, out } => client::get(&client, &target, out.as_deref()),
         Command::Ls { client, target } => client::ls(&client, target.as_deref()),

@@ -166,12 +166,24 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
             metadata.push((meta.to_string(), value.to_string()));
         }
     }
+    let modified = match headers.get("x-depot-modified") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| httpdate::parse_http_date(v).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64)
+                .ok_or_else(|| ApiError::bad_request("X-Depot-Modified must be an HTTP date"))?,
+        ),
+    };
     let opts = PutOptions {
         content_length: content_length(headers),
         content_type: headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string),
         expected_sha256,
         precondition,
         metadata,
+        modified,
     };
     let body = req.into_body().into_data_stream();
     let put = app.store.put(bucket, key, body, opts).await?;

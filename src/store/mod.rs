@@ -21,7 +21,7 @@ use md5::Digest as _;
 
 use crate::catalog::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, ObjectPut,
-    ObjectRecord, Part, Precondition, now_millis, to_millis,
+    Millis, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineError};
 use guards::BlobGuards;
@@ -118,6 +118,9 @@ pub struct PutOptions {
     pub expected_sha256: Option<Digest>,
     pub precondition: Precondition,
     pub metadata: Vec<(String, String)>,
+    /// The modification time to record instead of now: imports keep their
+    /// source's dates.
+    pub modified: Option<Millis>,
 }
 
 /// What a put did.
@@ -265,7 +268,10 @@ impl Store {
             }
         }
         let written = self.note(self.write_blob(body, opts.content_length, opts.expected_sha256).await)?;
-        let record = written.record(key, opts.content_type, opts.metadata);
+        let mut record = written.record(key, opts.content_type, opts.metadata);
+        if let Some(modified) = opts.modified {
+            record.modified = modified;
+        }
         let put = ObjectPut {
             bucket: bucket.to_string(),
             record: record.clone(),

@@ -1,0 +1,379 @@
+//! `depot import SOURCE BUCKET[/PREFIX]`: copies what another store holds
+//! into depot through its HTTP API, so it works against any running server
+//! (one node or several) and every upload gets the checks a client's would.
+//!
+//! Sources: a directory tree (relative paths become keys), a GridFS bucket
+//! (`mongodb://host/database`; filename becomes the key, contentType and
+//! uploadDate are kept) and an S3 bucket (`s3://bucket/prefix`; keys, content
+//! types and dates are kept). Each object keeps its source's modification
+//! time, so a re-run skips what is already there the way `rsync` does: same
+//! key, same size, same modification time.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use mongodb::bson::{Bson, Document, doc};
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::client::{Client, ClientArgs, split_target};
+
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// What to import: a directory, mongodb://host:port/database (a GridFS
+    /// bucket) or s3://bucket[/prefix].
+    pub source: String,
+    /// Where in depot: BUCKET or BUCKET/PREFIX/ (the bucket is created when
+    /// missing).
+    pub target: String,
+    /// Uploads in flight at once.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub jobs: usize,
+    /// The GridFS bucket of a mongodb:// source.
+    #[arg(long, default_value = "fs", value_name = "NAME")]
+    pub gridfs_bucket: String,
+    /// The endpoint of an s3:// source (default: AWS_ENDPOINT_URL, else AWS).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// The region of an s3:// source (default: AWS_REGION, else us-east-1).
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Access key id for an s3:// source (default: AWS_ACCESS_KEY_ID).
+    #[arg(long, value_name = "KEY")]
+    pub s3_access_key: Option<String>,
+    /// Secret for an s3:// source (default: AWS_SECRET_ACCESS_KEY).
+    #[arg(long, value_name = "SECRET")]
+    pub s3_secret_key: Option<String>,
+}
+
+/// One thing to copy, as the source lists it.
+struct Item {
+    /// The key below the target prefix.
+    key: String,
+    size: u64,
+    modified: Option<SystemTime>,
+    content_type: Option<String>,
+    origin: Origin,
+}
+
+enum Origin {
+    File(PathBuf),
+    GridFs(Bson),
+    S3(object_store::path::Path),
+}
+
+enum Source {
+    Dir(PathBuf),
+    GridFs(mongodb::gridfs::GridFsBucket, mongodb::Collection<Document>),
+    S3(Arc<dyn ObjectStore>, Option<object_store::path::Path>),
+}
+
+type Body = std::pin::Pin<Box<dyn Stream<Item = anyhow::Result<Bytes>> + Send>>;
+
+impl Source {
+    async fn open(args: &ImportArgs) -> anyhow::Result<Source> {
+        let source = args.source.as_str();
+        if source.starts_with("mongodb://") || source.starts_with("mongodb+srv://") {
+            let client = mongodb::Client::with_uri_str(source).await.context("connecting to the GridFS source")?;
+            let db = client
+                .default_database()
+                .with_context(|| format!("{source} names no database: use mongodb://host:port/DATABASE"))?;
+            let bucket =
+                db.gridfs_bucket(mongodb::options::GridFsBucketOptions::builder().bucket_name(args.gridfs_bucket.clone()).build());
+            let files = db.collection::<Document>(&format!("{}.files", args.gridfs_bucket));
+            return Ok(Source::GridFs(bucket, files));
+        }
+        if let Some(rest) = source.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                bail!("give the S3 source as s3://BUCKET or s3://BUCKET/PREFIX");
+            }
+            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+            if let Some(e) = &args.s3_endpoint {
+                builder = builder.with_endpoint(e).with_allow_http(true);
+            }
+            if let Some(r) = &args.s3_region {
+                builder = builder.with_region(r);
+            }
+            if let Some(k) = &args.s3_access_key {
+                builder = builder.with_access_key_id(k);
+            }
+            if let Some(s) = &args.s3_secret_key {
+                builder = builder.with_secret_access_key(s);
+            }
+            let store = builder.build().context("configuring the S3 source")?;
+            let prefix = (!prefix.is_empty()).then(|| object_store::path::Path::from(prefix));
+            return Ok(Source::S3(Arc::new(store), prefix));
+        }
+        let dir = PathBuf::from(source);
+        if !dir.is_dir() {
+            bail!("{source} is not a directory, a mongodb:// URL or an s3:// URL");
+        }
+        Ok(Source::Dir(dir))
+    }
+
+    /// Everything the source holds, with the problems found while listing.
+    async fn list(&self) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
+        match self {
+            Source::Dir(root) => {
+                let root = root.clone();
+                tokio::task::spawn_blocking(move || walk(&root)).await?
+            }
+            Source::GridFs(_, files) => {
+                // Several files may share a name (revisions); the newest wins.
+                let mut cursor = files.find(doc! {}).sort(doc! { "filename": 1, "uploadDate": 1 }).await?;
+                let mut items: Vec<Item> = Vec::new();
+                let mut problems = Vec::new();
+                while let Some(file) = cursor.try_next().await? {
+                    match gridfs_item(&file) {
+                        Ok(item) => {
+                            if items.last().is_some_and(|last| last.key == item.key) {
+                                items.pop();
+                            }
+                            items.push(item);
+                        }
+                        Err(e) => problems.push(e.to_string()),
+                    }
+                }
+                Ok((items, problems))
+            }
+            Source::S3(store, prefix) => {
+                let mut listing = store.list(prefix.as_ref());
+                let mut items = Vec::new();
+                while let Some(meta) = listing.try_next().await? {
+                    items.push(Item {
+                        key: meta.location.to_string(),
+                        size: meta.size,
+                        modified: Some(meta.last_modified.into()),
+                        content_type: None,
+                        origin: Origin::S3(meta.location),
+                    });
+                }
+                Ok((items, Vec::new()))
+            }
+        }
+    }
+
+    /// The item's bytes as a stream, and its content type when only the
+    /// read tells it.
+    async fn open_item(&self, item: &Item) -> anyhow::Result<(Body, Option<String>)> {
+        match (&item.origin, self) {
+            (Origin::File(path), _) => {
+                let f = tokio::fs::File::open(path).await.with_context(|| format!("opening {}", path.display()))?;
+                let body = tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).map_err(anyhow::Error::from);
+                Ok((Box::pin(body), None))
+            }
+            (Origin::GridFs(id), Source::GridFs(bucket, _)) => {
+                use tokio_util::compat::FuturesAsyncReadCompatExt;
+                let download = bucket.open_download_stream(id.clone()).await?;
+                let body = tokio_util::io::ReaderStream::with_capacity(download.compat(), 256 * 1024)
+                    .map_err(anyhow::Error::from);
+                Ok((Box::pin(body), None))
+            }
+            (Origin::S3(location), Source::S3(store, _)) => {
+                let got = store.get(location).await?;
+                let content_type =
+                    got.attributes.get(&object_store::Attribute::ContentType).map(|v| v.as_ref().to_string());
+                Ok((Box::pin(got.into_stream().map_err(anyhow::Error::from)), content_type))
+            }
+            _ => bail!("an item from another source"),
+        }
+    }
+}
+
+/// Every regular file under `root`, keyed by its relative path with `/`.
+fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
+    let mut items = Vec::new();
+    let mut problems = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) => {
+                problems.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+        };
+        for entry in entries {
+            let entry = entry?;
+            let path = entry.path();
+            let meta = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(e) => {
+                    problems.push(format!("{}: {e}", path.display()));
+                    continue;
+                }
+            };
+            if meta.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if !meta.is_file() {
+                continue;
+            }
+            let relative = path.strip_prefix(root).expect("walked paths are under the root");
+            let Some(key) = relative.to_str() else {
+                problems.push(format!("{}: the name is not UTF-8", path.display()));
+                continue;
+            };
+            items.push(Item {
+                key: key.replace(std::path::MAIN_SEPARATOR, "/"),
+                size: meta.len(),
+                modified: meta.modified().ok(),
+                content_type: None,
+                origin: Origin::File(path),
+            });
+        }
+    }
+    items.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok((items, problems))
+}
+
+fn gridfs_item(file: &Document) -> anyhow::Result<Item> {
+    let id = file.get("_id").context("a GridFS file without _id")?.clone();
+    let key = file.get_str("filename").with_context(|| format!("GridFS file {id} has no filename"))?.to_string();
+    let size = match file.get("length") {
+        Some(Bson::Int64(n)) => *n as u64,
+        Some(Bson::Int32(n)) => *n as u64,
+        Some(Bson::Double(n)) => *n as u64,
+        _ => bail!("GridFS file {key:?} has no length"),
+    };
+    let modified = file.get_datetime("uploadDate").ok().map(|d| d.to_system_time());
+    // The spec moved contentType into metadata; older writers put it on top.
+    let content_type = file
+        .get_str("contentType")
+        .or_else(|_| file.get_document("metadata").and_then(|m| m.get_str("contentType")))
+        .ok()
+        .map(str::to_string);
+    Ok(Item { key, size, modified, content_type, origin: Origin::GridFs(id) })
+}
+
+#[derive(Default)]
+struct Tally {
+    imported: AtomicU64,
+    bytes: AtomicU64,
+    deduplicated: AtomicU64,
+    skipped: AtomicU64,
+    failed: AtomicU64,
+}
+
+enum Outcome {
+    Imported { deduplicated: bool },
+    Skipped,
+}
+
+/// `depot import`.
+pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
+    let client = Client::new(&args.client)?;
+    let (bucket, prefix) = split_target(&args.target);
+    let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
+        let source = Source::open(args).await?;
+        let (items, problems) = source.list().await.with_context(|| format!("listing {}", args.source))?;
+        ensure_bucket(&client, bucket).await?;
+        let total: u64 = items.iter().map(|i| i.size).sum();
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:>18} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        for p in &problems {
+            bar.println(format!("skipped: {p}"));
+        }
+        let tally = Tally { failed: AtomicU64::new(problems.len() as u64), ..Tally::default() };
+        let count = items.len();
+        let done = AtomicU64::new(0);
+        let started = Instant::now();
+        futures::stream::iter(items)
+            .for_each_concurrent(args.jobs.max(1), |item| {
+                let (client, source, bar, tally, prefix, done) = (&client, &source, &bar, &tally, &prefix, &done);
+                async move {
+                    let key = format!("{prefix}{}", item.key);
+                    match import_one(client, source, bucket, &key, &item).await {
+                        Ok(Outcome::Imported { deduplicated }) => {
+                            tally.imported.fetch_add(1, Ordering::Relaxed);
+                            tally.bytes.fetch_add(item.size, Ordering::Relaxed);
+                            tally.deduplicated.fetch_add(deduplicated as u64, Ordering::Relaxed);
+                        }
+                        Ok(Outcome::Skipped) => {
+                            tally.skipped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            tally.failed.fetch_add(1, Ordering::Relaxed);
+                            bar.println(format!("failed: {key}: {e:#}"));
+                        }
+                    }
+                    bar.inc(item.size);
+                    let done = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    bar.set_message(format!("{done}/{count} files"));
+                }
+            })
+            .await;
+        bar.finish_and_clear();
+        let elapsed = started.elapsed().as_secs_f64();
+        let bytes = tally.bytes.load(Ordering::Relaxed);
+        println!(
+            "imported {} files ({}) in {elapsed:.1} s, {}/s; {} deduplicated, {} already there, {} failed",
+            tally.imported.load(Ordering::Relaxed),
+            HumanBytes(bytes),
+            HumanBytes((bytes as f64 / elapsed.max(1e-3)) as u64),
+            tally.deduplicated.load(Ordering::Relaxed),
+            tally.skipped.load(Ordering::Relaxed),
+            tally.failed.load(Ordering::Relaxed),
+        );
+        match tally.failed.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            n => bail!("{n} files could not be imported; run the import again to retry them"),
+        }
+    })
+}
+
+async fn ensure_bucket(client: &Client, bucket: &str) -> anyhow::Result<()> {
+    let resp = client
+        .request(reqwest::Method::PUT, &format!("{}/{bucket}", client.base))
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the depot server at {}", client.base))?;
+    if resp.status().is_success() || resp.status() == reqwest::StatusCode::CONFLICT {
+        return Ok(());
+    }
+    bail!("creating bucket {bucket}: the server answered {}", resp.status())
+}
+
+async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, item: &Item) -> anyhow::Result<Outcome> {
+    let url = client.url(bucket, key);
+    let modified = item.modified.map(httpdate::fmt_http_date);
+    let head = client.request(reqwest::Method::HEAD, &url).send().await?;
+    // (A HEAD response's length is in its header: it has no body to size.)
+    let header = |name| head.headers().get(name).and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok());
+    if head.status().is_success()
+        && header(reqwest::header::CONTENT_LENGTH) == Some(item.size.to_string().as_str())
+        && modified.is_some()
+        && header(reqwest::header::LAST_MODIFIED) == modified.as_deref()
+    {
+        return Ok(Outcome::Skipped);
+    }
+    let (body, read_type) = source.open_item(item).await?;
+    let mut req = client
+        .request(reqwest::Method::PUT, &url)
+        .header(reqwest::header::CONTENT_LENGTH, item.size)
+        .body(reqwest::Body::wrap_stream(body));
+    if let Some(t) = item.content_type.as_ref().or(read_type.as_ref()) {
+        req = req.header(reqwest::header::CONTENT_TYPE, t);
+    }
+    if let Some(m) = modified {
+        req = req.header("x-depot-modified", m);
+    }
+    let put: serde_json::Value = client.send(req).await?.json().await?;
+    Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
+}

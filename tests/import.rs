@@ -1,0 +1,127 @@
+//! `depot import` from each kind of source into a real server: a directory
+//! tree, a GridFS bucket on the MongoDB wire-protocol test server, and an S3
+//! bucket on the S3 test server. Every import is run twice: the second run
+//! must find everything already there.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+
+use common::{BIN, Server, pattern};
+
+fn import(server: &Server, args: &[&str]) -> Output {
+    Command::new(BIN).arg("import").args(args).args(["--server", &server.url]).output().unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "import failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Body, Content-Type and Last-Modified of an object.
+async fn fetch(server: &Server, bucket: &str, key: &str) -> (Vec<u8>, String, String) {
+    let resp = reqwest::get(server.object_url(bucket, key)).await.unwrap();
+    assert_eq!(resp.status(), 200, "{bucket}/{key}");
+    let header = |name: &str| resp.headers()[name].to_str().unwrap().to_string();
+    let (content_type, modified) = (header("content-type"), header("last-modified"));
+    (resp.bytes().await.unwrap().to_vec(), content_type, modified)
+}
+
+fn http_date(t: SystemTime) -> String {
+    httpdate::fmt_http_date(t)
+}
+
+#[tokio::test]
+async fn a_directory_tree_becomes_keys_and_a_rerun_skips_it() {
+    let server = Server::start(&[]);
+    let src = tempfile::tempdir().unwrap();
+    let root = src.path();
+    std::fs::create_dir_all(root.join("photos/2024")).unwrap();
+    let files = [
+        ("photos/2024/a.jpg", pattern(300_000, 1)),
+        ("photos/b.jpg", pattern(1_500_000, 2)),
+        ("notes.txt", b"hello\n".to_vec()),
+        ("copy-of-notes.txt", b"hello\n".to_vec()),
+    ];
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    for (path, bytes) in &files {
+        std::fs::write(root.join(path), bytes).unwrap();
+        std::fs::File::options().write(true).open(root.join(path)).unwrap().set_modified(when).unwrap();
+    }
+
+    let said = ok(&import(&server, &[root.to_str().unwrap(), "archive/old/"]));
+    assert!(said.contains("imported 4 files") && said.contains("1 deduplicated"), "{said}");
+    for (path, bytes) in &files {
+        let (body, _, modified) = fetch(&server, "archive", &format!("old/{path}")).await;
+        assert!(body == *bytes, "{path} differs");
+        assert_eq!(modified, http_date(when), "{path} keeps its modification time");
+    }
+
+    let said = ok(&import(&server, &[root.to_str().unwrap(), "archive/old"]));
+    assert!(said.contains("imported 0 files") && said.contains("4 already there"), "{said}");
+
+    // A changed file (same size, new time) is copied again; nothing else.
+    std::fs::write(root.join("notes.txt"), b"HELLO\n").unwrap();
+    let said = ok(&import(&server, &[root.to_str().unwrap(), "archive/old/"]));
+    assert!(said.contains("imported 1 files") && said.contains("3 already there"), "{said}");
+    assert_eq!(fetch(&server, "archive", "old/notes.txt").await.0, b"HELLO\n");
+}
+
+#[tokio::test]
+async fn a_source_that_is_not_there_is_a_clear_error() {
+    let server = Server::start(&[]);
+    let out = import(&server, &["/no/such/dir", "files"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a directory"), "{err}");
+    let out = import(&server, &["mongodb://127.0.0.1:1", "files"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("names no database"), "{err}");
+}
+
+#[tokio::test]
+async fn a_gridfs_bucket_keeps_names_types_and_dates() {
+    use futures::AsyncWriteExt;
+    use mongodb::bson::doc;
+    use mongodb::options::GridFsUploadOptions;
+
+    let base = std::env::var("DEPOT_TEST_MONGO")
+        .expect("DEPOT_TEST_MONGO is not set: run scripts/test.sh, which starts the MongoDB wire-protocol server");
+    let db_name = format!("import_{}", std::process::id());
+    let client = mongodb::Client::with_uri_str(&base).await.unwrap();
+    let db = client.database(&db_name);
+    let bucket = db.gridfs_bucket(None);
+    let files = [
+        ("reports/q1.pdf", "application/pdf", pattern(700_000, 3)),
+        ("readme.txt", "text/plain", b"first revision".to_vec()),
+        ("readme.txt", "text/plain", b"second revision".to_vec()),
+    ];
+    for (name, content_type, bytes) in &files {
+        let options = GridFsUploadOptions::builder().metadata(doc! { "contentType": *content_type }).build();
+        let mut upload = bucket.open_upload_stream(*name).with_options(options).await.unwrap();
+        upload.write_all(bytes).await.unwrap();
+        upload.close().await.unwrap();
+    }
+    let stored: Vec<_> = {
+        use futures::TryStreamExt;
+        bucket.find(doc! {}).await.unwrap().try_collect().await.unwrap()
+    };
+    let newest = stored.iter().filter(|f| f.filename.as_deref() == Some("readme.txt")).map(|f| f.upload_date).max();
+
+    let server = Server::start(&[]);
+    let url = format!("{}/{db_name}", base.trim_end_matches('/'));
+    let said = ok(&import(&server, &[&url, "legacy"]));
+    assert!(said.contains("imported 2 files"), "the newest revision of each name: {said}");
+    let (body, content_type, _) = fetch(&server, "legacy", "reports/q1.pdf").await;
+    assert!(body == files[0].2);
+    assert_eq!(content_type, "application/pdf");
+    let (body, content_type, modified) = fetch(&server, "legacy", "readme.txt").await;
+    assert_eq!(body, b"second revision");
+    assert_eq!(content_type, "text/plain");
+    assert_eq!(modified, http_date(newest.unwrap().to_system_time()), "uploadDate is kept");
+
+    let said = ok(&import(&server, &[&url, "legacy"]));
+    assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");
+    db.drop().await.unwrap();
+}
