@@ -85,8 +85,9 @@ impl Source {
             let db = client
                 .default_database()
                 .with_context(|| format!("{source} names no database: use mongodb://host:port/DATABASE"))?;
-            let bucket =
-                db.gridfs_bucket(mongodb::options::GridFsBucketOptions::builder().bucket_name(args.gridfs_bucket.clone()).build());
+            let bucket = db.gridfs_bucket(
+                mongodb::options::GridFsBucketOptions::builder().bucket_name(args.gridfs_bucket.clone()).build(),
+            );
             let files = db.collection::<Document>(&format!("{}.files", args.gridfs_bucket));
             return Ok(Source::GridFs(bucket, files));
         }
@@ -281,14 +282,12 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
         let total: u64 = items.iter().map(|i| i.size).sum();
         let bar = ProgressBar::new(total);
         bar.set_style(
-            ProgressStyle::with_template(
-                "{msg:>18} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+            ProgressStyle::with_template("{msg:>18} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
         );
         for p in &problems {
-            bar.println(format!("skipped: {p}"));
+            bar.suspend(|| eprintln!("skipped: {p}"));
         }
         let tally = Tally { failed: AtomicU64::new(problems.len() as u64), ..Tally::default() };
         let count = items.len();
@@ -310,7 +309,7 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                         }
                         Err(e) => {
                             tally.failed.fetch_add(1, Ordering::Relaxed);
-                            bar.println(format!("failed: {key}: {e:#}"));
+                            bar.suspend(|| eprintln!("failed: {key}: {e:#}"));
                         }
                     }
                     bar.inc(item.size);

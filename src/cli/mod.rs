@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod import;
+pub mod migrate;
 pub mod serve;
 
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use crate::bench::BenchArgs;
 use crate::config::ServeArgs;
 use client::ClientArgs;
 use import::ImportArgs;
+use migrate::MigrateArgs;
 
 /// depot: a content-addressed file server over every storage engine.
 #[derive(Debug, Parser)]
@@ -32,6 +34,9 @@ pub enum Command {
     /// Copy files into depot from a directory tree, a GridFS bucket or an
     /// S3 bucket: depot import SOURCE BUCKET[/PREFIX]
     Import(ImportArgs),
+    /// Move every blob of a stopped store to another engine, verifying each;
+    /// resumable: run it again after an interruption.
+    Migrate(MigrateArgs),
     /// Remove unreferenced blobs past their grace period, and orphaned bytes
     /// (run it while the server is stopped; the server also does it itself).
     Gc(ServeArgs),
@@ -72,6 +77,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => crate::bench::bench(&args),
         Command::Gc(args) => serve::gc(&args),
         Command::Import(args) => import::import(&args),
+        Command::Migrate(args) => migrate::migrate(&args),
         Command::Put { client, paths } => client::put(&client, &paths),
         Command::Get { client, target, out } => client::get(&client, &target, out.as_deref()),
         Command::Ls { client, target } => client::ls(&client, target.as_deref()),

@@ -17,7 +17,7 @@ use crate::store::{Store, StoreConfig};
 
 /// Records which engine a data directory was created with: the catalog
 /// points into that engine, so opening it with another would lose data.
-const ENGINE_MARKER: &str = "ENGINE";
+pub(crate) const ENGINE_MARKER: &str = "ENGINE";
 
 fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
     let marker = data.join(ENGINE_MARKER);
@@ -35,25 +35,31 @@ fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
     }
 }
 
-/// Opens the store in a data directory as the settings describe.
-pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+/// Opens the catalog the settings name.
+pub(crate) async fn open_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn Catalog>> {
     let data = &settings.data;
-    std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
-    check_engine_marker(data, settings.engine)?;
-    let catalog: Arc<dyn Catalog> = match &settings.catalog {
+    Ok(match &settings.catalog {
         CatalogKind::Rocksdb => Arc::new(RocksCatalog::open(&data.join("catalog")).map_err(|e| {
             anyhow::anyhow!("opening the catalog in {} (is another depot using it?): {e}", data.display())
         })?),
         CatalogKind::Postgres(url) => Arc::new(
             PostgresCatalog::connect(url).await.map_err(|e| anyhow::anyhow!("opening the PostgreSQL catalog: {e}"))?,
         ),
-    };
+    })
+}
+
+/// Opens the store in a data directory as the settings describe.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    let data = &settings.data;
+    std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
+    check_engine_marker(data, settings.engine)?;
+    let catalog = open_catalog(settings).await?;
     let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
     let config = StoreConfig { gc_grace: settings.gc_grace };
     Ok(Store::open(catalog, engine, config).await?)
 }
 
-fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()?)
 }
 

@@ -20,8 +20,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use md5::Digest as _;
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, ObjectPut,
-    Millis, ObjectRecord, Part, Precondition, now_millis, to_millis,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
+    ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineError};
 use guards::BlobGuards;

@@ -1,0 +1,376 @@
+//! `depot migrate --to-engine NAME`: moves every blob of a store to another
+//! engine while the server is stopped, verifying each blob's SHA-256 on the
+//! way, and can be interrupted and run again at any point.
+//!
+//! It goes in three steps, recorded in the data directory's `MIGRATING`
+//! file so a second run knows where the first one stopped:
+//!
+//! 1. `copy`: each blob the catalog knows is read from the old engine,
+//!    hashed, and written to the new one; the new locator is appended to
+//!    `migrate.journal`. Blobs already in the journal are not copied again
+//!    (a journal line lost in a crash only costs a second copy, which
+//!    engines take as the same blob). The catalog still points at the old
+//!    engine, which stays complete: stopping here loses nothing.
+//! 2. `switch`: once every blob is copied, the catalog's locators are
+//!    updated from the journal and the `ENGINE` marker names the new engine.
+//! 3. `cleanup`: the old engine's blobs are deleted, then the state files.
+//!
+//! Until the last run switches, the store can be served from the old engine
+//! between runs: what changes meanwhile is picked up by the next run. Stop
+//! every server before the run that finishes (with a PostgreSQL catalog,
+//! every node). `--cancel` abandons a migration that has not switched.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use futures::{StreamExt, TryStreamExt};
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use sha2::Digest as _;
+
+use super::serve::{ENGINE_MARKER, open_catalog, runtime};
+use crate::catalog::{BlobRecord, Catalog};
+use crate::config::{ServeArgs, Settings};
+use crate::engine::{self, BlobRef, ByteRange, Digest, DynEngine, EngineConfig, EngineKind, Locator, S3Config};
+
+const STATE: &str = "MIGRATING";
+const JOURNAL: &str = "migrate.journal";
+
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    /// The store as it is served now (`--data`, `--engine`, `--catalog`, ...).
+    #[command(flatten)]
+    pub from: ServeArgs,
+    /// The engine to move every blob to.
+    #[arg(long, value_name = "NAME")]
+    pub to_engine: String,
+    /// The new engine's server (postgres://, mongodb://, http://).
+    #[arg(long, value_name = "URL")]
+    pub to_engine_url: Option<String>,
+    /// Bytes per chunk for a chunking new engine (sqlite, postgres, gridfs).
+    #[arg(long, value_name = "BYTES")]
+    pub to_chunk_size: Option<usize>,
+    /// Largest blob a new hybrid engine keeps in RocksDB.
+    #[arg(long, value_name = "BYTES")]
+    pub to_inline_threshold: Option<u64>,
+    #[arg(long, value_name = "NAME")]
+    pub to_gridfs_bucket: Option<String>,
+    #[arg(long, value_name = "NAME")]
+    pub to_s3_bucket: Option<String>,
+    #[arg(long, value_name = "REGION")]
+    pub to_s3_region: Option<String>,
+    #[arg(long, value_name = "KEY")]
+    pub to_s3_access_key: Option<String>,
+    #[arg(long, value_name = "SECRET")]
+    pub to_s3_secret_key: Option<String>,
+    /// Copy at most this many blobs in this run, then stop (run again to
+    /// go on): migrate a large store a slice at a time.
+    #[arg(long, value_name = "N")]
+    pub max_blobs: Option<u64>,
+    /// Abandon a migration that has not switched engines yet (copies made
+    /// so far stay in the new engine as unreferenced bytes).
+    #[arg(long)]
+    pub cancel: bool,
+    /// Blobs copied at once.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub jobs: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Copy,
+    Cleanup,
+}
+
+/// What the `MIGRATING` file records.
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    from: EngineKind,
+    to: EngineKind,
+}
+
+impl State {
+    fn read(data: &Path) -> anyhow::Result<Option<State>> {
+        let text = match std::fs::read_to_string(data.join(STATE)) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).context("reading the migration state"),
+        };
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let [phase, from, to] = words[..] else { bail!("{} is damaged: {text:?}", data.join(STATE).display()) };
+        let phase = match phase {
+            "copy" => Phase::Copy,
+            "cleanup" => Phase::Cleanup,
+            other => bail!("unknown migration phase {other:?}"),
+        };
+        Ok(Some(State {
+            phase,
+            from: from.parse().map_err(anyhow::Error::msg)?,
+            to: to.parse().map_err(anyhow::Error::msg)?,
+        }))
+    }
+
+    fn write(&self, data: &Path) -> anyhow::Result<()> {
+        let phase = if self.phase == Phase::Copy { "copy" } else { "cleanup" };
+        write_durably(data, STATE, &format!("{phase} {} {}\n", self.from.name(), self.to.name()))
+    }
+}
+
+/// Replaces a small file atomically and durably.
+fn write_durably(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn target_config(args: &MigrateArgs, from: &EngineConfig) -> EngineConfig {
+    EngineConfig {
+        inline_threshold: args.to_inline_threshold.unwrap_or(from.inline_threshold),
+        url: args.to_engine_url.clone(),
+        chunk_size: args.to_chunk_size,
+        gridfs_bucket: args.to_gridfs_bucket.clone(),
+        s3: S3Config {
+            bucket: args.to_s3_bucket.clone(),
+            region: args.to_s3_region.clone(),
+            access_key: args.to_s3_access_key.clone(),
+            secret_key: args.to_s3_secret_key.clone(),
+        },
+    }
+}
+
+/// Whether two engine settings name the same storage: moving there would
+/// copy nothing and then delete everything.
+fn same_place(from: EngineKind, a: &EngineConfig, to: EngineKind, b: &EngineConfig) -> bool {
+    from == to
+        && match from {
+            EngineKind::Gridfs => a.url == b.url && a.gridfs_bucket == b.gridfs_bucket,
+            EngineKind::S3 => a.url == b.url && a.s3.bucket == b.s3.bucket,
+            EngineKind::Postgres => a.url == b.url,
+            // The embedded engines live in the data directory, one per kind.
+            _ => true,
+        }
+}
+
+fn engine_root(data: &Path, kind: EngineKind) -> PathBuf {
+    data.join(kind.name())
+}
+
+/// `depot migrate`.
+pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args.from)?;
+    let to: EngineKind = args.to_engine.parse().map_err(anyhow::Error::msg)?;
+    let from = settings.engine;
+    let data = settings.data.clone();
+    let marker = std::fs::read_to_string(data.join(ENGINE_MARKER))
+        .with_context(|| format!("{} holds no depot store", data.display()))?;
+    let state = match State::read(&data)? {
+        Some(s) if args.cancel && s.phase == Phase::Copy => {
+            std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
+            std::fs::remove_file(data.join(STATE))?;
+            println!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name());
+            return Ok(());
+        }
+        Some(_) if args.cancel => bail!("the engines were switched already: run without --cancel to finish"),
+        None if args.cancel => bail!("no migration is under way in {}", data.display()),
+        Some(s) if (s.from, s.to) != (from, to) => bail!(
+            "{} is migrating from {} to {}; finish that first (--engine {} --to-engine {})",
+            data.display(),
+            s.from.name(),
+            s.to.name(),
+            s.from.name(),
+            s.to.name()
+        ),
+        Some(s) => s,
+        None => {
+            if marker.trim() != from.name() {
+                bail!("{} holds a store of the {} engine, not {}", data.display(), marker.trim(), from.name());
+            }
+            if same_place(from, &settings.engine_config, to, &target_config(args, &settings.engine_config)) {
+                bail!("the store is in that {} engine already", from.name());
+            }
+            let state = State { phase: Phase::Copy, from, to };
+            state.write(&data)?;
+            state
+        }
+    };
+    let to_config = target_config(args, &settings.engine_config);
+    runtime(2)?.block_on(async {
+        let catalog = open_catalog(&settings).await?;
+        let source = engine::open(from, &engine_root(&data, from), &settings.engine_config).await?;
+        let target = engine::open(to, &engine_root(&data, to), &to_config).await?;
+        let mut state = state;
+        if state.phase == Phase::Copy {
+            let journal = data.join(JOURNAL);
+            if !copy(&*catalog, &source, &target, &journal, args).await? {
+                return Ok(());
+            }
+            switch(&*catalog, &journal).await?;
+            write_durably(&data, ENGINE_MARKER, &format!("{}\n", to.name()))?;
+            state.phase = Phase::Cleanup;
+            state.write(&data)?;
+        }
+        cleanup(&source).await?;
+        std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
+        std::fs::remove_file(data.join(STATE))?;
+        println!("the store now lives in the {} engine: start it with --engine {}", to.name(), to.name());
+        Ok(())
+    })
+}
+
+fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
+}
+
+fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
+    let mut done = HashMap::new();
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
+        Err(e) => return Err(e).context("reading the migration journal"),
+    };
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line?;
+        // A torn last line (a crash mid-append) is simply copied again.
+        let Some((digest, locator)) = line.split_once(' ') else { continue };
+        if let (Some(d), Ok(l)) = (Digest::from_hex(digest), hex::decode(locator)) {
+            done.insert(d, l);
+        }
+    }
+    Ok(done)
+}
+
+fn bar(len: u64, style: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(ProgressStyle::with_template(style).expect("valid template").progress_chars("=> "));
+    bar
+}
+
+/// Copies every blob not yet journaled; returns whether all are done.
+async fn copy(
+    catalog: &dyn Catalog,
+    source: &DynEngine,
+    target: &DynEngine,
+    journal: &Path,
+    args: &MigrateArgs,
+) -> anyhow::Result<bool> {
+    let done = read_journal(journal)?;
+    let stats = catalog.stats().await?;
+    let progress = bar(
+        stats.blob_bytes.max(0) as u64,
+        "{msg:>18} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+    );
+    let mut out = std::fs::OpenOptions::new().create(true).append(true).open(journal)?;
+    let (mut copied, mut copied_bytes, mut failed, mut left) = (0u64, 0u64, 0u64, 0u64);
+    let budget = args.max_blobs.unwrap_or(u64::MAX);
+    let mut after = None;
+    loop {
+        let page = catalog.list_blobs(after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.digest);
+        let (finished, todo): (Vec<BlobRecord>, Vec<BlobRecord>) =
+            page.into_iter().partition(|b| done.contains_key(&b.digest));
+        progress.inc(finished.iter().map(|b| b.size).sum());
+        let room = budget.saturating_sub(copied + failed) as usize;
+        left += todo.len().saturating_sub(room) as u64;
+        let mut results = futures::stream::iter(todo.into_iter().take(room))
+            .map(|blob| async move {
+                let moved = copy_one(source, target, &blob).await;
+                (blob, moved)
+            })
+            .buffer_unordered(args.jobs.max(1));
+        while let Some((blob, moved)) = results.next().await {
+            progress.inc(blob.size);
+            match moved {
+                Ok(locator) => {
+                    writeln!(out, "{} {}", blob.digest.to_hex(), hex::encode(&locator))?;
+                    copied += 1;
+                    copied_bytes += blob.size;
+                }
+                Err(e) => {
+                    failed += 1;
+                    progress.suspend(|| eprintln!("blob {}: {e:#}", blob.digest));
+                }
+            }
+            progress.set_message(format!("{} blobs", done.len() as u64 + copied));
+        }
+    }
+    out.sync_all()?;
+    progress.finish_and_clear();
+    println!(
+        "copied {copied} blobs ({}) to the {} engine; {} were there already",
+        HumanBytes(copied_bytes),
+        target.name(),
+        done.len()
+    );
+    if failed > 0 {
+        bail!("{failed} blobs could not be copied (see above); nothing was switched. Fix the cause and run again");
+    }
+    if left > 0 {
+        println!("{left} blobs left: run the same command again to go on");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Streams one blob from `source` to `target`, checking its SHA-256.
+async fn copy_one(source: &DynEngine, target: &DynEngine, blob: &BlobRecord) -> anyhow::Result<Locator> {
+    let mut reader = source.read(&blob.blob_ref(), ByteRange::full(blob.size)).await?;
+    let mut writer = target.writer(Some(blob.size)).await?;
+    let mut hasher = sha2::Sha256::new();
+    let mut size = 0u64;
+    let result: anyhow::Result<()> = async {
+        while let Some(chunk) = reader.try_next().await? {
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            writer.write(chunk).await?;
+        }
+        Ok(())
+    }
+    .await;
+    let actual = Digest(hasher.finalize().into());
+    if let Err(e) = result {
+        writer.abort().await;
+        return Err(e);
+    }
+    if actual != blob.digest || size != blob.size {
+        writer.abort().await;
+        bail!("the old engine returns {size} bytes hashing to {actual}, not the recorded content; left in place");
+    }
+    Ok(writer.finish(blob.digest).await?.locator)
+}
+
+/// Points the catalog at the copies.
+async fn switch(catalog: &dyn Catalog, journal: &Path) -> anyhow::Result<()> {
+    let moved: Vec<(Digest, Locator)> = read_journal(journal)?.into_iter().collect();
+    for batch in moved.chunks(1000) {
+        catalog.set_locators(batch).await?;
+    }
+    Ok(())
+}
+
+/// Deletes everything the old engine holds.
+async fn cleanup(source: &DynEngine) -> anyhow::Result<()> {
+    let blobs = source.list().await?;
+    let progress = bar(blobs.len() as u64, "removing old copies [{bar:30}] {pos}/{len}");
+    let source = Arc::clone(source);
+    futures::stream::iter(blobs)
+        .map(|b| {
+            let source = &source;
+            async move { source.delete(&BlobRef { digest: b.digest, size: b.size, locator: b.locator }).await }
+        })
+        .buffer_unordered(8)
+        .try_for_each(|()| {
+            progress.inc(1);
+            futures::future::ready(Ok(()))
+        })
+        .await?;
+    progress.finish_and_clear();
+    Ok(())
+}
