@@ -36,7 +36,7 @@ pub enum Command {
     Import(ImportArgs),
     /// Move every blob of a stopped store to another engine, verifying each;
     /// resumable: run it again after an interruption.
-    Migrate(MigrateArgs),
+    Migrate(Box<MigrateArgs>),
     /// Remove unreferenced blobs past their grace period, and orphaned bytes
     /// (run it while the server is stopped; the server also does it itself).
     Gc(ServeArgs),
