@@ -456,6 +456,14 @@ async fn health_and_prometheus_metrics() {
     assert_eq!(delta("depot_dedup_saved_bytes"), 2000);
     let puts = "depot_http_requests_total{method=\"PUT\",status=\"201\"} 3\n";
     assert!(after.contains(puts), "{after}");
+    let catalog_secs = after.lines().find_map(|l| l.strip_prefix("depot_put_seconds_total{phase=\"catalog\"} "));
+    assert!(catalog_secs.and_then(|v| v.parse::<f64>().ok()).is_some_and(|t| t > 0.0), "{after}");
+
+    let stats: serde_json::Value = call(Method::GET, &format!("{}/_/stats", s.url)).await.json().await.unwrap();
+    assert_eq!((stats["engine"].as_str(), stats["objects"].as_i64()), (Some("hybrid"), Some(3)));
+    assert_eq!(stats["dedup_saved_bytes"].as_i64(), Some(2000));
+    assert!(stats["disk_bytes"].as_u64().is_some_and(|n| n > 0), "{stats}");
+    assert!(stats["put_seconds"]["bytes"].as_f64().is_some_and(|t| t > 0.0), "{stats}");
 }
 
 // ----- ranges -----

@@ -31,6 +31,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::engine::EngineKind;
+pub use crate::engine::dir_usage as disk_usage;
 use stats::Summary;
 
 /// The experiments, in report order.
@@ -341,20 +342,6 @@ pub fn drop_caches() -> Result<(), String> {
         return Err(format!("sync: {synced}"));
     }
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| format!("cannot drop the page cache: {e}"))
-}
-
-/// Bytes a directory tree occupies on disk (allocated blocks, not lengths).
-pub fn disk_usage(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => m.blocks() * 512 + disk_usage(&e.path()),
-            Ok(m) => m.blocks() * 512,
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 /// A program on the PATH, or in the sbin directories Debian puts servers in.

@@ -273,6 +273,20 @@ where
     Box::pin(channel_stream(rx))
 }
 
+/// Bytes a directory tree occupies on disk (allocated blocks, not lengths).
+pub fn dir_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => m.blocks() * 512 + dir_usage(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;

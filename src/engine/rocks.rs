@@ -372,12 +372,9 @@ impl BlobEngine for RocksEngine {
 
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let inner = self.inner.clone();
-        blocking(move || {
-            let sst = inner.db.property_int_value("rocksdb.total-sst-files-size").map_err(db_err)?;
-            let blob = inner.db.property_int_value("rocksdb.total-blob-file-size").map_err(db_err)?;
-            Ok(Some(sst.unwrap_or(0) + blob.unwrap_or(0)))
-        })
-        .await
+        // Everything in the database's directory: tables, blob files and the
+        // write-ahead log holding what is not flushed yet.
+        blocking(move || Ok(Some(super::dir_usage(inner.db.path())))).await
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::catalog::CatalogStats;
+use crate::store::PutSeconds;
 
 /// Upper bounds of the latency histogram, in seconds.
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -35,7 +36,7 @@ impl Metrics {
     }
 
     /// The Prometheus exposition text.
-    pub fn render(&self, stats: &CatalogStats, engine: &str) -> String {
+    pub fn render(&self, stats: &CatalogStats, engine: &str, put: PutSeconds) -> String {
         let mut out = String::new();
         out.push_str("# HELP depot_http_requests_total Requests answered, by method and status.\n");
         out.push_str("# TYPE depot_http_requests_total counter\n");
@@ -81,6 +82,13 @@ impl Metrics {
         for (name, kind, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP depot_put_seconds_total Upload time by phase: streaming bytes into the engine, registering in the catalog.\n\
+             # TYPE depot_put_seconds_total counter\n\
+             depot_put_seconds_total{{phase=\"bytes\"}} {}\ndepot_put_seconds_total{{phase=\"catalog\"}} {}",
+            put.bytes, put.catalog
+        );
         let _ = writeln!(
             out,
             "# HELP depot_engine_info The blob engine in use.\n# TYPE depot_engine_info gauge\ndepot_engine_info{{engine=\"{engine}\"}} 1"

@@ -23,6 +23,7 @@ pub enum Endpoint {
     Root,
     Health,
     Metrics,
+    Stats,
     BatchGet,
     BatchPut,
     BatchDelete,
@@ -62,6 +63,7 @@ impl Endpoint {
             return Ok(match key.unwrap_or("") {
                 "health" => Endpoint::Health,
                 "metrics" => Endpoint::Metrics,
+                "stats" => Endpoint::Stats,
                 "batch/get" => Endpoint::BatchGet,
                 "batch/put" => Endpoint::BatchPut,
                 "batch/delete" => Endpoint::BatchDelete,
@@ -103,9 +105,10 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         Endpoint::Health if read => Ok(json(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Metrics if read => {
             let stats = app.store.stats().await?;
-            let text = app.metrics.render(&stats, app.store.engine().name());
+            let text = app.metrics.render(&stats, app.store.engine().name(), app.store.put_seconds());
             Ok(super::full(StatusCode::OK, "text/plain; version=0.0.4", text))
         }
+        Endpoint::Stats if read => stats(app).await,
         Endpoint::Root if read => listing::buckets(app, &req).await,
         Endpoint::BatchGet if method == Method::POST => batch::get(app, req).await,
         Endpoint::BatchPut if method == Method::POST => batch::put(app, req).await,
@@ -220,6 +223,28 @@ async fn get_blob(app: &Arc<App>, req: &Request, hex: &str) -> Result<Response, 
         metadata: Vec::new(),
     };
     serve(app, req, &record).await
+}
+
+/// Totals for dashboards and benchmarks: what is stored, what it takes on
+/// the engine's storage (walking an `fs` engine's files: not for scraping
+/// every second), and where upload time went.
+async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
+    let stats = app.store.stats().await?;
+    let engine = app.store.engine();
+    let disk = engine.disk_usage().await.map_err(StoreError::from)?;
+    Ok(json(
+        StatusCode::OK,
+        &json!({
+            "engine": engine.name(),
+            "objects": stats.objects,
+            "logical_bytes": stats.logical_bytes,
+            "blobs": stats.blobs,
+            "blob_bytes": stats.blob_bytes,
+            "dedup_saved_bytes": (stats.logical_bytes - stats.blob_bytes).max(0),
+            "disk_bytes": disk,
+            "put_seconds": app.store.put_seconds(),
+        }),
+    ))
 }
 
 fn quoted(etag: &str) -> HeaderValue {
@@ -398,6 +423,7 @@ mod tests {
             ("/", Root),
             ("/_/health", Health),
             ("/_/metrics", Metrics),
+            ("/_/stats", Stats),
             ("/_/batch/get", BatchGet),
             ("/_/batch/put", BatchPut),
             ("/_/batch/delete", BatchDelete),

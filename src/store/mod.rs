@@ -12,8 +12,8 @@ mod guards;
 pub mod names;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -184,6 +184,23 @@ pub struct Store {
     guards: BlobGuards,
     /// Set after a failed sync: writes stay refused until restart.
     poisoned: AtomicBool,
+    put_time: PutTime,
+}
+
+/// Where the time of uploads went, summed over every put since start:
+/// streaming the bytes into the engine (hashing included) and registering
+/// them in the catalog, the split the seed write-ups measured.
+#[derive(Debug, Default)]
+struct PutTime {
+    bytes_ns: AtomicU64,
+    catalog_ns: AtomicU64,
+}
+
+/// Seconds spent on uploads since start, by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PutSeconds {
+    pub bytes: f64,
+    pub catalog: f64,
 }
 
 impl Store {
@@ -193,7 +210,20 @@ impl Store {
             Ok(()) | Err(CatalogError::BucketExists(_)) => {}
             Err(e) => return Err(e.into()),
         }
-        Ok(Store { catalog, engine, config, guards: BlobGuards::default(), poisoned: AtomicBool::new(false) })
+        Ok(Store {
+            catalog,
+            engine,
+            config,
+            guards: BlobGuards::default(),
+            poisoned: AtomicBool::new(false),
+            put_time: PutTime::default(),
+        })
+    }
+
+    /// Where the time of uploads went since start.
+    pub fn put_seconds(&self) -> PutSeconds {
+        let secs = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
+        PutSeconds { bytes: secs(&self.put_time.bytes_ns), catalog: secs(&self.put_time.catalog_ns) }
     }
 
     pub fn engine(&self) -> &dyn BlobEngine {
@@ -267,7 +297,10 @@ impl Store {
                 return Err(StoreError::PreconditionFailed);
             }
         }
+        let started = Instant::now();
         let written = self.note(self.write_blob(body, opts.content_length, opts.expected_sha256).await)?;
+        let registering = Instant::now();
+        self.put_time.bytes_ns.fetch_add((registering - started).as_nanos() as u64, Ordering::Relaxed);
         let mut record = written.record(key, opts.content_type, opts.metadata);
         if let Some(modified) = opts.modified {
             record.modified = modified;
@@ -279,6 +312,7 @@ impl Store {
             precondition: opts.precondition,
         };
         let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
+        self.put_time.catalog_ns.fetch_add(registering.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.drop_redundant(&outcome.redundant).await;
         drop(written.guard);
         Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: outcome.deduplicated })
