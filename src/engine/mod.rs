@@ -21,6 +21,7 @@ pub mod conformance;
 #[cfg(test)]
 pub mod faulty;
 pub mod fs;
+pub mod gridfs;
 pub mod hybrid;
 pub mod memory;
 pub mod postgres;
@@ -328,6 +329,7 @@ impl EngineKind {
                 | EngineKind::Memory
                 | EngineKind::Sqlite
                 | EngineKind::Postgres
+                | EngineKind::Gridfs
         )
     }
 }
@@ -400,6 +402,19 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
             })?;
             Arc::new(
                 postgres::PostgresEngine::connect(url, config.chunk_size.unwrap_or(postgres::DEFAULT_CHUNK)).await?,
+            )
+        }
+        EngineKind::Gridfs => {
+            let url = config.url.as_deref().ok_or_else(|| {
+                EngineError::other("gridfs", "needs --engine-url mongodb://[user:password@]host[:port]/database")
+            })?;
+            Arc::new(
+                gridfs::GridfsEngine::connect(
+                    url,
+                    config.gridfs_bucket.as_deref().unwrap_or(gridfs::DEFAULT_BUCKET),
+                    config.chunk_size.unwrap_or(gridfs::DEFAULT_CHUNK),
+                )
+                .await?,
             )
         }
         other => {
