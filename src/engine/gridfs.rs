@@ -522,10 +522,8 @@ impl BlobWriter for GridfsWriter {
     }
 
     async fn abort(mut self: Box<Self>) {
-        if let Some(id) = self.id.take()
-            && let Err(e) = self.inner.discard(id).await
-        {
-            tracing::warn!("{e}; the upload's chunks will be removed at a later start-up");
+        if let Some(id) = self.id.take() {
+            super::discard_staged(self.inner.discard(id)).await;
         }
     }
 }
@@ -534,14 +532,9 @@ impl Drop for GridfsWriter {
     fn drop(&mut self) {
         // A writer dropped mid-stream (client gone) removes its chunks in the
         // background; without a runtime, they remain for a later start-up.
-        let Some(id) = self.id.take() else { return };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(id) = self.id.take() {
             let inner = self.inner.clone();
-            runtime.spawn(async move {
-                if let Err(e) = inner.discard(id).await {
-                    tracing::warn!("{e}; the upload's chunks will be removed at a later start-up");
-                }
-            });
+            super::discard_staged_later(async move { inner.discard(id).await });
         }
     }
 }
@@ -738,6 +731,21 @@ mod tests {
         BlobRef { digest: Digest(sha2_digest(data)), size: data.len() as u64, locator: Vec::new() }
     }
 
+    /// The driver's own GridFS API on the engine's bucket, as another tool
+    /// would use it, with chunks of `chunk_size`.
+    fn driver_bucket(engine: &GridfsEngine, chunk_size: u32) -> mongodb::gridfs::GridFsBucket {
+        let options =
+            GridFsBucketOptions::builder().bucket_name(engine.inner.bucket.clone()).chunk_size_bytes(chunk_size);
+        engine.inner.db.gridfs_bucket(options.build())
+    }
+
+    /// Stores a file through the driver's own GridFS API.
+    async fn upload(bucket: &mongodb::gridfs::GridFsBucket, name: &str, data: &[u8]) {
+        let mut upload = bucket.open_upload_stream(name).await.unwrap();
+        upload.write_all(data).await.unwrap();
+        upload.close().await.unwrap();
+    }
+
     /// An ObjectId made `age` ago.
     fn object_id_aged(age: Duration) -> ObjectId {
         let mut bytes = ObjectId::new().bytes();
@@ -848,13 +856,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn the_drivers_gridfs_bucket_reads_and_writes_the_same_files() {
         let (engine, _) = engine(DEFAULT_CHUNK).await;
-        let bucket = engine.inner.db.gridfs_bucket(GridFsBucketOptions::builder().chunk_size_bytes(70_000).build());
+        let bucket = driver_bucket(&engine, 70_000);
         // Written by the driver, in chunks of its own size; read by depot.
         let theirs = pattern(1_000_000, 9);
         let blob = blob_of(&theirs);
-        let mut upload = bucket.open_upload_stream(blob.digest.to_hex()).await.unwrap();
-        upload.write_all(&theirs).await.unwrap();
-        upload.close().await.unwrap();
+        upload(&bucket, &blob.digest.to_hex(), &theirs).await;
         assert_eq!(engine.stat(&blob).await.unwrap(), Some(1_000_000));
         assert!(engine.read_to_vec(&blob, ByteRange::full(1_000_000)).await.unwrap() == theirs);
         let got = engine.read_to_vec(&blob, ByteRange { start: 69_999, end: 140_001 }).await.unwrap();
@@ -868,9 +874,7 @@ mod tests {
         download.read_to_end(&mut back).await.unwrap();
         assert!(back == ours, "the driver read {} bytes, not depot's blob", back.len());
         // Another tool's file with a name that is not a digest is left alone.
-        let mut other = bucket.open_upload_stream("notes.txt").await.unwrap();
-        other.write_all(b"hello").await.unwrap();
-        other.close().await.unwrap();
+        upload(&bucket, "notes.txt", b"hello").await;
         let mut listed: Vec<_> = engine.list().await.unwrap().into_iter().map(|b| b.digest).collect();
         listed.sort();
         let mut expected = vec![blob.digest, written.digest];
@@ -882,13 +886,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn duplicate_files_of_other_tools_read_as_one_blob() {
         let (engine, _) = engine(DEFAULT_CHUNK).await;
-        let bucket = engine.inner.db.gridfs_bucket(GridFsBucketOptions::builder().chunk_size_bytes(4_000).build());
+        let bucket = driver_bucket(&engine, 4_000);
         let data = pattern(10_000, 11);
         let blob = blob_of(&data);
         for _ in 0..3 {
-            let mut upload = bucket.open_upload_stream(blob.digest.to_hex()).await.unwrap();
-            upload.write_all(&data).await.unwrap();
-            upload.close().await.unwrap();
+            upload(&bucket, &blob.digest.to_hex(), &data).await;
         }
         // The oldest copy lost a chunk; a read takes a complete one.
         let oldest = engine.inner.files.find_one(doc! {}).sort(doc! { "_id": 1 }).await.unwrap().unwrap();

@@ -274,6 +274,24 @@ where
     Box::pin(channel_stream(rx))
 }
 
+/// Removes what an abandoned writer staged on a server: `abort` awaits the
+/// returned future, a dropped writer gets it spawned (`Drop` cannot wait).
+/// A failure is logged, not returned: the engine removes the leftovers at a
+/// later start-up, as it would after a crash.
+pub(crate) async fn discard_staged(cleanup: impl std::future::Future<Output = Result<()>>) {
+    if let Err(e) = cleanup.await {
+        tracing::warn!("{e}; the upload's chunks will be removed at a later start-up");
+    }
+}
+
+/// [`discard_staged`] in the background, for a writer's `Drop`; without a
+/// runtime the leftovers wait for a later start-up.
+pub(crate) fn discard_staged_later(cleanup: impl std::future::Future<Output = Result<()>> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(discard_staged(cleanup));
+    }
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
