@@ -46,7 +46,10 @@ start_mongo() {
     echo "building the MongoDB test server into $build" >&2
     rm -rf "$build/lib" "$build/classes"
     mkdir -p "$build/classes"
-    mvn -q -B -Dstyle.color=never -f "$src/pom.xml" dependency:copy-dependencies -DoutputDirectory="$build/lib" >&2
+    if ! mvn -q -B -f "$src/pom.xml" dependency:copy-dependencies -DoutputDirectory="$build/lib" >"$build/mvn.log" 2>&1; then
+      cat "$build/mvn.log" >&2
+      return 1
+    fi
     javac -d "$build/classes" -cp "$build/lib/*" "$src/MongoLauncher.java"
   fi
   if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
