@@ -25,3 +25,47 @@ start_postgres() {
   export DEPOT_TEST_POSTGRES_CLUSTER="$version main"
   echo "PostgreSQL $version on port $port" >&2
 }
+
+# Starts the MongoDB test server (mongo-java-server in memory, launched by
+# scripts/mongo-server/MongoLauncher.java; built on first use into
+# DEPOT_MONGO_BUILD) when nothing listens on its port yet, and exports
+# DEPOT_TEST_MONGO. Its data lives in memory: a restart empties it.
+DEPOT_MONGO_PORT=${DEPOT_MONGO_PORT:-27018}
+DEPOT_MONGO_BUILD=${DEPOT_MONGO_BUILD:-/var/cache/depot/mongo-server}
+
+start_mongo() {
+  command -v javac >/dev/null || depot_install_packages openjdk-17-jdk-headless
+  command -v mvn >/dev/null || depot_install_packages maven
+  local src build port log
+  src="$(pwd)/scripts/mongo-server"
+  build=$DEPOT_MONGO_BUILD
+  port=$DEPOT_MONGO_PORT
+  log="$build/server.log"
+  if [ ! -f "$build/classes/MongoLauncher.class" ] || [ "$src/MongoLauncher.java" -nt "$build/classes/MongoLauncher.class" ] \
+    || [ "$src/pom.xml" -nt "$build/classes/MongoLauncher.class" ]; then
+    echo "building the MongoDB test server into $build" >&2
+    rm -rf "$build/lib" "$build/classes"
+    mkdir -p "$build/classes"
+    if ! mvn -q -B -f "$src/pom.xml" dependency:copy-dependencies -DoutputDirectory="$build/lib" >"$build/mvn.log" 2>&1; then
+      cat "$build/mvn.log" >&2
+      return 1
+    fi
+    javac -d "$build/classes" -cp "$build/lib/*" "$src/MongoLauncher.java"
+  fi
+  if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    nohup java -Xmx4g -cp "$build/classes:$build/lib/*" MongoLauncher "$port" >"$log" 2>&1 &
+    echo $! >"$build/server.pid"
+    local up=""
+    for _ in $(seq 1 100); do
+      if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then up=1; break; fi
+      sleep 0.2
+    done
+    if [ -z "$up" ]; then
+      echo "the MongoDB test server did not start; $log says:" >&2
+      cat "$log" >&2
+      return 1
+    fi
+  fi
+  export DEPOT_TEST_MONGO="mongodb://127.0.0.1:$port"
+  echo "MongoDB test server (mongo-java-server) on port $port" >&2
+}

@@ -9,6 +9,7 @@ depot_install_packages "${BUILD_PACKAGES[@]}"
 
 echo "== services"
 start_postgres
+start_mongo
 
 echo "== format and lints"
 cargo fmt --all -- --check

@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn engines_not_built_are_named() {
-        let args = ServeArgs { engine: Some("gridfs".into()), ..Default::default() };
+        let args = ServeArgs { engine: Some("s3".into()), ..Default::default() };
         assert!(Settings::resolve(&args).unwrap_err().to_string().contains("not built"));
         let args = ServeArgs { engine: Some("floppy".into()), ..Default::default() };
         assert!(Settings::resolve(&args).unwrap_err().to_string().contains("unknown engine"));

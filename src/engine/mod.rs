@@ -21,6 +21,7 @@ pub mod conformance;
 #[cfg(test)]
 pub mod faulty;
 pub mod fs;
+pub mod gridfs;
 pub mod hybrid;
 pub mod memory;
 pub mod postgres;
@@ -287,6 +288,24 @@ pub fn dir_usage(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
+/// Removes what an abandoned writer staged on a server: `abort` awaits the
+/// returned future, a dropped writer gets it spawned (`Drop` cannot wait).
+/// A failure is logged, not returned: the engine removes the leftovers at a
+/// later start-up, as it would after a crash.
+pub(crate) async fn discard_staged(cleanup: impl std::future::Future<Output = Result<()>>) {
+    if let Err(e) = cleanup.await {
+        tracing::warn!("{e}; the upload's chunks will be removed at a later start-up");
+    }
+}
+
+/// [`discard_staged`] in the background, for a writer's `Drop`; without a
+/// runtime the leftovers wait for a later start-up.
+pub(crate) fn discard_staged_later(cleanup: impl std::future::Future<Output = Result<()>> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(discard_staged(cleanup));
+    }
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
@@ -342,6 +361,7 @@ impl EngineKind {
                 | EngineKind::Memory
                 | EngineKind::Sqlite
                 | EngineKind::Postgres
+                | EngineKind::Gridfs
         )
     }
 }
@@ -414,6 +434,19 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
             })?;
             Arc::new(
                 postgres::PostgresEngine::connect(url, config.chunk_size.unwrap_or(postgres::DEFAULT_CHUNK)).await?,
+            )
+        }
+        EngineKind::Gridfs => {
+            let url = config.url.as_deref().ok_or_else(|| {
+                EngineError::other("gridfs", "needs --engine-url mongodb://[user:password@]host[:port]/database")
+            })?;
+            Arc::new(
+                gridfs::GridfsEngine::connect(
+                    url,
+                    config.gridfs_bucket.as_deref().unwrap_or(gridfs::DEFAULT_BUCKET),
+                    config.chunk_size.unwrap_or(gridfs::DEFAULT_CHUNK),
+                )
+                .await?,
             )
         }
         other => {

@@ -510,10 +510,8 @@ impl BlobWriter for PgWriter {
     }
 
     async fn abort(mut self: Box<Self>) {
-        if let Some(id) = self.id.take()
-            && let Err(e) = self.inner.discard(id).await
-        {
-            tracing::warn!("{e}; the upload's chunks will be removed at a later start-up");
+        if let Some(id) = self.id.take() {
+            super::discard_staged(self.inner.discard(id)).await;
         }
     }
 }
@@ -523,14 +521,9 @@ impl Drop for PgWriter {
         // A writer dropped mid-stream (client gone) removes its chunks in the
         // background; without a runtime, the pending row remains for a later
         // start-up to find.
-        let Some(id) = self.id.take() else { return };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(id) = self.id.take() {
             let inner = self.inner.clone();
-            runtime.spawn(async move {
-                if let Err(e) = inner.discard(id).await {
-                    tracing::warn!("{e}; the upload's chunks will be removed at a later start-up");
-                }
-            });
+            super::discard_staged_later(async move { inner.discard(id).await });
         }
     }
 }

@@ -1,0 +1,1055 @@
+//! `gridfs`: blobs as GridFS files in MongoDB, so that several depot nodes
+//! can share one store of bytes, and so that the tools that read GridFS
+//! (`mongofiles`, every official driver's `GridFSBucket`) read what depot
+//! wrote, and the other way round.
+//!
+//! Layout, as the GridFS specification has it, in bucket `BUCKET` (default
+//! `fs`) of the database named by the URL's path:
+//!
+//! | collection | one document per | fields |
+//! |---|---|---|
+//! | `BUCKET.files` | stored blob | `_id` (ObjectId), `length` (int64), `chunkSize` (int32), `uploadDate`, `filename`: the blob's SHA-256 in lowercase hex |
+//! | `BUCKET.chunks` | chunk of a blob | `_id`, `files_id`, `n` (int32), `data` (binary): bytes `n * chunkSize..` of the file |
+//!
+//! The two indexes the specification asks for (`files`: `filename, uploadDate`;
+//! `chunks`: `files_id, n`, unique) are created at connect when missing.
+//! `chunkSize` is kept per file, so a restart with another chunk size still
+//! reads the blobs written before it, and files from other tools whatever
+//! their chunk size.
+//!
+//! Writing: a writer takes a fresh ObjectId for its file, buffers at most one
+//! chunk and inserts each chunk as it fills. `finish` inserts the files
+//! document last, as the specification's drivers do: no reader ever finds a
+//! files document whose chunks are not all stored. If a file of that digest
+//! is stored already, its `uploadDate` is refreshed (it counts as freshly
+//! written for garbage collection) and the writer's chunks are deleted. Two
+//! writers finishing the same content at the same moment may both insert a
+//! files document; each then looks at all files of that name, and the one
+//! with the smallest `_id` stays: the others are deleted, by whichever writer
+//! sees them. Every write waits for a majority of the replica set and for
+//! the journal (`w: majority, j: true`).
+//!
+//! Abandoned writes: `abort`, or dropping a writer (through a spawned task),
+//! deletes its chunks. What a crash leaves behind (chunks whose `files_id`
+//! has no files document) is deleted when any node connects, but only when
+//! the newest chunk of that file is older than [`ORPHAN_AGE`] (ObjectIds
+//! carry the time they were made), because another node may be writing it
+//! right now. A writer that stalls for longer than that between two chunks
+//! may find its chunks gone: `finish` counts them before it inserts the files
+//! document, and fails rather than keep a file with holes.
+//!
+//! Reading a range asks for the chunks that cover it only (`files_id` and
+//! `n` between the first and the last needed), sorted by `n`, through a
+//! cursor whose batches hold about [`READ_BATCH_BYTES`]; the first and the
+//! last chunk are cut to the range. A missing chunk, or one of the wrong
+//! length, is an error, never silently short data. Other tools may store
+//! several files under one name; a read takes one whose chunks are all
+//! there.
+//!
+//! Failures: a server that cannot be reached within [`CONNECT_TIMEOUT`]
+//! (server selection and TCP connect), a dropped connection, or a server
+//! shutting down or stepping down is [`EngineError::Unavailable`], which
+//! clients see as 503. Nothing is retried by the engine; on a replica set
+//! the driver retries a failed read or write once by itself.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::spec::BinarySubtype;
+use mongodb::bson::{Binary, Bson, DateTime, Document, doc};
+use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::options::{Acknowledgment, ClientOptions, CollectionOptions, IndexOptions, WriteConcern};
+use mongodb::{Client, Collection, Database, IndexModel};
+
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
+
+const NAME: &str = "gridfs";
+
+/// Bytes per chunk when not configured: the GridFS drivers' default, which
+/// keeps a chunk document under 256 KiB with its fields.
+pub const DEFAULT_CHUNK: usize = 255 * 1024;
+/// The bucket when not configured, as in every GridFS tool.
+pub const DEFAULT_BUCKET: &str = "fs";
+/// Chunk sizes accepted from the configuration: a chunk document must stay
+/// under MongoDB's 16 MiB document limit.
+const CHUNK_LIMITS: std::ops::RangeInclusive<usize> = 512..=15 * 1024 * 1024;
+/// Age after which chunks without a files document are taken for the
+/// leftovers of a crashed writer.
+pub const ORPHAN_AGE: Duration = Duration::from_secs(3600);
+/// How long finding a server, or opening a connection, may take before the
+/// engine reports it unavailable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// About how many bytes of chunks one cursor batch of a read holds.
+const READ_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Orphan candidates checked against the files collection per query.
+const ORPHAN_BATCH: usize = 1000;
+
+/// Server error codes that mean "not now" rather than "never": the node is
+/// shutting down, stepping down or not the primary any more, the network
+/// failed, or a majority did not answer in time.
+const TRANSIENT_CODES: &[i32] = &[
+    6,     // HostUnreachable
+    7,     // HostNotFound
+    64,    // WriteConcernFailed
+    89,    // NetworkTimeout
+    91,    // ShutdownInProgress
+    189,   // PrimarySteppedDown
+    9001,  // SocketException
+    10107, // NotWritablePrimary
+    11600, // InterruptedAtShutdown
+    11602, // InterruptedDueToReplStateChange
+    13435, // NotPrimaryNoSecondaryOk
+    13436, // NotPrimaryOrSecondary
+];
+
+/// The GridFS engine; clones share one client (and its connection pool).
+#[derive(Clone)]
+pub struct GridfsEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    files: Collection<Document>,
+    chunks: Collection<Document>,
+    bucket: String,
+    chunk: usize,
+    /// Chunks and chunk bytes that reads received from the server.
+    fetched_chunks: AtomicU64,
+    fetched_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for GridfsEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GridfsEngine({}.{}, chunk {})", self.inner.db.name(), self.inner.bucket, self.inner.chunk)
+    }
+}
+
+fn mongo_err(e: mongodb::error::Error) -> EngineError {
+    let transient = match &*e.kind {
+        ErrorKind::ServerSelection { .. }
+        | ErrorKind::Io(_)
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::DnsResolve { .. }
+        | ErrorKind::Shutdown => true,
+        ErrorKind::Command(c) => TRANSIENT_CODES.contains(&c.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(c)) => TRANSIENT_CODES.contains(&c.code),
+        _ => e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError"),
+    };
+    if transient {
+        EngineError::Unavailable(format!("{NAME} engine: the server is unavailable: {e}"))
+    } else {
+        EngineError::other(NAME, e)
+    }
+}
+
+/// A whole number stored as any BSON number (other tools write `length` and
+/// `chunkSize` as int32, int64 or double).
+fn whole(value: Option<&Bson>) -> Option<u64> {
+    match value? {
+        Bson::Int32(v) => u64::try_from(*v).ok(),
+        Bson::Int64(v) => u64::try_from(*v).ok(),
+        Bson::Double(v) if v.fract() == 0.0 && *v >= 0.0 && *v < u64::MAX as f64 => Some(*v as u64),
+        _ => None,
+    }
+}
+
+/// What a files document says about its file.
+#[derive(Clone, Debug)]
+struct FileDoc {
+    id: Bson,
+    length: u64,
+    chunk_size: u64,
+}
+
+impl FileDoc {
+    fn parse(doc: &Document) -> Result<FileDoc> {
+        let bad = |what: &str| EngineError::other(NAME, format!("a files document has no valid {what}: {doc}"));
+        let id = doc.get("_id").cloned().ok_or_else(|| bad("_id"))?;
+        let length = whole(doc.get("length")).ok_or_else(|| bad("length"))?;
+        let chunk_size = whole(doc.get("chunkSize")).ok_or_else(|| bad("chunkSize"))?;
+        if chunk_size == 0 && length > 0 {
+            return Err(bad("chunkSize"));
+        }
+        Ok(FileDoc { id, length, chunk_size })
+    }
+
+    /// How many chunks a complete file has.
+    fn chunk_count(&self) -> u64 {
+        if self.length == 0 { 0 } else { self.length.div_ceil(self.chunk_size) }
+    }
+
+    /// The length of chunk `n`.
+    fn chunk_len(&self, n: u64) -> u64 {
+        self.chunk_size.min(self.length - n * self.chunk_size)
+    }
+}
+
+impl GridfsEngine {
+    /// Connects to the database named by `url`'s path
+    /// (`mongodb://host:port/database`), creates the GridFS indexes of
+    /// `bucket` when missing, and removes chunks that crashed writers left
+    /// more than [`ORPHAN_AGE`] ago. New blobs are stored in chunks of
+    /// `chunk_size` bytes.
+    pub async fn connect(url: &str, bucket: &str, chunk_size: usize) -> Result<GridfsEngine> {
+        GridfsEngine::connect_with(url, bucket, chunk_size, ORPHAN_AGE).await
+    }
+
+    /// [`connect`](GridfsEngine::connect), taking chunks without a files
+    /// document for abandoned once their newest chunk is `orphan_age` old.
+    pub async fn connect_with(
+        url: &str,
+        bucket: &str,
+        chunk_size: usize,
+        orphan_age: Duration,
+    ) -> Result<GridfsEngine> {
+        if !CHUNK_LIMITS.contains(&chunk_size) {
+            return Err(EngineError::other(
+                NAME,
+                format!("chunk size {chunk_size} is outside {}..={} bytes", CHUNK_LIMITS.start(), CHUNK_LIMITS.end()),
+            ));
+        }
+        if bucket.is_empty() || bucket.contains(['$', '\0']) {
+            return Err(EngineError::other(NAME, format!("{bucket:?} is not a valid bucket name")));
+        }
+        let mut options = ClientOptions::parse(url).await.map_err(|e| {
+            EngineError::other(NAME, format!("{e} (the URL is mongodb://[user:password@]host[:port]/database)"))
+        })?;
+        options.server_selection_timeout.get_or_insert(CONNECT_TIMEOUT);
+        options.connect_timeout.get_or_insert(CONNECT_TIMEOUT);
+        options.app_name.get_or_insert_with(|| "depot".to_string());
+        let client = Client::with_options(options).map_err(mongo_err)?;
+        let db = client
+            .default_database()
+            .ok_or_else(|| EngineError::other(NAME, "the URL names no database: use mongodb://host[:port]/database"))?;
+        let durable = CollectionOptions::builder()
+            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).journal(true).build())
+            .build();
+        let files = db.collection_with_options(&format!("{bucket}.files"), durable.clone());
+        let chunks = db.collection_with_options(&format!("{bucket}.chunks"), durable);
+        let engine = GridfsEngine {
+            inner: Arc::new(Inner {
+                db,
+                files,
+                chunks,
+                bucket: bucket.to_string(),
+                chunk: chunk_size,
+                fetched_chunks: AtomicU64::new(0),
+                fetched_bytes: AtomicU64::new(0),
+            }),
+        };
+        let inner = &engine.inner;
+        ensure_index(&inner.files, doc! { "filename": 1, "uploadDate": 1 }, false).await?;
+        ensure_index(&inner.chunks, doc! { "files_id": 1, "n": 1 }, true).await?;
+        let removed = inner.remove_orphans(orphan_age).await?;
+        if removed > 0 {
+            tracing::info!("{NAME} engine: removed the chunks of {removed} abandoned uploads");
+        }
+        Ok(engine)
+    }
+
+    /// Chunks and chunk bytes that reads have received from the server.
+    pub fn fetched(&self) -> (u64, u64) {
+        (self.inner.fetched_chunks.load(Ordering::Relaxed), self.inner.fetched_bytes.load(Ordering::Relaxed))
+    }
+}
+
+/// Creates an index on `keys` unless one exists already: like the GridFS
+/// drivers, so that a user allowed to read and write but not to create
+/// indexes can use a bucket prepared for it.
+async fn ensure_index(coll: &Collection<Document>, keys: Document, unique: bool) -> Result<()> {
+    let same = |other: &Document| {
+        other.len() == keys.len()
+            && other.iter().zip(keys.iter()).all(|((a, x), (b, y))| a == b && whole(Some(x)) == whole(Some(y)))
+    };
+    let existing: Vec<IndexModel> = match coll.list_indexes().await {
+        Ok(cursor) => cursor.try_collect().await.map_err(mongo_err)?,
+        // The collection does not exist yet.
+        Err(e) if matches!(&*e.kind, ErrorKind::Command(c) if c.code == 26) => Vec::new(),
+        Err(e) => return Err(mongo_err(e)),
+    };
+    if existing.iter().any(|index| same(&index.keys)) {
+        return Ok(());
+    }
+    let options = IndexOptions::builder().unique(unique.then_some(true)).build();
+    coll.create_index(IndexModel::builder().keys(keys).options(options).build()).await.map_err(mongo_err)?;
+    Ok(())
+}
+
+impl Inner {
+    /// The files of this name, oldest `_id` first.
+    async fn files_named(&self, name: &str) -> Result<Vec<FileDoc>> {
+        let cursor = self
+            .files
+            .find(doc! { "filename": name })
+            .sort(doc! { "_id": 1 })
+            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 })
+            .await
+            .map_err(mongo_err)?;
+        let docs: Vec<Document> = cursor.try_collect().await.map_err(mongo_err)?;
+        docs.iter().map(FileDoc::parse).collect()
+    }
+
+    /// A complete file of this name, if any. When other tools stored several,
+    /// the first whose chunks are all there.
+    async fn find_file(&self, name: &str) -> Result<Option<FileDoc>> {
+        let mut files = self.files_named(name).await?;
+        if files.len() <= 1 {
+            return Ok(files.pop());
+        }
+        for file in &files {
+            let count = self.chunks.count_documents(doc! { "files_id": file.id.clone() }).await.map_err(mongo_err)?;
+            if count == file.chunk_count() {
+                return Ok(Some(file.clone()));
+            }
+        }
+        // None complete: the first one, whose read reports what is missing.
+        Ok(files.into_iter().next())
+    }
+
+    /// Deletes a file: its files document first, so that no new reader
+    /// finds it, then its chunks.
+    async fn delete_file(&self, id: &Bson) -> Result<()> {
+        self.files.delete_one(doc! { "_id": id.clone() }).await.map_err(mongo_err)?;
+        self.chunks.delete_many(doc! { "files_id": id.clone() }).await.map_err(mongo_err)?;
+        Ok(())
+    }
+
+    /// Removes what an unfinished writer stored under `id`. A files document
+    /// of that id means the upload finished after all (its reply lost): it
+    /// stays. One that appears while the chunks go is a finish that was in
+    /// flight when its writer was dropped; having lost its chunks, it goes.
+    async fn discard(&self, id: ObjectId) -> Result<()> {
+        let finished = doc! { "_id": id };
+        if self.files.find_one(finished.clone()).await.map_err(mongo_err)?.is_some() {
+            return Ok(());
+        }
+        self.chunks.delete_many(doc! { "files_id": id }).await.map_err(mongo_err)?;
+        if self.files.find_one(finished).await.map_err(mongo_err)?.is_some() {
+            self.delete_file(&Bson::ObjectId(id)).await?;
+        }
+        Ok(())
+    }
+
+    /// Refreshes the `uploadDate` of a stored file of this name and returns
+    /// its length, if there is one.
+    async fn refresh(&self, name: &str) -> Result<Option<u64>> {
+        let found = self
+            .files
+            .find_one_and_update(doc! { "filename": name }, doc! { "$set": { "uploadDate": DateTime::now() } })
+            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 })
+            .await
+            .map_err(mongo_err)?;
+        found.map(|doc| FileDoc::parse(&doc).map(|f| f.length)).transpose()
+    }
+
+    /// After inserting file `mine` under `name`: if others of that name are
+    /// stored, the one with the smallest `_id` stays, refreshed, and the rest
+    /// go. Returns the length of the file that stays.
+    async fn settle(&self, name: &str, mine: ObjectId, length: u64) -> Result<u64> {
+        let files = self.files_named(name).await?;
+        let Some((keep, others)) = files.split_first() else {
+            // Deleted meanwhile by a concurrent delete of the same blob.
+            return Ok(length);
+        };
+        if others.is_empty() {
+            return Ok(length);
+        }
+        for other in others {
+            self.delete_file(&other.id).await?;
+        }
+        if keep.id != Bson::ObjectId(mine) {
+            self.files
+                .update_one(doc! { "_id": keep.id.clone() }, doc! { "$set": { "uploadDate": DateTime::now() } })
+                .await
+                .map_err(mongo_err)?;
+        }
+        Ok(keep.length)
+    }
+
+    /// Deletes the chunks of files that have no files document and whose
+    /// newest chunk is at least `age` old. Returns how many files' chunks.
+    async fn remove_orphans(&self, age: Duration) -> Result<usize> {
+        let cutoff = SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH);
+        // Sorted first so that MongoDB walks the `files_id, n` index.
+        let mut ids = self
+            .chunks
+            .aggregate([doc! { "$sort": { "files_id": 1 } }, doc! { "$group": { "_id": "$files_id" } }])
+            .allow_disk_use(true)
+            .await
+            .map_err(mongo_err)?
+            .map(|doc| doc.map_err(mongo_err).map(|mut d| d.remove("_id").unwrap_or(Bson::Null)))
+            .try_chunks(ORPHAN_BATCH)
+            .map_err(|e| e.1);
+        let mut orphans = Vec::new();
+        while let Some(batch) = ids.try_next().await? {
+            let cursor = self
+                .files
+                .find(doc! { "_id": { "$in": batch.clone() } })
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(mongo_err)?;
+            let present: Vec<Document> = cursor.try_collect().await.map_err(mongo_err)?;
+            let present: Vec<&Bson> = present.iter().filter_map(|d| d.get("_id")).collect();
+            for id in batch.into_iter().filter(|id| !present.contains(&id)) {
+                let newest = self
+                    .chunks
+                    .find_one(doc! { "files_id": id.clone() })
+                    .sort(doc! { "n": -1 })
+                    .projection(doc! { "_id": 1 })
+                    .await
+                    .map_err(mongo_err)?;
+                // Without an ObjectId there is no telling its age: left alone.
+                if let Some(Ok(chunk)) = newest.map(|d| d.get_object_id("_id"))
+                    && chunk.timestamp().to_system_time() <= cutoff
+                {
+                    orphans.push(id);
+                }
+            }
+        }
+        for batch in orphans.chunks(ORPHAN_BATCH) {
+            self.chunks.delete_many(doc! { "files_id": { "$in": batch } }).await.map_err(mongo_err)?;
+        }
+        Ok(orphans.len())
+    }
+}
+
+/// The URL of a fresh, empty database on the MongoDB server of the
+/// `DEPOT_TEST_MONGO` URL (which `scripts/test.sh` sets after starting its
+/// test server), for one test. Panics with instructions when the variable is
+/// missing: tests that need MongoDB never pass without one.
+#[doc(hidden)]
+pub fn fresh_test_url() -> String {
+    let server = std::env::var("DEPOT_TEST_MONGO")
+        .expect("DEPOT_TEST_MONGO is not set: run scripts/test.sh, which starts a MongoDB test server and sets it");
+    let (base, query) = server.split_once('?').map_or((server.as_str(), ""), |(b, q)| (b, q));
+    let Some(hosts_at) = base.find("://").map(|at| at + 3) else {
+        panic!("DEPOT_TEST_MONGO must be a mongodb:// URL, not {server:?}");
+    };
+    let hosts = base[hosts_at..].split('/').next().unwrap_or_default();
+    let name = format!("depot_t_{:016x}", rand::random::<u64>());
+    let query = if query.is_empty() { String::new() } else { format!("?{query}") };
+    format!("{}{hosts}/{name}{query}", &base[..hosts_at])
+}
+
+fn reclaimed(found: u64, stored: i32) -> EngineError {
+    EngineError::other(
+        NAME,
+        format!(
+            "only {found} of the upload's {stored} chunks are stored (removed as abandoned after a stall?); \
+             the blob was not kept"
+        ),
+    )
+}
+
+struct GridfsWriter {
+    inner: Arc<Inner>,
+    /// The file's id; `None` once the blob is finished or discarded.
+    id: Option<ObjectId>,
+    buf: BytesMut,
+    /// Bytes written so far.
+    size: u64,
+    /// Chunks stored so far.
+    stored: i32,
+}
+
+impl GridfsWriter {
+    async fn store(&mut self, id: ObjectId, data: BytesMut) -> Result<()> {
+        let chunk = doc! {
+            "_id": ObjectId::new(),
+            "files_id": id,
+            "n": self.stored,
+            "data": Binary { subtype: BinarySubtype::Generic, bytes: Vec::from(data) },
+        };
+        self.inner.chunks.insert_one(chunk).await.map_err(mongo_err)?;
+        self.stored = self.stored.checked_add(1).ok_or_else(|| EngineError::other(NAME, "blob has too many chunks"))?;
+        Ok(())
+    }
+
+    fn id(&self) -> Result<ObjectId> {
+        self.id.ok_or_else(|| EngineError::other(NAME, "the upload was already finished"))
+    }
+}
+
+#[async_trait]
+impl BlobWriter for GridfsWriter {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        let id = self.id()?;
+        self.size += chunk.len() as u64;
+        self.buf.extend_from_slice(&chunk);
+        while self.buf.len() >= self.inner.chunk {
+            let full = self.buf.split_to(self.inner.chunk);
+            self.store(id, full).await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        let id = self.id()?;
+        let name = digest.to_hex();
+        if !self.buf.is_empty() {
+            let last = self.buf.split();
+            self.store(id, last).await?;
+        }
+        let inner = self.inner.clone();
+        if let Some(size) = inner.refresh(&name).await? {
+            inner.discard(id).await?;
+            self.id = None;
+            return Ok(BlobRef { digest, size, locator: Vec::new() });
+        }
+        let found = inner.chunks.count_documents(doc! { "files_id": id }).await.map_err(mongo_err)?;
+        if found != self.stored as u64 {
+            return Err(reclaimed(found, self.stored));
+        }
+        let length = i64::try_from(self.size).map_err(|_| EngineError::other(NAME, "blob too large"))?;
+        let file = doc! {
+            "_id": id,
+            "length": length,
+            "chunkSize": inner.chunk as i32,
+            "uploadDate": DateTime::now(),
+            "filename": &name,
+        };
+        inner.files.insert_one(file).await.map_err(mongo_err)?;
+        self.id = None;
+        let size = inner.settle(&name, id, self.size).await?;
+        Ok(BlobRef { digest, size, locator: Vec::new() })
+    }
+
+    async fn abort(mut self: Box<Self>) {
+        if let Some(id) = self.id.take() {
+            super::discard_staged(self.inner.discard(id)).await;
+        }
+    }
+}
+
+impl Drop for GridfsWriter {
+    fn drop(&mut self) {
+        // A writer dropped mid-stream (client gone) removes its chunks in the
+        // background; without a runtime, they remain for a later start-up.
+        if let Some(id) = self.id.take() {
+            let inner = self.inner.clone();
+            super::discard_staged_later(async move { inner.discard(id).await });
+        }
+    }
+}
+
+/// Where a read stands in its file's chunks.
+struct ChunkReader {
+    cursor: mongodb::Cursor<Document>,
+    inner: Arc<Inner>,
+    file: FileDoc,
+    range: ByteRange,
+    /// The next chunk expected, and the last one needed.
+    next: u64,
+    last: u64,
+}
+
+impl ChunkReader {
+    fn fail(&self, what: &str) -> EngineError {
+        EngineError::other(NAME, format!("chunk {} of file {} is {what}", self.next, self.file.id))
+    }
+
+    /// The next piece of the range, or `None` after the last.
+    async fn next_piece(&mut self) -> Result<Option<Bytes>> {
+        if self.next > self.last {
+            return Ok(None);
+        }
+        let Some(mut doc) = self.cursor.try_next().await.map_err(mongo_err)? else {
+            return Err(self.fail("missing"));
+        };
+        if whole(doc.get("n")) != Some(self.next) {
+            return Err(self.fail("missing"));
+        }
+        let data = match doc.remove("data") {
+            Some(Bson::Binary(b)) => Bytes::from(b.bytes),
+            _ => return Err(self.fail("not binary data")),
+        };
+        if data.len() as u64 != self.file.chunk_len(self.next) {
+            return Err(self.fail(&format!("{} bytes long, not {}", data.len(), self.file.chunk_len(self.next))));
+        }
+        self.inner.fetched_chunks.fetch_add(1, Ordering::Relaxed);
+        self.inner.fetched_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        let at = self.next * self.file.chunk_size;
+        let from = self.range.start.max(at) - at;
+        let to = self.range.end.min(at + data.len() as u64) - at;
+        self.next += 1;
+        Ok(Some(data.slice(from as usize..to as usize)))
+    }
+}
+
+#[async_trait]
+impl BlobEngine for GridfsEngine {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
+        Ok(Box::new(GridfsWriter {
+            inner: self.inner.clone(),
+            id: Some(ObjectId::new()),
+            buf: BytesMut::new(),
+            size: 0,
+            stored: 0,
+        }))
+    }
+
+    async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        let file = self.inner.find_file(&blob.digest.to_hex()).await?.ok_or(EngineError::NotFound(blob.digest))?;
+        if range.end > file.length || range.start > range.end {
+            return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+        }
+        if range.is_empty() {
+            return Ok(Box::pin(futures::stream::empty()));
+        }
+        let first = range.start / file.chunk_size;
+        let last = (range.end - 1) / file.chunk_size;
+        let (first_n, last_n) = (i64::try_from(first), i64::try_from(last));
+        let (Ok(first_n), Ok(last_n)) = (first_n, last_n) else {
+            return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+        };
+        let batch = (READ_BATCH_BYTES as u64 / file.chunk_size).clamp(1, 1024) as u32;
+        let cursor = self
+            .inner
+            .chunks
+            .find(doc! { "files_id": file.id.clone(), "n": { "$gte": first_n, "$lte": last_n } })
+            .sort(doc! { "n": 1 })
+            .projection(doc! { "_id": 0, "n": 1, "data": 1 })
+            .batch_size(batch)
+            .await
+            .map_err(mongo_err)?;
+        let reader = ChunkReader { cursor, inner: self.inner.clone(), file, range, next: first, last };
+        // Ends after the first error.
+        let stream = futures::stream::unfold(Some(reader), |state| async move {
+            let mut reader = state?;
+            match reader.next_piece().await {
+                Ok(Some(bytes)) => Some((Ok(bytes), Some(reader))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn delete(&self, blob: &BlobRef) -> Result<()> {
+        for file in self.inner.files_named(&blob.digest.to_hex()).await? {
+            self.inner.delete_file(&file.id).await?;
+        }
+        Ok(())
+    }
+
+    async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
+        let found = self
+            .inner
+            .files
+            .find_one(doc! { "filename": blob.digest.to_hex() })
+            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 })
+            .await
+            .map_err(mongo_err)?;
+        found.map(|doc| FileDoc::parse(&doc).map(|f| f.length)).transpose()
+    }
+
+    async fn list(&self) -> Result<Vec<BlobInfo>> {
+        // Only depot's names: the bucket may hold other tools' files too.
+        let cursor = self
+            .inner
+            .files
+            .find(doc! { "filename": { "$regex": "^[0-9a-f]{64}$" } })
+            .projection(doc! { "_id": 1, "filename": 1, "length": 1, "chunkSize": 1, "uploadDate": 1 })
+            .await
+            .map_err(mongo_err)?;
+        let docs: Vec<Document> = cursor.try_collect().await.map_err(mongo_err)?;
+        let mut blobs: HashMap<Digest, BlobInfo> = HashMap::with_capacity(docs.len());
+        for doc in &docs {
+            let Some(digest) = doc
+                .get_str("filename")
+                .ok()
+                .filter(|name| name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+                .and_then(Digest::from_hex)
+            else {
+                continue;
+            };
+            let size = FileDoc::parse(doc)?.length;
+            let modified = doc.get_datetime("uploadDate").map_or(SystemTime::UNIX_EPOCH, |d| d.to_system_time());
+            let info = BlobInfo { digest, size, locator: Vec::new(), modified };
+            // Duplicates (other tools' writes): one blob, as fresh as the freshest.
+            blobs.entry(digest).and_modify(|b| b.modified = b.modified.max(modified)).or_insert(info);
+        }
+        Ok(blobs.into_values().collect())
+    }
+
+    /// The `collStats` of the two collections: their storage size (the data
+    /// size where the server reports no storage, as in-memory servers do)
+    /// plus their indexes.
+    async fn disk_usage(&self) -> Result<Option<u64>> {
+        let mut total = 0;
+        for coll in [&self.inner.files, &self.inner.chunks] {
+            let stats = match self.inner.db.run_command(doc! { "collStats": coll.name() }).await {
+                Ok(stats) => stats,
+                // Not created yet.
+                Err(e) if matches!(&*e.kind, ErrorKind::Command(c) if c.code == 26) => continue,
+                Err(e) => return Err(mongo_err(e)),
+            };
+            let storage = whole(stats.get("storageSize")).filter(|&s| s > 0).or_else(|| whole(stats.get("size")));
+            total += storage.unwrap_or(0) + whole(stats.get("totalIndexSize")).unwrap_or(0);
+        }
+        Ok(Some(total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    use mongodb::options::GridFsBucketOptions;
+
+    use super::*;
+    use crate::engine::conformance::{self, pattern};
+    use crate::engine::{BlobEngineExt, sha2_digest};
+
+    async fn engine(chunk: usize) -> (GridfsEngine, String) {
+        let url = fresh_test_url();
+        (GridfsEngine::connect(&url, DEFAULT_BUCKET, chunk).await.unwrap(), url)
+    }
+
+    /// Drops the test's database: the test server keeps everything in memory.
+    async fn done(engine: GridfsEngine) {
+        engine.inner.db.drop().await.unwrap();
+    }
+
+    async fn count(coll: &Collection<Document>, filter: Document) -> u64 {
+        coll.count_documents(filter).await.unwrap()
+    }
+
+    fn blob_of(data: &[u8]) -> BlobRef {
+        BlobRef { digest: Digest(sha2_digest(data)), size: data.len() as u64, locator: Vec::new() }
+    }
+
+    /// The driver's own GridFS API on the engine's bucket, as another tool
+    /// would use it, with chunks of `chunk_size`.
+    fn driver_bucket(engine: &GridfsEngine, chunk_size: u32) -> mongodb::gridfs::GridFsBucket {
+        let options =
+            GridFsBucketOptions::builder().bucket_name(engine.inner.bucket.clone()).chunk_size_bytes(chunk_size);
+        engine.inner.db.gridfs_bucket(options.build())
+    }
+
+    /// Stores a file through the driver's own GridFS API.
+    async fn upload(bucket: &mongodb::gridfs::GridFsBucket, name: &str, data: &[u8]) {
+        let mut upload = bucket.open_upload_stream(name).await.unwrap();
+        upload.write_all(data).await.unwrap();
+        upload.close().await.unwrap();
+    }
+
+    /// An ObjectId made `age` ago.
+    fn object_id_aged(age: Duration) -> ObjectId {
+        let mut bytes = ObjectId::new().bytes();
+        let at = SystemTime::now().checked_sub(age).unwrap().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        bytes[..4].copy_from_slice(&(at.as_secs() as u32).to_be_bytes());
+        ObjectId::from_bytes(bytes)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conformance() {
+        let (engine, _) = engine(DEFAULT_CHUNK).await;
+        conformance::run_all(&engine).await;
+        // Nothing but finished files' chunks remains.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let files: Vec<Document> = engine.inner.files.find(doc! {}).await.unwrap().try_collect().await.unwrap();
+        let expected: u64 = files.iter().map(|f| FileDoc::parse(f).unwrap().chunk_count()).sum();
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, expected);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conformance_with_small_chunks() {
+        let (engine, _) = engine(1000).await;
+        conformance::run_all(&engine).await;
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn files_follow_the_gridfs_layout() {
+        let (engine, url) = engine(10_000).await;
+        let data = pattern(25_000, 1);
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        let file = engine.inner.files.find_one(doc! {}).await.unwrap().unwrap();
+        assert_eq!(file.get_str("filename").unwrap(), blob.digest.to_hex());
+        assert!(matches!(file.get("_id"), Some(Bson::ObjectId(_))), "{file}");
+        assert_eq!(file.get("length"), Some(&Bson::Int64(25_000)));
+        assert_eq!(file.get("chunkSize"), Some(&Bson::Int32(10_000)));
+        assert!(matches!(file.get("uploadDate"), Some(Bson::DateTime(_))), "{file}");
+        let chunks: Vec<Document> =
+            engine.inner.chunks.find(doc! {}).sort(doc! { "n": 1 }).await.unwrap().try_collect().await.unwrap();
+        let layout: Vec<_> = chunks
+            .iter()
+            .map(|c| {
+                (c.get("files_id") == file.get("_id"), c.get("n").cloned(), c.get_binary_generic("data").unwrap().len())
+            })
+            .collect();
+        let n = |i| Some(Bson::Int32(i));
+        assert_eq!(layout, [(true, n(0), 10_000), (true, n(1), 10_000), (true, n(2), 5_000)]);
+        // The indexes every GridFS tool expects, created once however many
+        // nodes connect.
+        GridfsEngine::connect(&url, DEFAULT_BUCKET, 10_000).await.unwrap();
+        let indexes: Vec<IndexModel> = engine.inner.chunks.list_indexes().await.unwrap().try_collect().await.unwrap();
+        let unique = indexes.iter().find(|i| i.keys == doc! { "files_id": 1, "n": 1 }).expect("chunks index");
+        assert_eq!(unique.options.as_ref().and_then(|o| o.unique), Some(true));
+        let indexes: Vec<IndexModel> = engine.inner.files.list_indexes().await.unwrap().try_collect().await.unwrap();
+        assert_eq!(indexes.iter().filter(|i| i.keys == doc! { "filename": 1, "uploadDate": 1 }).count(), 1);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn range_reads_fetch_only_the_chunks_they_need() {
+        let (engine, _) = engine(10_000).await;
+        let data = pattern(100_000, 7);
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        // (range, chunks fetched, bytes fetched): never more than the chunks
+        // the range touches.
+        let cases = [
+            ((30_000, 55_000), 3, 30_000),
+            ((31_234, 31_235), 1, 10_000),
+            ((39_999, 50_001), 3, 30_000),
+            ((99_999, 100_000), 1, 10_000),
+            ((0, 100_000), 10, 100_000),
+        ];
+        for ((start, end), chunks, bytes) in cases {
+            let before = engine.fetched();
+            let got = engine.read_to_vec(&blob, ByteRange { start, end }).await.unwrap();
+            assert!(got == data[start as usize..end as usize], "range {start}..{end}");
+            let after = engine.fetched();
+            assert_eq!((after.0 - before.0, after.1 - before.1), (chunks, bytes), "range {start}..{end}");
+        }
+        // Without the chunks outside 30,000..60,000, those ranges still read.
+        let outside = doc! { "n": { "$not": { "$gte": 3, "$lte": 5 } } };
+        engine.inner.chunks.delete_many(outside).await.unwrap();
+        for (start, end) in [(30_000, 55_000), (31_234, 31_235), (30_000, 60_000)] {
+            let got = engine.read_to_vec(&blob, ByteRange { start, end }).await.unwrap();
+            assert!(got == data[start as usize..end as usize], "range {start}..{end}");
+        }
+        for (start, end) in [(29_999, 30_001), (55_000, 60_001), (0, 100_000)] {
+            let err = engine.read_to_vec(&blob, ByteRange { start, end }).await.unwrap_err();
+            assert!(err.to_string().contains("missing"), "{err}");
+        }
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_chunk_of_the_wrong_length_is_an_error() {
+        let (engine, _) = engine(10_000).await;
+        let data = pattern(30_000, 8);
+        let blob = engine.put_bytes(data).await.unwrap();
+        let short = Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 9_999] };
+        engine.inner.chunks.update_one(doc! { "n": 1 }, doc! { "$set": { "data": short } }).await.unwrap();
+        engine.read_to_vec(&blob, ByteRange { start: 0, end: 10_000 }).await.unwrap();
+        let err = engine.read_to_vec(&blob, ByteRange { start: 0, end: 30_000 }).await.unwrap_err();
+        assert!(err.to_string().contains("9999 bytes long, not 10000"), "{err}");
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_drivers_gridfs_bucket_reads_and_writes_the_same_files() {
+        let (engine, _) = engine(DEFAULT_CHUNK).await;
+        let bucket = driver_bucket(&engine, 70_000);
+        // Written by the driver, in chunks of its own size; read by depot.
+        let theirs = pattern(1_000_000, 9);
+        let blob = blob_of(&theirs);
+        upload(&bucket, &blob.digest.to_hex(), &theirs).await;
+        assert_eq!(engine.stat(&blob).await.unwrap(), Some(1_000_000));
+        assert!(engine.read_to_vec(&blob, ByteRange::full(1_000_000)).await.unwrap() == theirs);
+        let got = engine.read_to_vec(&blob, ByteRange { start: 69_999, end: 140_001 }).await.unwrap();
+        assert!(got == theirs[69_999..140_001]);
+        assert!(engine.list().await.unwrap().iter().any(|b| b.digest == blob.digest && b.size == 1_000_000));
+        // Written by depot; read by the driver.
+        let ours = pattern(600_000, 10);
+        let written = engine.put_bytes(ours.clone()).await.unwrap();
+        let mut download = bucket.open_download_stream_by_name(written.digest.to_hex()).await.unwrap();
+        let mut back = Vec::new();
+        download.read_to_end(&mut back).await.unwrap();
+        assert!(back == ours, "the driver read {} bytes, not depot's blob", back.len());
+        // Another tool's file with a name that is not a digest is left alone.
+        upload(&bucket, "notes.txt", b"hello").await;
+        let mut listed: Vec<_> = engine.list().await.unwrap().into_iter().map(|b| b.digest).collect();
+        listed.sort();
+        let mut expected = vec![blob.digest, written.digest];
+        expected.sort();
+        assert_eq!(listed, expected);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn duplicate_files_of_other_tools_read_as_one_blob() {
+        let (engine, _) = engine(DEFAULT_CHUNK).await;
+        let bucket = driver_bucket(&engine, 4_000);
+        let data = pattern(10_000, 11);
+        let blob = blob_of(&data);
+        for _ in 0..3 {
+            upload(&bucket, &blob.digest.to_hex(), &data).await;
+        }
+        // The oldest copy lost a chunk; a read takes a complete one.
+        let oldest = engine.inner.files.find_one(doc! {}).sort(doc! { "_id": 1 }).await.unwrap().unwrap();
+        let oldest = oldest.get("_id").unwrap().clone();
+        engine.inner.chunks.delete_one(doc! { "files_id": oldest, "n": 1 }).await.unwrap();
+        assert!(engine.read_to_vec(&blob, ByteRange::full(10_000)).await.unwrap() == data);
+        assert_eq!(engine.list().await.unwrap().len(), 1);
+        engine.delete(&blob).await.unwrap();
+        assert_eq!(engine.stat(&blob).await.unwrap(), None);
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, 0);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn two_nodes_writing_the_same_content_leave_one_file() {
+        let (a, url) = engine(64 * 1024).await;
+        let b = GridfsEngine::connect(&url, DEFAULT_BUCKET, 64 * 1024).await.unwrap();
+        let data = pattern(1_000_000, 12);
+        for _ in 0..5 {
+            let (x, y) = futures::join!(a.put_bytes(data.clone()), b.put_bytes(data.clone()));
+            assert_eq!(x.unwrap(), y.unwrap());
+            assert_eq!(count(&a.inner.files, doc! {}).await, 1);
+            // Only the kept file's chunks remain: 1,000,000 bytes in 64 KiB chunks.
+            assert_eq!(count(&a.inner.chunks, doc! {}).await, 16);
+        }
+        assert!(b.read_to_vec(&blob_of(&data), ByteRange::full(1_000_000)).await.unwrap() == data);
+        done(a).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn writing_stored_content_again_refreshes_it() {
+        let (engine, _) = engine(10_000).await;
+        let data = pattern(25_000, 13);
+        engine.put_bytes(data.clone()).await.unwrap();
+        let old = DateTime::from_millis(DateTime::now().timestamp_millis() - 7_200_000);
+        engine.inner.files.update_one(doc! {}, doc! { "$set": { "uploadDate": old } }).await.unwrap();
+        engine.put_bytes(data).await.unwrap();
+        let listed = engine.list().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].modified.elapsed().unwrap_or_default() < Duration::from_secs(60), "{listed:?}");
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, 3);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn abandoned_writers_remove_their_chunks() {
+        let (engine, _) = engine(64 * 1024).await;
+        let mut aborted = engine.writer(None).await.unwrap();
+        aborted.write(pattern(300_000, 14)).await.unwrap();
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, 4);
+        aborted.abort().await;
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, 0);
+        let mut dropped = engine.writer(None).await.unwrap();
+        dropped.write(pattern(300_000, 15)).await.unwrap();
+        drop(dropped);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(&engine.inner.chunks, doc! {}).await > 0 {
+            assert!(Instant::now() < deadline, "a dropped writer's chunks remain");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(count(&engine.inner.files, doc! {}).await, 0);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_writer_that_lost_chunks_keeps_no_file() {
+        let (engine, _) = engine(64 * 1024).await;
+        let data = pattern(200_000, 16);
+        let mut writer = engine.writer(None).await.unwrap();
+        writer.write(data.clone()).await.unwrap();
+        // What orphan cleanup does to an upload that stalled for too long.
+        engine.inner.chunks.delete_one(doc! { "n": 1 }).await.unwrap();
+        let err = writer.finish(Digest(sha2_digest(&data))).await.unwrap_err();
+        assert!(err.to_string().contains("only 3 of the upload's 4 chunks"), "{err}");
+        assert!(engine.list().await.unwrap().is_empty());
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn discarding_an_upload_whose_finish_landed_keeps_the_file() {
+        // A writer dropped while its files document was on its way.
+        let (engine, _) = engine(64 * 1024).await;
+        let data = pattern(200_000, 17);
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        let file = engine.inner.files.find_one(doc! {}).await.unwrap().unwrap();
+        engine.inner.discard(file.get_object_id("_id").unwrap()).await.unwrap();
+        assert!(engine.read_to_vec(&blob, ByteRange::full(200_000)).await.unwrap() == data);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn orphaned_chunks_are_removed_at_connect_once_old_enough() {
+        let (engine, url) = engine(64 * 1024).await;
+        let kept = engine.put_bytes(pattern(200_000, 18)).await.unwrap();
+        // A writer that crashed two hours ago, and one on another node that
+        // is writing right now.
+        let (crashed, live) = (object_id_aged(Duration::from_secs(7200)), ObjectId::new());
+        for (files_id, made) in [(crashed, Duration::from_secs(7200)), (live, Duration::ZERO)] {
+            for n in 0..3 {
+                let data = Binary { subtype: BinarySubtype::Generic, bytes: vec![n as u8; 100] };
+                let chunk = doc! { "_id": object_id_aged(made), "files_id": files_id, "n": n, "data": data };
+                engine.inner.chunks.insert_one(chunk).await.unwrap();
+            }
+        }
+        GridfsEngine::connect(&url, DEFAULT_BUCKET, 64 * 1024).await.unwrap();
+        assert_eq!(count(&engine.inner.chunks, doc! { "files_id": crashed }).await, 0);
+        assert_eq!(count(&engine.inner.chunks, doc! { "files_id": live }).await, 3);
+        GridfsEngine::connect_with(&url, DEFAULT_BUCKET, 64 * 1024, Duration::ZERO).await.unwrap();
+        assert_eq!(count(&engine.inner.chunks, doc! { "files_id": live }).await, 0);
+        // The finished blob is untouched.
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, 4);
+        assert_eq!(engine.read_to_vec(&kept, ByteRange::full(200_000)).await.unwrap().len(), 200_000);
+        done(engine).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn buckets_are_apart() {
+        let url = fresh_test_url();
+        let a = GridfsEngine::connect(&url, "depot", 10_000).await.unwrap();
+        let b = GridfsEngine::connect(&url, DEFAULT_BUCKET, 10_000).await.unwrap();
+        a.put_bytes(pattern(5_000, 19)).await.unwrap();
+        assert_eq!(a.list().await.unwrap().len(), 1);
+        assert!(b.list().await.unwrap().is_empty());
+        let names = a.inner.db.list_collection_names().await.unwrap();
+        assert!(names.contains(&"depot.files".to_string()) && names.contains(&"depot.chunks".to_string()), "{names:?}");
+        done(a).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn bad_settings_are_clear_errors() {
+        let server = std::env::var("DEPOT_TEST_MONGO").expect("DEPOT_TEST_MONGO is not set: run scripts/test.sh");
+        let err = GridfsEngine::connect(server.trim_end_matches('/'), DEFAULT_BUCKET, DEFAULT_CHUNK).await.unwrap_err();
+        assert!(err.to_string().contains("names no database"), "{err}");
+        let err = GridfsEngine::connect("http://example.com/db", DEFAULT_BUCKET, DEFAULT_CHUNK).await.unwrap_err();
+        assert!(err.to_string().contains("mongodb://"), "{err}");
+        let err = GridfsEngine::connect(&fresh_test_url(), DEFAULT_BUCKET, 100).await.unwrap_err();
+        assert!(err.to_string().contains("chunk size 100"), "{err}");
+        let err = GridfsEngine::connect(&fresh_test_url(), "", DEFAULT_CHUNK).await.unwrap_err();
+        assert!(err.to_string().contains("bucket name"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_unreachable_server_is_unavailable_within_seconds() {
+        let started = Instant::now();
+        let err =
+            GridfsEngine::connect("mongodb://127.0.0.1:1/depot", DEFAULT_BUCKET, DEFAULT_CHUNK).await.unwrap_err();
+        assert!(matches!(err, EngineError::Unavailable(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains("gridfs engine") && message.contains("unavailable"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn disk_usage_grows_with_the_blobs() {
+        let (engine, _) = engine(DEFAULT_CHUNK).await;
+        let before = engine.disk_usage().await.unwrap().unwrap();
+        engine.put_bytes(pattern(3_000_000, 20)).await.unwrap();
+        let after = engine.disk_usage().await.unwrap().unwrap();
+        assert!(after >= before + 3_000_000, "{before} -> {after}");
+        done(engine).await;
+    }
+}
