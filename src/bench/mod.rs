@@ -18,6 +18,7 @@ pub mod machine;
 pub mod mget;
 pub mod nginx;
 pub mod report;
+pub mod rss;
 pub mod stats;
 
 use std::io::{BufRead, BufReader};
@@ -250,6 +251,11 @@ impl DepotServer {
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The server's peak resident memory since it (re)started.
+    pub fn peak_rss(&self) -> Option<u64> {
+        rss::peak_rss(self.child.id())
     }
 
     /// The last lines the server logged, for error messages.

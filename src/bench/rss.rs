@@ -1,0 +1,131 @@
+//! Memory of the processes under test, from `/proc`: a depot server's own
+//! peak (the kernel's high-water mark), and the peak of a backend server
+//! (PostgreSQL with its per-connection children, a Java server) found by the
+//! loopback port it listens on and sampled while an experiment runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A field of `/proc/PID/status` in bytes (`VmHWM`, `VmRSS`).
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim_start_matches(':')
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// The most memory a process has held resident since it started.
+pub fn peak_rss(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmHWM")
+}
+
+/// Memory resident now in a process and all its descendants.
+pub fn tree_rss(pid: u32) -> u64 {
+    let mut total = status_bytes(pid, "VmRSS").unwrap_or(0);
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+        total += tree_rss(child);
+    }
+    total
+}
+
+/// The process listening on a TCP port (IPv4 or IPv6), found through the
+/// socket's inode; `None` when nothing listens or the process is not ours
+/// to inspect.
+pub fn listener_pid(port: u16) -> Option<u32> {
+    const LISTEN: &str = "0A";
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9)) else {
+                continue;
+            };
+            let local_port = local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+            if *state == LISTEN && local_port == Some(port) {
+                inodes.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return None;
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && inodes.iter().any(|i| target.as_os_str() == i.as_str())
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// Samples a process tree's resident memory every 50 ms on a thread of its
+/// own until stopped, keeping the peak.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    pub fn start(pid: u32) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(tree_rss(pid)));
+        let (s, p) = (stop.clone(), peak.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(tree_rss(pid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Sampler { stop, peak, thread: Some(thread) }
+    }
+
+    /// Stops sampling; the peak seen.
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_listener_of_a_port_and_its_memory() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert_eq!(listener_pid(port), Some(std::process::id()));
+        let peak = peak_rss(std::process::id()).unwrap();
+        assert!(peak > 1 << 20, "a test process holds more than a megabyte: {peak}");
+        let sampler = Sampler::start(std::process::id());
+        std::thread::sleep(Duration::from_millis(120));
+        let sampled = sampler.finish();
+        assert!(sampled > 1 << 20 && sampled <= peak_rss(std::process::id()).unwrap(), "{sampled}");
+        drop(listener);
+        assert_eq!(listener_pid(port), None);
+    }
+}
