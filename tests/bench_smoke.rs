@@ -85,3 +85,34 @@ fn bench_mget_quick_writes_a_complete_report() {
     bench("mget", dir.path());
     check_report(dir.path(), "mget", &["depot hybrid (warm)", "depot hybrid (cold)", "rocksdb multi_get (warm)"]);
 }
+
+#[test]
+fn bench_files_quick_measures_every_phase_beside_plain_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = bench("files", dir.path());
+    assert!(stdout.contains("| write, 1 client | depot hybrid | MB/s |"), "{stdout}");
+    check_report(dir.path(), "files", &["depot hybrid", "plain files"]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    let rows = json["experiments"][0]["rows"].as_array().unwrap();
+    let value = |subject: &str, case: &str, metric: &str| {
+        rows.iter()
+            .find(|r| {
+                r["subject"].as_str().is_some_and(|s| s.starts_with(subject))
+                    && r["case"] == case
+                    && r["metric"] == metric
+            })
+            .and_then(|r| r["value"].as_f64())
+            .unwrap_or_else(|| panic!("no {metric} for {subject} {case}"))
+    };
+    for case in ["write, 1 client", "write, 20 clients", "read, 1 client in order", "read, 20 clients at random"] {
+        assert!(value("depot hybrid", case, "MB/s") > 0.0);
+        assert!(value("plain files", case, "MB/s") > 0.0);
+    }
+    let share = value("depot hybrid", "all phases", "% of upload time in the catalog");
+    assert!(share > 0.0 && share < 100.0, "{share}");
+    assert!(value("depot hybrid", "all phases", "server peak RSS MB") > 1.0);
+    // Every byte is stored once, plus the catalog.
+    let disk = value("depot hybrid", "all phases", "disk bytes per byte");
+    assert!((0.9..2.0).contains(&disk), "{disk}");
+}

@@ -12,6 +12,7 @@
 //! [`nginx`] and `wrk`, the writers [`report`] and [`chart`].
 
 pub mod chart;
+pub mod files;
 pub mod http;
 pub mod load;
 pub mod machine;
@@ -38,6 +39,9 @@ use stats::Summary;
 /// The experiments, in report order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Experiment {
+    /// Large files written by 1 and 20 clients and read back, each engine
+    /// beside plain files.
+    Files,
     /// Files of 1 KB, 100 KB and 1 MB over HTTP at concurrency 100, and PUTs
     /// of new 1 KB keys: depot with each engine vs nginx.
     Http,
@@ -49,7 +53,7 @@ pub enum Experiment {
 }
 
 impl Experiment {
-    const EACH: [Experiment; 2] = [Experiment::Http, Experiment::Mget];
+    const EACH: [Experiment; 3] = [Experiment::Files, Experiment::Http, Experiment::Mget];
 
     fn expand(self) -> Vec<Experiment> {
         match self {
@@ -66,8 +70,11 @@ pub struct BenchArgs {
     #[arg(value_enum)]
     pub experiment: Experiment,
     /// Scaled down: every experiment in well under a minute.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "full")]
     pub quick: bool,
+    /// At the seeds' own sizes (hours, and tens of gigabytes of disk).
+    #[arg(long)]
+    pub full: bool,
     /// Where the report goes (default: bench-results/<UTC time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -92,6 +99,9 @@ pub const DEFAULT_ENGINES: [&str; 7] = ["hybrid", "fs", "rocksdb", "sqlite", "po
 pub struct EngineChoice {
     pub name: String,
     pub serve_flags: Result<Vec<String>, String>,
+    /// The loopback port of the engine's own server, whose memory is
+    /// measured too.
+    pub backend_port: Option<u16>,
 }
 
 impl EngineChoice {
@@ -105,6 +115,7 @@ impl EngineChoice {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub quick: bool,
+    pub full: bool,
     pub threads: usize,
     pub engines: Vec<EngineChoice>,
     /// Whether the engines were named by the user (then experiments run
@@ -135,9 +146,16 @@ impl Settings {
                 },
                 _ => Ok(Vec::new()),
             };
-            engines.push(EngineChoice { name, serve_flags });
+            engines.push(EngineChoice { name, serve_flags, backend_port: None });
         }
-        Ok(Settings { quick: args.quick, threads, engines, engines_named: args.engines.is_some(), scratch })
+        Ok(Settings {
+            quick: args.quick,
+            full: args.full,
+            threads,
+            engines,
+            engines_named: args.engines.is_some(),
+            scratch,
+        })
     }
 }
 
@@ -422,6 +440,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     for experiment in args.experiment.expand() {
         let report = runtime.block_on(async {
             match experiment {
+                Experiment::Files => files::run(&settings).await,
                 Experiment::Http => http::run(&settings).await,
                 Experiment::Mget => mget::run(&settings).await,
                 Experiment::All => unreachable!("expanded above"),

@@ -1,0 +1,395 @@
+//! `depot bench files`, after the seed "GridFS vs SQL Server vs Local": N
+//! files of S bytes written through depot's HTTP API by one client, then N
+//! more by 20 clients at once; then read back, all in order by one client,
+//! and by 20 clients fetching random files. Per engine: time and MB/s of
+//! each phase, the upload time spent registering in the catalog vs
+//! streaming bytes (the split the seed measured), the server's and the
+//! backend server's peak memory, and bytes on disk per byte stored. The
+//! physical reference is plain files written and fsynced by this process
+//! the same way (`cp` plus `fsync`), and read back the same way.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::bail;
+use bytes::Bytes;
+use http::Method;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::load::{self, Connection};
+use super::{
+    DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, drop_caches, is_root, rss,
+};
+
+const NAME: &str = "files";
+const MBS: &str = "MB/s";
+const CLIENTS: usize = 20;
+const PLAIN: &str = "plain files (write + fsync)";
+
+/// The seed's MB/s for NTFS, SQL Server and GridFS by phase: 10,000 MB
+/// over its published seconds (165, 998, 921 by one thread; 170, 840, 668
+/// by 20), to one decimal.
+const SEED_WRITE_1: [(f64, &str); 3] = [(60.6, "NTFS"), (10.0, "SQL Server"), (10.9, "GridFS")];
+const SEED_WRITE_20: [(f64, &str); 3] = [(58.8, "NTFS"), (11.9, "SQL Server"), (15.0, "GridFS")];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Write1,
+    Write20,
+    ReadSeq,
+    Read20,
+}
+
+impl Phase {
+    const ALL: [Phase; 4] = [Phase::Write1, Phase::Write20, Phase::ReadSeq, Phase::Read20];
+
+    fn case(self) -> &'static str {
+        match self {
+            Phase::Write1 => "write, 1 client",
+            Phase::Write20 => "write, 20 clients",
+            Phase::ReadSeq => "read, 1 client in order",
+            Phase::Read20 => "read, 20 clients at random",
+        }
+    }
+
+    /// The seed's figure for a subject like the one measured.
+    fn seed(self, like: Option<usize>) -> Option<(f64, &'static str)> {
+        let like = like?;
+        match self {
+            Phase::Write1 => Some(SEED_WRITE_1[like]),
+            Phase::Write20 => Some(SEED_WRITE_20[like]),
+            _ => None,
+        }
+    }
+}
+
+/// Which of the seed's subjects an engine stands in for.
+fn seed_like(engine: &str) -> Option<usize> {
+    match engine {
+        "fs" | PLAIN => Some(0),
+        "sqlite" | "postgres" => Some(1),
+        "gridfs" => Some(2),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    files: usize,
+    size: usize,
+}
+
+/// (File counts are multiples of [`CLIENTS`], so every client has as many.)
+fn scale(settings: &Settings) -> Scale {
+    if settings.full {
+        Scale { files: 1000, size: 10_000_000 }
+    } else if settings.quick {
+        Scale { files: 20, size: 2 << 20 }
+    } else {
+        Scale { files: 200, size: 10 << 20 }
+    }
+}
+
+/// The bytes of file `n`: one random buffer, made distinct per file by its
+/// first bytes, so no upload is a dedup hit and generating costs a copy.
+fn file_bytes(base: &Bytes, n: usize) -> Bytes {
+    let mut b = base.to_vec();
+    b[..8].copy_from_slice(&(n as u64).to_le_bytes());
+    b.into()
+}
+
+fn key(n: usize) -> String {
+    format!("/files/bench/f{n:06}")
+}
+
+/// What one engine's run measured besides the phase rates.
+#[derive(Default)]
+struct Extra {
+    catalog_secs: f64,
+    bytes_secs: f64,
+    server_peak: u64,
+}
+
+pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
+    let scale = scale(settings);
+    let base: Bytes = {
+        let mut b = vec![0u8; scale.size];
+        SmallRng::seed_from_u64(11).fill(&mut b[..]);
+        b.into()
+    };
+    let subjects = settings.engines.len() + 1;
+    let progress = Progress::new(NAME, (subjects * Phase::ALL.len()) as u64);
+    let mut rows = Vec::new();
+    let logical = (2 * scale.files * scale.size) as f64;
+    for (i, engine) in settings.engines.iter().enumerate() {
+        let subject = engine.subject();
+        let skip_all = |rows: &mut Vec<Row>, why: &str| {
+            for phase in Phase::ALL {
+                rows.push(
+                    Row::skipped(NAME, phase.case(), &subject, MBS, why).with_seed(phase.seed(seed_like(&engine.name))),
+                );
+            }
+            progress.done(Phase::ALL.len() as u64);
+        };
+        let flags = match &engine.serve_flags {
+            Ok(f) => f,
+            Err(why) => {
+                skip_all(&mut rows, why);
+                continue;
+            }
+        };
+        progress.doing(&format!("{subject}: starting"));
+        let data = settings.scratch.join(format!("files-{i}-{}", engine.name));
+        let mut server = match DepotServer::start(&engine.name, flags, &data, settings.threads) {
+            Ok(s) => s,
+            Err(e) => {
+                skip_all(&mut rows, &format!("{e:#}"));
+                continue;
+            }
+        };
+        let backend = engine.backend_port.and_then(rss::listener_pid).map(rss::Sampler::start);
+        match engine_phases(&mut server, engine, scale, &base, &progress).await {
+            Ok((secs, extra)) => {
+                for (phase, s) in Phase::ALL.into_iter().zip(secs) {
+                    phase_rows(&mut rows, phase, &subject, s, scale, phase.seed(seed_like(&engine.name)));
+                }
+                let case = "all phases";
+                let upload = extra.catalog_secs + extra.bytes_secs;
+                if upload > 0.0 {
+                    let share = 100.0 * extra.catalog_secs / upload;
+                    rows.push(Row::single(NAME, case, &subject, "% of upload time in the catalog", share));
+                }
+                rows.push(Row::single(NAME, case, &subject, "server peak RSS MB", extra.server_peak as f64 / 1e6));
+                if let Some(sampler) = backend {
+                    rows.push(Row::single(NAME, case, &subject, "backend peak RSS MB", sampler.finish() as f64 / 1e6));
+                }
+                let mut disk = disk_usage(&data);
+                if engine.backend_port.is_some() {
+                    disk += stats_disk_bytes(server.addr).await.unwrap_or(0);
+                }
+                rows.push(Row::single(NAME, case, &subject, "disk bytes per byte", disk as f64 / logical));
+            }
+            Err(e) => {
+                let why = format!("failed: {e:#}; server log: {}", server.log_tail());
+                rows.push(Row::skipped(NAME, "all phases", &subject, MBS, &why));
+            }
+        }
+    }
+    progress.doing(&format!("{PLAIN}: writing"));
+    let dir = settings.scratch.join("files-plain");
+    let plain = plain_phases(&dir, scale, base.clone(), &progress).await;
+    match plain {
+        Ok(secs) => {
+            for (phase, s) in Phase::ALL.into_iter().zip(secs) {
+                phase_rows(&mut rows, phase, PLAIN, s, scale, phase.seed(seed_like(PLAIN)));
+            }
+            rows.push(Row::single(NAME, "all phases", PLAIN, "disk bytes per byte", disk_usage(&dir) as f64 / logical));
+        }
+        Err(e) => rows.push(Row::skipped(NAME, "all phases", PLAIN, MBS, &format!("{e:#}"))),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    progress.finish();
+    Ok(ExperimentReport {
+        name: NAME.into(),
+        title: "Large files written and read through HTTP (seed: GridFS vs SQL Server vs Local)".into(),
+        method: vec![
+            format!(
+                "{} files of {} bytes written by 1 client, then {} more by {CLIENTS} clients at once ({} each), \
+                 over keep-alive connections (PUT, each answer durable); then the first {} read in order by 1 client \
+                 and {} random ones by {CLIENTS} clients. The seed: 1000 files of 10,000,000 bytes.",
+                scale.files,
+                scale.size,
+                scale.files,
+                scale.files / CLIENTS,
+                scale.files,
+                scale.files
+            ),
+            format!(
+                "Reads are {}. MB/s = 10^6 bytes per second of the phase's wall time; the seed column is the seed's \
+                 time turned into MB/s (NTFS beside depot fs and plain files, SQL Server beside sqlite and postgres, \
+                 GridFS beside gridfs).",
+                if is_root() {
+                    "cold: the page cache dropped and the server restarted before each read phase"
+                } else {
+                    "warm (dropping the page cache needs root)"
+                }
+            ),
+            "% of upload time in the catalog: the server's own split of upload time (depot_put_seconds_total) \
+             between registering in the catalog and streaming bytes into the engine; the seed's program spent \
+             32% (NTFS), 3% (SQL Server) and 7% (GridFS) of its time registering. Disk bytes per byte: the data \
+             directory (and the backend's own figure for server engines) / bytes written."
+                .into(),
+            "Plain files: the same bytes written with write + fsync per file by 1 and 20 threads, read back \
+             with the same pattern."
+                .into(),
+        ],
+        chart_metric: MBS.into(),
+        rows,
+    })
+}
+
+fn phase_rows(rows: &mut Vec<Row>, phase: Phase, subject: &str, secs: f64, scale: Scale, seed: Option<(f64, &str)>) {
+    let bytes = (scale.files * scale.size) as f64;
+    rows.push(Row::single(NAME, phase.case(), subject, MBS, bytes / 1e6 / secs).with_seed(seed));
+    rows.push(Row::single(NAME, phase.case(), subject, "s", secs));
+}
+
+async fn stats(addr: SocketAddr) -> anyhow::Result<serde_json::Value> {
+    let mut c = Connection::open(addr).await?;
+    let body = c.expect_ok(load::request(Method::GET, addr, "/_/stats", Bytes::new())).await?;
+    Ok(serde_json::from_slice(&body)?)
+}
+
+async fn stats_disk_bytes(addr: SocketAddr) -> Option<u64> {
+    stats(addr).await.ok()?["disk_bytes"].as_u64()
+}
+
+/// The four phases against one server: seconds of each, and the rest.
+async fn engine_phases(
+    server: &mut DepotServer,
+    engine: &EngineChoice,
+    scale: Scale,
+    base: &Bytes,
+    progress: &Progress,
+) -> anyhow::Result<([f64; 4], Extra)> {
+    let subject = engine.subject();
+    let mut secs = [0.0; 4];
+    let mut extra = Extra::default();
+    let n = scale.files;
+    for (slot, phase) in Phase::ALL.into_iter().enumerate() {
+        progress.doing(&format!("{subject}: {}", phase.case()));
+        if matches!(phase, Phase::ReadSeq | Phase::Read20) && is_root() {
+            extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
+            server.restart(|| drop_caches().map_err(anyhow::Error::msg))?;
+        }
+        let addr = server.addr;
+        let started = Instant::now();
+        match phase {
+            Phase::Write1 => {
+                let mut c = Connection::open(addr).await?;
+                for f in 0..n {
+                    c.expect_ok(load::request(Method::PUT, addr, &key(f), file_bytes(base, f))).await?;
+                }
+            }
+            Phase::Write20 => {
+                clients(addr, move |client, mut c| {
+                    let base = base.clone();
+                    async move {
+                        for j in 0..n / CLIENTS {
+                            let f = n + client * (n / CLIENTS) + j;
+                            c.expect_ok(load::request(Method::PUT, addr, &key(f), file_bytes(&base, f))).await?;
+                        }
+                        anyhow::Ok(())
+                    }
+                })
+                .await?;
+            }
+            Phase::ReadSeq => {
+                let mut c = Connection::open(addr).await?;
+                for f in 0..n {
+                    read_one(&mut c, addr, f, scale.size).await?;
+                }
+            }
+            Phase::Read20 => {
+                clients(addr, move |client, mut c| async move {
+                    let mut rng = SmallRng::seed_from_u64(client as u64);
+                    for _ in 0..n / CLIENTS {
+                        read_one(&mut c, addr, rng.random_range(0..2 * n), scale.size).await?;
+                    }
+                    anyhow::Ok(())
+                })
+                .await?;
+            }
+        }
+        secs[slot] = started.elapsed().as_secs_f64();
+        if phase == Phase::Write20 {
+            let put = &stats(addr).await?["put_seconds"];
+            extra.catalog_secs = put["catalog"].as_f64().unwrap_or(0.0);
+            extra.bytes_secs = put["bytes"].as_f64().unwrap_or(0.0);
+        }
+        progress.done(1);
+    }
+    extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
+    Ok((secs, extra))
+}
+
+async fn read_one(c: &mut Connection, addr: SocketAddr, f: usize, size: usize) -> anyhow::Result<()> {
+    let body = c.expect_ok(load::request(Method::GET, addr, &key(f), Bytes::new())).await?;
+    if body.len() != size {
+        bail!("{} answered {} bytes, not {size}", key(f), body.len());
+    }
+    Ok(())
+}
+
+/// Runs `work` on [`CLIENTS`] connections at once; each gets its index and
+/// its own connection.
+async fn clients<F, Fut>(addr: SocketAddr, work: F) -> anyhow::Result<()>
+where
+    F: Fn(usize, Connection) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut conns = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        conns.push(Connection::open(addr).await?);
+    }
+    futures::future::try_join_all(conns.into_iter().enumerate().map(|(i, c)| work(i, c))).await?;
+    Ok(())
+}
+
+/// The same phases on plain files in `dir`, by threads of this process.
+async fn plain_phases(dir: &Path, scale: Scale, base: Bytes, progress: &Progress) -> anyhow::Result<[f64; 4]> {
+    std::fs::create_dir_all(dir)?;
+    let path = |f: usize| dir.join(format!("f{f:06}"));
+    let paths: Arc<Vec<PathBuf>> = Arc::new((0..2 * scale.files).map(path).collect());
+    let n = scale.files;
+    let mut secs = [0.0; 4];
+    for (slot, phase) in Phase::ALL.into_iter().enumerate() {
+        progress.doing(&format!("{PLAIN}: {}", phase.case()));
+        if matches!(phase, Phase::ReadSeq | Phase::Read20) {
+            let _ = drop_caches();
+        }
+        let (paths, base) = (paths.clone(), base.clone());
+        let started = Instant::now();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let threads = if matches!(phase, Phase::Write1 | Phase::ReadSeq) { 1 } else { CLIENTS };
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (paths, base) = (&paths, &base);
+                        scope.spawn(move || -> anyhow::Result<()> {
+                            let mut rng = SmallRng::seed_from_u64(t as u64);
+                            for j in 0..n / threads {
+                                match phase {
+                                    Phase::Write1 => write_synced(&paths[j], &file_bytes(base, j))?,
+                                    Phase::Write20 => {
+                                        let f = n + t * (n / threads) + j;
+                                        write_synced(&paths[f], &file_bytes(base, f))?
+                                    }
+                                    Phase::ReadSeq => drop(std::fs::read(&paths[j])?),
+                                    Phase::Read20 => drop(std::fs::read(&paths[rng.random_range(0..2 * n)])?),
+                                }
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                workers.into_iter().try_for_each(|w| w.join().map_err(|_| anyhow::anyhow!("a worker panicked"))?)
+            })
+        })
+        .await??;
+        secs[slot] = started.elapsed().as_secs_f64();
+        progress.done(1);
+    }
+    Ok(secs)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
