@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// The PostgreSQL server for the postgres engine (postgres://...).
     #[arg(long, env = "DEPOT_BENCH_POSTGRES", value_name = "URL", hide_env_values = true)]
     pub postgres_url: Option<String>,
+    /// The MongoDB server for the gridfs engine (mongodb://host:port); each
+    /// run uses a database of its own.
+    #[arg(long, env = "DEPOT_BENCH_MONGO", value_name = "URL", hide_env_values = true)]
+    pub mongo_url: Option<String>,
 }
 
 /// Engines measured when none are named.
@@ -136,17 +140,24 @@ impl Settings {
             None => DEFAULT_ENGINES.iter().map(|s| s.to_string()).collect(),
         };
         let mut engines = Vec::new();
+        let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for name in names {
             let kind: EngineKind = name.parse().map_err(anyhow::Error::msg)?;
-            let serve_flags = match kind {
-                EngineKind::Gridfs | EngineKind::S3 => Err("engine not built yet".to_string()),
-                EngineKind::Postgres => match &args.postgres_url {
-                    Some(url) => Ok(vec!["--engine-url".to_string(), url.clone()]),
-                    None => Err("no PostgreSQL given (--postgres-url)".to_string()),
-                },
-                _ => Ok(Vec::new()),
+            let url = match kind {
+                EngineKind::Postgres => {
+                    args.postgres_url.clone().ok_or_else(|| "no PostgreSQL given (--postgres-url)".to_string())
+                }
+                EngineKind::Gridfs => args
+                    .mongo_url
+                    .as_ref()
+                    .map(|u| format!("{}/depot_bench_{run_id}", u.trim_end_matches('/')))
+                    .ok_or_else(|| "no MongoDB given (--mongo-url)".to_string()),
+                EngineKind::S3 => Err("engine not built yet".to_string()),
+                _ => Ok(String::new()),
             };
-            engines.push(EngineChoice { name, serve_flags, backend_port: None });
+            let backend_port = url.as_deref().ok().and_then(loopback_port);
+            let serve_flags = url.map(|u| if u.is_empty() { Vec::new() } else { vec!["--engine-url".to_string(), u] });
+            engines.push(EngineChoice { name, serve_flags, backend_port });
         }
         Ok(Settings {
             quick: args.quick,
@@ -156,6 +167,28 @@ impl Settings {
             engines_named: args.engines.is_some(),
             scratch,
         })
+    }
+}
+
+/// The port of a server URL on this machine (`scheme://[user@]host[:port]/...`),
+/// with the scheme's default port; `None` for other hosts.
+fn loopback_port(url: &str) -> Option<u16> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (host_port, default_port(scheme)?),
+    };
+    matches!(host, "127.0.0.1" | "localhost" | "[::1]").then_some(port)
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "postgres" | "postgresql" => Some(5432),
+        "mongodb" => Some(27017),
+        "http" => Some(80),
+        _ => None,
     }
 }
 
@@ -454,4 +487,19 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     println!("{markdown}");
     println!("written to {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_on_this_machine_are_found_by_port() {
+        assert_eq!(loopback_port("postgres://depot:depot@127.0.0.1:5433/depot"), Some(5433));
+        assert_eq!(loopback_port("postgres://u:p@localhost/db"), Some(5432));
+        assert_eq!(loopback_port("mongodb://127.0.0.1:27018/depot_bench_1"), Some(27018));
+        assert_eq!(loopback_port("http://127.0.0.1:9100"), Some(9100));
+        assert_eq!(loopback_port("postgres://u:p@db.example.com:5432/db"), None);
+        assert_eq!(loopback_port("nonsense"), None);
+    }
 }
