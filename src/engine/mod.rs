@@ -25,6 +25,7 @@ pub mod hybrid;
 pub mod memory;
 pub mod postgres;
 pub mod rocks;
+pub mod s3;
 pub mod sqlite;
 
 use std::fmt;
@@ -328,6 +329,7 @@ impl EngineKind {
                 | EngineKind::Memory
                 | EngineKind::Sqlite
                 | EngineKind::Postgres
+                | EngineKind::S3
         )
     }
 }
@@ -402,6 +404,7 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
                 postgres::PostgresEngine::connect(url, config.chunk_size.unwrap_or(postgres::DEFAULT_CHUNK)).await?,
             )
         }
+        EngineKind::S3 => Arc::new(s3::S3Engine::connect(config.url.as_deref(), &config.s3).await?),
         other => {
             return Err(EngineError::other("depot", format!("the {} engine is not built yet", other.name())));
         }
