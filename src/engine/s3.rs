@@ -583,6 +583,40 @@ impl BlobEngine for S3Engine {
     }
 }
 
+/// The S3 server tests use, from `DEPOT_TEST_S3` (its endpoint),
+/// `DEPOT_TEST_S3_ACCESS_KEY` and `DEPOT_TEST_S3_SECRET_KEY`, which
+/// `scripts/test.sh` sets after starting S3Proxy: the endpoint, and a
+/// configuration with the credentials and `bucket`.
+pub fn test_server(bucket: &str) -> (String, S3Config) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: run scripts/test.sh, which starts S3Proxy and sets DEPOT_TEST_S3*")
+        })
+    };
+    let config = S3Config {
+        bucket: Some(bucket.into()),
+        region: None,
+        access_key: Some(var("DEPOT_TEST_S3_ACCESS_KEY")),
+        secret_key: Some(var("DEPOT_TEST_S3_SECRET_KEY")),
+    };
+    (var("DEPOT_TEST_S3"), config)
+}
+
+/// Creates a bucket of a random name on the test server ([`test_server`])
+/// for one test, and returns its name. (`object_store` cannot create one.)
+pub async fn fresh_test_bucket() -> String {
+    let bucket = format!("depot-t-{}", hex::encode(rand::random::<[u8; 6]>()));
+    let (endpoint, config) = test_server(&bucket);
+    let engine = S3Engine::client(Some(&endpoint), &config, Tuning::default()).expect("an S3 client");
+    let (status, body) = engine
+        .inner
+        .send_signed(Method::PUT, &engine.inner.bucket_url, HeaderMap::new())
+        .await
+        .expect("creating a test bucket");
+    assert!(status.is_success(), "creating bucket {bucket}: {status}: {body}");
+    bucket
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -591,40 +625,18 @@ mod tests {
     use super::*;
     use crate::engine::{BlobEngineExt, conformance, sha2_digest};
 
-    /// The test server `scripts/test.sh` starts: endpoint, access key, secret.
-    fn server() -> (String, String, String) {
-        let var = |name: &str| {
-            std::env::var(name).unwrap_or_else(|_| {
-                panic!("{name} is not set: run scripts/test.sh, which starts S3Proxy and sets DEPOT_TEST_S3*")
-            })
-        };
-        (var("DEPOT_TEST_S3"), var("DEPOT_TEST_S3_ACCESS_KEY"), var("DEPOT_TEST_S3_SECRET_KEY"))
+    fn endpoint() -> String {
+        test_server("").0
     }
 
     fn config(bucket: &str) -> S3Config {
-        let (_, access_key, secret_key) = server();
-        S3Config {
-            bucket: Some(bucket.into()),
-            region: None,
-            access_key: Some(access_key),
-            secret_key: Some(secret_key),
-        }
-    }
-
-    /// A bucket of its own for one test (object_store cannot create one).
-    async fn fresh_bucket() -> String {
-        let bucket = format!("depot-t-{}", hex::encode(rand::random::<[u8; 6]>()));
-        let engine = S3Engine::client(Some(&server().0), &config(&bucket), Tuning::default()).unwrap();
-        let (status, body) =
-            engine.inner.send_signed(Method::PUT, &engine.inner.bucket_url, HeaderMap::new()).await.unwrap();
-        assert!(status.is_success(), "creating bucket {bucket}: {status}: {body}");
-        bucket
+        test_server(bucket).1
     }
 
     async fn engine(part_size: usize) -> (S3Engine, String) {
-        let bucket = fresh_bucket().await;
+        let bucket = fresh_test_bucket().await;
         let tuning = Tuning { part_size, ..Tuning::default() };
-        (S3Engine::connect_tuned(Some(&server().0), &config(&bucket), tuning).await.unwrap(), bucket)
+        (S3Engine::connect_tuned(Some(&endpoint()), &config(&bucket), tuning).await.unwrap(), bucket)
     }
 
     async fn keys(engine: &S3Engine, prefix: &str) -> Vec<String> {
@@ -758,19 +770,19 @@ mod tests {
         let (engine, bucket) = engine(DEFAULT_PART).await;
         let staged = Path::from(format!("{STAGING}/left-by-a-crash"));
         engine.inner.store.put(&staged, PutPayload::from_static(b"partial")).await.unwrap();
-        let endpoint = server().0;
+        let url = endpoint();
         // Another node may be finishing this upload right now.
-        S3Engine::connect(Some(&endpoint), &config(&bucket)).await.unwrap();
+        S3Engine::connect(Some(&url), &config(&bucket)).await.unwrap();
         assert_eq!(keys(&engine, STAGING).await, vec![staged.to_string()]);
         let tuning = Tuning { stale_after: Duration::ZERO, ..Tuning::default() };
-        S3Engine::connect_tuned(Some(&endpoint), &config(&bucket), tuning).await.unwrap();
+        S3Engine::connect_tuned(Some(&url), &config(&bucket), tuning).await.unwrap();
         assert!(keys(&engine, STAGING).await.is_empty());
     }
 
     /// A TCP proxy to the test server that counts the bytes the server sends.
     async fn counting_proxy() -> (String, Arc<AtomicU64>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let target = server().0.trim_start_matches("http://").to_string();
+        let target = endpoint().trim_start_matches("http://").to_string();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(AtomicU64::new(0));
@@ -830,16 +842,16 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_missing_bucket_is_a_clear_error() {
-        let endpoint = server().0;
+        let url = endpoint();
         let mut unnamed = config("x");
         unnamed.bucket = None;
         // Without the flag, AWS_BUCKET would name it.
         let err = match std::env::var_os("AWS_BUCKET") {
             Some(_) => return,
-            None => S3Engine::connect(Some(&endpoint), &unnamed).await.unwrap_err(),
+            None => S3Engine::connect(Some(&url), &unnamed).await.unwrap_err(),
         };
         assert!(err.to_string().contains("--s3-bucket"), "{err}");
-        let err = S3Engine::connect(Some(&endpoint), &config("depot-no-such-bucket")).await.unwrap_err();
+        let err = S3Engine::connect(Some(&url), &config("depot-no-such-bucket")).await.unwrap_err();
         assert!(err.to_string().contains("\"depot-no-such-bucket\" does not exist"), "{err}");
     }
 
