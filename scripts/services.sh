@@ -43,7 +43,7 @@ start_s3() {
   mkdir -p "$S3PROXY_HOME" "$S3PROXY_DATA"
   if [ ! -f "$jar" ]; then
     echo "fetching s3proxy $S3PROXY_VERSION" >&2
-    mvn -q dependency:copy -Dartifact="org.gaul:s3proxy:$S3PROXY_VERSION:jar:jar-with-dependencies" \
+    mvn -B -q dependency:copy -Dartifact="org.gaul:s3proxy:$S3PROXY_VERSION:jar:jar-with-dependencies" \
       -DoutputDirectory="$S3PROXY_HOME" >&2
   fi
   cat >"$S3PROXY_HOME/s3proxy.properties" <<PROPERTIES

@@ -13,7 +13,8 @@
 //! upload to a staging key `tmp/<random>`, with at most [`PARTS_IN_FLIGHT`]
 //! parts uploading while the next one fills; at `finish` the upload is
 //! completed, copied to its key inside the server, and the staging object
-//! deleted.
+//! deleted. Parts are at least [`MIN_PART`] (S3 refuses smaller ones but
+//! the last).
 //!
 //! A blob stored already is not written again: `finish` first copies the
 //! key onto itself (`x-amz-metadata-directive: REPLACE`, a request with no
@@ -78,8 +79,10 @@ pub const MIN_PART: usize = 5 * 1024 * 1024;
 pub const PARTS_IN_FLIGHT: usize = 2;
 /// The largest blob: S3's limit for one CopyObject.
 pub const MAX_BLOB: u64 = 5 * 1024 * 1024 * 1024;
-/// Age after which a staging object is taken for left by a crash.
-pub const STALE_AFTER: Duration = Duration::from_secs(3600);
+/// Age after which a staging object is taken for left by a crash. Long,
+/// because S3 dates an object made by a multipart upload from the upload's
+/// start, and a slow upload of gigabytes can take hours.
+pub const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// Retries of a request that failed on the network or with a 5xx.
 pub const MAX_RETRIES: usize = 3;
 /// No retry starts later than this after the first attempt.
