@@ -69,3 +69,55 @@ start_mongo() {
   export DEPOT_TEST_MONGO="mongodb://127.0.0.1:$port"
   echo "MongoDB test server (mongo-java-server) on port $port" >&2
 }
+
+# Starts S3Proxy (https://github.com/gaul/s3proxy) over a local directory, a
+# real S3 API for the s3 engine's tests, and exports DEPOT_TEST_S3 (its
+# endpoint), DEPOT_TEST_S3_ACCESS_KEY and DEPOT_TEST_S3_SECRET_KEY. The jar
+# is fetched from Maven Central once and kept outside the repository.
+S3PROXY_VERSION=2.6.0
+S3PROXY_PORT=9100
+S3PROXY_HOME=/var/cache/depot/s3proxy
+S3PROXY_DATA=/var/lib/depot-s3proxy
+start_s3() {
+  command -v java >/dev/null || depot_install_packages default-jre-headless
+  command -v mvn >/dev/null || depot_install_packages maven
+  local jar="$S3PROXY_HOME/s3proxy-$S3PROXY_VERSION-jar-with-dependencies.jar"
+  local endpoint="http://127.0.0.1:$S3PROXY_PORT"
+  local access_key=depot secret_key=depot-test-secret
+  mkdir -p "$S3PROXY_HOME" "$S3PROXY_DATA"
+  if [ ! -f "$jar" ]; then
+    echo "fetching s3proxy $S3PROXY_VERSION" >&2
+    mvn -B -q dependency:copy -Dartifact="org.gaul:s3proxy:$S3PROXY_VERSION:jar:jar-with-dependencies" \
+      -DoutputDirectory="$S3PROXY_HOME" >&2
+  fi
+  cat >"$S3PROXY_HOME/s3proxy.properties" <<PROPERTIES
+s3proxy.endpoint=$endpoint
+s3proxy.authorization=aws-v2-or-v4
+s3proxy.identity=$access_key
+s3proxy.credential=$secret_key
+jclouds.provider=filesystem
+jclouds.filesystem.basedir=$S3PROXY_DATA
+PROPERTIES
+  # Buckets earlier test runs created for themselves.
+  find "$S3PROXY_DATA" -mindepth 1 -maxdepth 1 -name 'depot-t-*' -exec rm -rf {} +
+  if ! s3_answers "$S3PROXY_PORT"; then
+    setsid java -jar "$jar" --properties "$S3PROXY_HOME/s3proxy.properties" \
+      >>"$S3PROXY_HOME/s3proxy.log" 2>&1 </dev/null &
+    for _ in $(seq 1 150); do
+      s3_answers "$S3PROXY_PORT" && break
+      sleep 0.2
+    done
+    s3_answers "$S3PROXY_PORT" || { tail -n 20 "$S3PROXY_HOME/s3proxy.log" >&2; echo "s3proxy did not start" >&2; return 1; }
+  fi
+  export DEPOT_TEST_S3="$endpoint"
+  export DEPOT_TEST_S3_ACCESS_KEY="$access_key"
+  export DEPOT_TEST_S3_SECRET_KEY="$secret_key"
+  echo "s3proxy $S3PROXY_VERSION on port $S3PROXY_PORT (log $S3PROXY_HOME/s3proxy.log)" >&2
+}
+
+# Whether an HTTP server answers on 127.0.0.1:PORT (any status will do).
+s3_answers() (
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+  printf 'GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
+  [[ "$(head -c 12 <&3)" == HTTP/1.* ]]
+) 2>/dev/null

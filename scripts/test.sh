@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then checks formatting and lints and runs
-# every test against real processes. Run from anywhere, as root (it starts and restarts PostgreSQL).
+# every test against real processes. Run from anywhere, as root (it starts and restarts PostgreSQL, and starts S3Proxy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -10,6 +10,7 @@ depot_install_packages "${BUILD_PACKAGES[@]}"
 echo "== services"
 start_postgres
 start_mongo
+start_s3
 
 echo "== format and lints"
 cargo fmt --all -- --check

@@ -138,9 +138,6 @@ impl Settings {
         };
         let engine_name = args.engine.clone().or(file.engine).unwrap_or_else(|| "hybrid".into());
         let engine: EngineKind = engine_name.parse().map_err(anyhow::Error::msg)?;
-        if !engine.available() {
-            bail!("the {} engine is not built into this version of depot yet", engine.name());
-        }
         let mut credentials = file.credentials;
         match (&args.access_key, &args.secret_key) {
             (Some(a), Some(s)) => credentials.insert(0, Credential { access_key: a.clone(), secret_key: s.clone() }),
@@ -246,9 +243,7 @@ mod tests {
     }
 
     #[test]
-    fn engines_not_built_are_named() {
-        let args = ServeArgs { engine: Some("s3".into()), ..Default::default() };
-        assert!(Settings::resolve(&args).unwrap_err().to_string().contains("not built"));
+    fn unknown_engines_are_named() {
         let args = ServeArgs { engine: Some("floppy".into()), ..Default::default() };
         assert!(Settings::resolve(&args).unwrap_err().to_string().contains("unknown engine"));
     }

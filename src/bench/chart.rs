@@ -219,7 +219,7 @@ mod tests {
                 Row::measured("x", "a", "depot hybrid", "ms/request", s(1.0, 0.5, 2.0)).with_seed(Some((3.0, "old"))),
                 Row::measured("x", "a", "depot hybrid", "req/s", s(1000.0, 900.0, 1100.0)),
                 Row::skipped("x", "b", "depot hybrid", "ms/request", "broken"),
-                Row::skipped("x", "a", "depot s3", "ms/request", "not built"),
+                Row::skipped("x", "a", "depot s3", "ms/request", "no server given"),
             ],
         };
         let d = collect(&e);

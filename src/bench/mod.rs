@@ -152,7 +152,7 @@ impl Settings {
                     .as_ref()
                     .map(|u| format!("{}/depot_bench_{run_id}", u.trim_end_matches('/')))
                     .ok_or_else(|| "no MongoDB given (--mongo-url)".to_string()),
-                EngineKind::S3 => Err("engine not built yet".to_string()),
+                EngineKind::S3 => Err("no S3 server given (--s3-url)".to_string()),
                 _ => Ok(String::new()),
             };
             let backend_port = url.as_deref().ok().and_then(loopback_port);

@@ -186,7 +186,7 @@ mod tests {
             )
             .with_seed(Some((1.124, "nginx-gridfs"))),
             Row::single("http", "PUT 1 KB", "depot hybrid", "disk bytes per byte", 2.5),
-            Row::skipped("http", "GET 1 KB", "depot s3", "ms/request", "engine not built yet"),
+            Row::skipped("http", "GET 1 KB", "depot s3", "ms/request", "no MongoDB given"),
             Row::skipped("http", "GET 1 KB", "odd, \"name\"", "ms/request", "a | b"),
         ]
     }
@@ -207,7 +207,7 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 2 + 4);
         assert_eq!(lines[2], "| GET 1 KB | depot hybrid | ms/request | 0.500 | 0.400..0.600 | 1.124 (nginx-gridfs) |");
-        assert_eq!(lines[3], "| GET 1 KB | depot s3 | ms/request | skipped: engine not built yet |  |  |");
+        assert_eq!(lines[3], "| GET 1 KB | depot s3 | ms/request | skipped: no MongoDB given |  |  |");
         assert!(lines[4].contains("skipped: a \\| b"), "{}", lines[4]);
         assert_eq!(lines[5], "| PUT 1 KB | depot hybrid | disk bytes per byte | 2.50 |  |  |");
     }
@@ -225,7 +225,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "experiment,case,subject,metric,value,min,max,seed,seed_source,skipped");
         assert_eq!(lines[1], "http,GET 1 KB,depot hybrid,ms/request,0.5,0.4,0.6,1.124,nginx-gridfs,");
-        assert_eq!(lines[3], "http,GET 1 KB,depot s3,ms/request,,,,,,engine not built yet");
+        assert_eq!(lines[3], "http,GET 1 KB,depot s3,ms/request,,,,,,no MongoDB given");
         assert_eq!(lines[4], "http,GET 1 KB,\"odd, \"\"name\"\"\",ms/request,,,,,,a | b");
     }
 

@@ -26,6 +26,7 @@ pub mod hybrid;
 pub mod memory;
 pub mod postgres;
 pub mod rocks;
+pub mod s3;
 pub mod sqlite;
 
 use std::fmt;
@@ -312,8 +313,7 @@ pub fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
     sha2::Sha256::digest(bytes).into()
 }
 
-/// The engines depot knows, whether or not this build includes them, so a
-/// configuration error can say "not built yet" rather than "unknown".
+/// The engines depot has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
     Fs,
@@ -351,19 +351,6 @@ impl EngineKind {
         }
     }
 
-    /// Whether this build can run the engine.
-    pub fn available(self) -> bool {
-        matches!(
-            self,
-            EngineKind::Fs
-                | EngineKind::Rocksdb
-                | EngineKind::Hybrid
-                | EngineKind::Memory
-                | EngineKind::Sqlite
-                | EngineKind::Postgres
-                | EngineKind::Gridfs
-        )
-    }
 }
 
 impl std::str::FromStr for EngineKind {
@@ -449,8 +436,6 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
                 .await?,
             )
         }
-        other => {
-            return Err(EngineError::other("depot", format!("the {} engine is not built yet", other.name())));
-        }
+        EngineKind::S3 => Arc::new(s3::S3Engine::connect(config.url.as_deref(), &config.s3).await?),
     })
 }
