@@ -125,3 +125,43 @@ async fn a_gridfs_bucket_keeps_names_types_and_dates() {
     assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");
     db.drop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_s3_bucket_keeps_keys_types_and_dates() {
+    use object_store::{Attribute, Attributes, ObjectStore, PutOptions, path::Path};
+
+    let bucket = depot::engine::s3::fresh_test_bucket().await;
+    let (endpoint, config) = depot::engine::s3::test_server(&bucket);
+    let store = depot::engine::s3::builder(Some(&endpoint), &config).build().unwrap();
+    let objects = [
+        ("photos/cat.jpg", "image/jpeg", pattern(400_000, 5)),
+        ("photos/2020/dog.png", "image/png", pattern(9_000_000, 6)),
+        ("readme.md", "text/markdown", b"# not under the prefix\n".to_vec()),
+    ];
+    for (key, content_type, bytes) in &objects {
+        let attributes = Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
+        let opts = PutOptions { attributes, ..Default::default() };
+        store.put_opts(&Path::from(*key), bytes.clone().into(), opts).await.unwrap();
+    }
+    let listed: Vec<_> = {
+        use futures::TryStreamExt;
+        store.list(None).try_collect().await.unwrap()
+    };
+
+    let server = Server::start(&[]);
+    let source = format!("s3://{bucket}/photos");
+    let (access, secret) = (config.access_key.clone().unwrap(), config.secret_key.clone().unwrap());
+    let flags = ["--s3-endpoint", &endpoint, "--s3-access-key", &access, "--s3-secret-key", &secret];
+    let args = |target: &'static str| [&[source.as_str(), target][..], &flags[..]].concat();
+    let said = ok(&import(&server, &args("media")));
+    assert!(said.contains("imported 2 files"), "only the prefix: {said}");
+    for (key, content_type, bytes) in &objects[..2] {
+        let (body, got_type, modified) = fetch(&server, "media", key).await;
+        assert!(body == *bytes, "{key}");
+        assert_eq!(got_type, *content_type);
+        let source_date = listed.iter().find(|m| m.location.as_ref() == *key).unwrap().last_modified;
+        assert_eq!(modified, http_date(source_date.into()), "{key} keeps its date");
+    }
+    let said = ok(&import(&server, &args("media")));
+    assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");
+}

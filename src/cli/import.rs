@@ -22,6 +22,7 @@ use mongodb::bson::{Bson, Document, doc};
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::client::{Client, ClientArgs, split_target};
+use crate::engine::{S3Config, s3};
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
@@ -96,20 +97,14 @@ impl Source {
             if bucket.is_empty() {
                 bail!("give the S3 source as s3://BUCKET or s3://BUCKET/PREFIX");
             }
-            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if let Some(e) = &args.s3_endpoint {
-                builder = builder.with_endpoint(e).with_allow_http(true);
-            }
-            if let Some(r) = &args.s3_region {
-                builder = builder.with_region(r);
-            }
-            if let Some(k) = &args.s3_access_key {
-                builder = builder.with_access_key_id(k);
-            }
-            if let Some(s) = &args.s3_secret_key {
-                builder = builder.with_secret_access_key(s);
-            }
-            let store = builder.build().context("configuring the S3 source")?;
+            let config = S3Config {
+                bucket: Some(bucket.to_string()),
+                region: args.s3_region.clone(),
+                access_key: args.s3_access_key.clone(),
+                secret_key: args.s3_secret_key.clone(),
+            };
+            let store =
+                s3::builder(args.s3_endpoint.as_deref(), &config).build().context("configuring the S3 source")?;
             let prefix = (!prefix.is_empty()).then(|| object_store::path::Path::from(prefix));
             return Ok(Source::S3(Arc::new(store), prefix));
         }
@@ -262,12 +257,18 @@ struct Tally {
     bytes: AtomicU64,
     deduplicated: AtomicU64,
     skipped: AtomicU64,
+    vanished: AtomicU64,
     failed: AtomicU64,
 }
 
 enum Outcome {
-    Imported { deduplicated: bool },
+    Imported {
+        deduplicated: bool,
+    },
     Skipped,
+    /// Listed, but gone when read (deleted meanwhile, or a folder marker
+    /// some S3 servers list).
+    Vanished,
 }
 
 /// `depot import`.
@@ -307,6 +308,9 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                         Ok(Outcome::Skipped) => {
                             tally.skipped.fetch_add(1, Ordering::Relaxed);
                         }
+                        Ok(Outcome::Vanished) => {
+                            tally.vanished.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(e) => {
                             tally.failed.fetch_add(1, Ordering::Relaxed);
                             bar.suspend(|| eprintln!("failed: {key}: {e:#}"));
@@ -330,10 +334,21 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
             tally.skipped.load(Ordering::Relaxed),
             tally.failed.load(Ordering::Relaxed),
         );
+        match tally.vanished.load(Ordering::Relaxed) {
+            0 => {}
+            n => println!("{n} listed entries were gone when read (deleted meanwhile, or folder markers)"),
+        }
         match tally.failed.load(Ordering::Relaxed) {
             0 => Ok(()),
             n => bail!("{n} files could not be imported; run the import again to retry them"),
         }
+    })
+}
+
+fn is_not_found(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(cause.downcast_ref::<object_store::Error>(), Some(object_store::Error::NotFound { .. }))
+            || cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
     })
 }
 
@@ -362,7 +377,11 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
     {
         return Ok(Outcome::Skipped);
     }
-    let (body, read_type) = source.open_item(item).await?;
+    let (body, read_type) = match source.open_item(item).await {
+        Ok(opened) => opened,
+        Err(e) if is_not_found(&e) => return Ok(Outcome::Vanished),
+        Err(e) => return Err(e),
+    };
     let mut req = client
         .request(reqwest::Method::PUT, &url)
         .header(reqwest::header::CONTENT_LENGTH, item.size)

@@ -350,7 +350,6 @@ impl EngineKind {
             EngineKind::S3 => "s3",
         }
     }
-
 }
 
 impl std::str::FromStr for EngineKind {

@@ -182,6 +182,39 @@ fn digest_of_key(key: &str) -> Option<Digest> {
     }
 }
 
+/// A client builder for the bucket `config` names at `endpoint` (`None`:
+/// AWS), the standard `AWS_*` variables filling what is not given.
+pub fn builder(endpoint: Option<&str>, config: &S3Config) -> AmazonS3Builder {
+    let mut builder = AmazonS3Builder::from_env().with_virtual_hosted_style_request(false).with_allow_http(true);
+    if let Some(endpoint) = endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(bucket) = &config.bucket {
+        builder = builder.with_bucket_name(bucket);
+    }
+    if let Some(region) = &config.region {
+        builder = builder.with_region(region);
+    }
+    if let Some(key) = &config.access_key {
+        builder = builder.with_access_key_id(key);
+    }
+    if let Some(secret) = &config.secret_key {
+        builder = builder.with_secret_access_key(secret);
+    }
+    builder
+}
+
+/// Creates the bucket `config` names (`object_store` cannot); an existing
+/// bucket of the same owner is fine.
+pub async fn create_bucket(endpoint: Option<&str>, config: &S3Config) -> Result<()> {
+    let engine = S3Engine::client(endpoint, config, Tuning::default())?;
+    let (status, body) = engine.inner.send_signed(Method::PUT, &engine.inner.bucket_url, HeaderMap::new()).await?;
+    if status.is_success() || body.contains("BucketAlreadyOwnedByYou") {
+        return Ok(());
+    }
+    Err(EngineError::other(NAME, format!("creating bucket {:?}: {status}: {body}", engine.inner.bucket)))
+}
+
 impl S3Engine {
     /// Connects to the bucket `config` names at `endpoint` (`None`: AWS), and
     /// deletes staging objects that crashed writers left long ago. An
@@ -206,22 +239,7 @@ impl S3Engine {
         if tuning.part_size < MIN_PART {
             return Err(EngineError::other(NAME, format!("parts must be at least {MIN_PART} bytes")));
         }
-        let mut builder = AmazonS3Builder::from_env();
-        if let Some(endpoint) = endpoint {
-            builder = builder.with_endpoint(endpoint);
-        }
-        if let Some(bucket) = &config.bucket {
-            builder = builder.with_bucket_name(bucket);
-        }
-        if let Some(region) = &config.region {
-            builder = builder.with_region(region);
-        }
-        if let Some(key) = &config.access_key {
-            builder = builder.with_access_key_id(key);
-        }
-        if let Some(secret) = &config.secret_key {
-            builder = builder.with_secret_access_key(secret);
-        }
+        let builder = builder(endpoint, config);
         let bucket = builder
             .get_config_value(&AmazonS3ConfigKey::Bucket)
             .ok_or_else(|| EngineError::other(NAME, "needs a bucket: --s3-bucket NAME (or AWS_BUCKET)"))?;
@@ -244,8 +262,6 @@ impl S3Engine {
             .with_config(object_store::ClientConfigKey::ReadTimeout, format!("{}s", READ_TIMEOUT.as_secs()))
             .with_allow_http(true);
         let store = builder
-            .with_virtual_hosted_style_request(false)
-            .with_allow_http(true)
             // One DeleteObject per blob: S3Proxy and others lack DeleteObjects.
             .with_disable_bulk_delete(true)
             .with_retry(retry)
@@ -610,13 +626,7 @@ pub fn test_server(bucket: &str) -> (String, S3Config) {
 pub async fn fresh_test_bucket() -> String {
     let bucket = format!("depot-t-{}", hex::encode(rand::random::<[u8; 6]>()));
     let (endpoint, config) = test_server(&bucket);
-    let engine = S3Engine::client(Some(&endpoint), &config, Tuning::default()).expect("an S3 client");
-    let (status, body) = engine
-        .inner
-        .send_signed(Method::PUT, &engine.inner.bucket_url, HeaderMap::new())
-        .await
-        .expect("creating a test bucket");
-    assert!(status.is_success(), "creating bucket {bucket}: {status}: {body}");
+    create_bucket(Some(&endpoint), &config).await.expect("creating a test bucket");
     bucket
 }
 
