@@ -1,19 +1,29 @@
 //! Several depot nodes over one PostgreSQL catalog and one shared engine
-//! directory form one store.
+//! (a directory, PostgreSQL, or an S3 bucket) form one store.
 
 mod common;
 
 use common::{Server, client, pattern, sha256_hex};
 
 /// Two nodes on one catalog (a fresh database) and one shared engine:
-/// `fs` on one directory, or `postgres` in the catalog's database.
+/// `fs` on one directory, `postgres` in the catalog's database, or `s3` in
+/// a fresh bucket of the S3 test server.
 async fn two_nodes(engine: &str) -> (Server, Server, tempfile::TempDir) {
     let url = depot::pg::fresh_test_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut args = vec!["--catalog", url.as_str(), "--engine", engine];
-    if engine == "postgres" {
-        args.extend(["--engine-url", url.as_str()]);
+    let mut args: Vec<String> = ["--catalog", url.as_str(), "--engine", engine].map(String::from).to_vec();
+    match engine {
+        "postgres" => args.extend(["--engine-url".into(), url.clone()]),
+        "s3" => {
+            let bucket = depot::engine::s3::fresh_test_bucket().await;
+            let (endpoint, config) = depot::engine::s3::test_server(&bucket);
+            args.extend(["--engine-url".into(), endpoint, "--s3-bucket".into(), bucket]);
+            args.extend(["--s3-access-key".into(), config.access_key.unwrap()]);
+            args.extend(["--s3-secret-key".into(), config.secret_key.unwrap()]);
+        }
+        _ => {}
     }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let a = Server::start_in(&dir.path().join("shared"), &args);
     let b = Server::start_in(&dir.path().join(if engine == "fs" { "shared" } else { "node-b" }), &args);
     (a, b, dir)
@@ -73,8 +83,23 @@ async fn one_store((a, b, _dir): (Server, Server, tempfile::TempDir)) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_on_one_s3_bucket_are_one_store() {
+    one_store(two_nodes("s3").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dedup_holds_across_nodes_under_concurrency() {
-    let (a, b, _dir) = two_nodes("postgres").await;
+    dedup_across_nodes("postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dedup_holds_across_nodes_on_s3() {
+    dedup_across_nodes("s3").await;
+}
+
+/// Twenty concurrent uploads of one content through two nodes: one blob.
+async fn dedup_across_nodes(engine: &str) {
+    let (a, b, _dir) = two_nodes(engine).await;
     let body = pattern(300_000, 2);
     let puts = (0..20).map(|i| {
         let node = if i % 2 == 0 { &a } else { &b };
