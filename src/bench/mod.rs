@@ -32,8 +32,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use crate::engine::EngineKind;
 pub use crate::engine::dir_usage as disk_usage;
+use crate::engine::{EngineKind, S3Config};
 use stats::Summary;
 
 /// The experiments, in report order.
@@ -92,6 +92,15 @@ pub struct BenchArgs {
     /// run uses a database of its own.
     #[arg(long, env = "DEPOT_BENCH_MONGO", value_name = "URL", hide_env_values = true)]
     pub mongo_url: Option<String>,
+    /// The S3 server for the s3 engine (http://host:port); each run creates
+    /// a bucket of its own. Credentials: --s3-access-key and --s3-secret-key,
+    /// or the standard AWS_* variables.
+    #[arg(long, env = "DEPOT_BENCH_S3", value_name = "URL")]
+    pub s3_url: Option<String>,
+    #[arg(long, env = "DEPOT_BENCH_S3_ACCESS_KEY", value_name = "KEY")]
+    pub s3_access_key: Option<String>,
+    #[arg(long, env = "DEPOT_BENCH_S3_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
+    pub s3_secret_key: Option<String>,
 }
 
 /// Engines measured when none are named.
@@ -127,6 +136,8 @@ pub struct Settings {
     pub engines_named: bool,
     /// Where scratch data lives: on the disk the report describes.
     pub scratch: PathBuf,
+    /// The bucket the s3 engine needs, made before the first experiment.
+    s3_bucket: Option<(String, S3Config)>,
 }
 
 impl Settings {
@@ -140,6 +151,7 @@ impl Settings {
             None => DEFAULT_ENGINES.iter().map(|s| s.to_string()).collect(),
         };
         let mut engines = Vec::new();
+        let mut s3_bucket = None;
         let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for name in names {
             let kind: EngineKind = name.parse().map_err(anyhow::Error::msg)?;
@@ -152,11 +164,31 @@ impl Settings {
                     .as_ref()
                     .map(|u| format!("{}/depot_bench_{run_id}", u.trim_end_matches('/')))
                     .ok_or_else(|| "no MongoDB given (--mongo-url)".to_string()),
-                EngineKind::S3 => Err("no S3 server given (--s3-url)".to_string()),
+                EngineKind::S3 => args.s3_url.clone().ok_or_else(|| "no S3 server given (--s3-url)".to_string()),
                 _ => Ok(String::new()),
             };
             let backend_port = url.as_deref().ok().and_then(loopback_port);
-            let serve_flags = url.map(|u| if u.is_empty() { Vec::new() } else { vec!["--engine-url".to_string(), u] });
+            let mut serve_flags =
+                url.map(|u| if u.is_empty() { Vec::new() } else { vec!["--engine-url".to_string(), u] });
+            if let (EngineKind::S3, Ok(flags)) = (kind, &mut serve_flags) {
+                let config = S3Config {
+                    bucket: Some(format!("depot-bench-{run_id}")),
+                    region: None,
+                    access_key: args.s3_access_key.clone(),
+                    secret_key: args.s3_secret_key.clone(),
+                };
+                let pairs = [
+                    ("--s3-bucket", &config.bucket),
+                    ("--s3-access-key", &config.access_key),
+                    ("--s3-secret-key", &config.secret_key),
+                ];
+                for (flag, value) in pairs {
+                    if let Some(v) = value {
+                        flags.extend([flag.to_string(), v.clone()]);
+                    }
+                }
+                s3_bucket = args.s3_url.clone().map(|u| (u, config));
+            }
             engines.push(EngineChoice { name, serve_flags, backend_port });
         }
         Ok(Settings {
@@ -166,6 +198,7 @@ impl Settings {
             engines,
             engines_named: args.engines.is_some(),
             scratch,
+            s3_bucket,
         })
     }
 }
@@ -466,8 +499,15 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         .prefix(".scratch-")
         .tempdir_in(&out)
         .with_context(|| format!("a scratch directory in {}", out.display()))?;
-    let settings = Settings::resolve(args, scratch.path().to_path_buf())?;
+    let mut settings = Settings::resolve(args, scratch.path().to_path_buf())?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some((endpoint, config)) = settings.s3_bucket.take()
+        && let Err(e) = runtime.block_on(crate::engine::s3::create_bucket(Some(&endpoint), &config))
+    {
+        for engine in settings.engines.iter_mut().filter(|e| e.name == "s3") {
+            engine.serve_flags = Err(format!("cannot create a bucket at {endpoint}: {e}"));
+        }
+    }
     let machine = machine::facts(&out, &settings);
     let mut experiments = Vec::new();
     for experiment in args.experiment.expand() {
