@@ -7,11 +7,15 @@
 //! port with a scratch data directory), page-cache dropping for cold runs
 //! and disk usage. Each experiment is a module with one `run` function
 //! returning rows: [`http`] (files served at concurrency 100, depot vs
-//! nginx) and [`mget`] (batch gets of random small values, depot vs
-//! RocksDB's own `multi_get`). The load generator is [`load`], the peers
-//! [`nginx`] and `wrk`, the writers [`report`] and [`chart`].
+//! nginx), [`mget`] (batch gets of random small values, depot vs RocksDB's
+//! own `multi_get`), [`chunks`] (large files through the chunking engines
+//! at chunk sizes from 256 KB to 8 MB) and [`smallfiles`] (many files of
+//! 1-30 KB, depot vs plain files on the scratch disk). The load generator
+//! is [`load`], the peers [`nginx`] and `wrk`, the writers [`report`] and
+//! [`chart`].
 
 pub mod chart;
+pub mod chunks;
 pub mod http;
 pub mod load;
 pub mod machine;
@@ -19,6 +23,7 @@ pub mod mget;
 pub mod nginx;
 pub mod report;
 pub mod rss;
+pub mod smallfiles;
 pub mod stats;
 
 use std::io::{BufRead, BufReader};
@@ -44,12 +49,19 @@ pub enum Experiment {
     /// Batch gets of random keys among many small values: depot with each
     /// engine vs RocksDB's in-process multi_get.
     Mget,
+    /// Large files written and read through the chunking engines (gridfs,
+    /// postgres, sqlite) at chunk sizes from 256 KB to 8 MB, read with
+    /// buffers of 8 KB, 64 KB and 1 MB.
+    Chunks,
+    /// Many files of 1-30 KB: ingest, disk use, listing and random reads,
+    /// depot with each engine vs plain files on the scratch disk.
+    Smallfiles,
     /// Every experiment above.
     All,
 }
 
 impl Experiment {
-    const EACH: [Experiment; 2] = [Experiment::Http, Experiment::Mget];
+    const EACH: [Experiment; 4] = [Experiment::Http, Experiment::Mget, Experiment::Chunks, Experiment::Smallfiles];
 
     fn expand(self) -> Vec<Experiment> {
         match self {
@@ -66,8 +78,12 @@ pub struct BenchArgs {
     #[arg(value_enum)]
     pub experiment: Experiment,
     /// Scaled down: every experiment in well under a minute.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "full")]
     pub quick: bool,
+    /// At the seeds' own sizes where the default is scaled down (chunks:
+    /// 50 files of 2 GB; smallfiles: 10,000,000 files). Takes hours.
+    #[arg(long)]
+    pub full: bool,
     /// Where the report goes (default: bench-results/<UTC time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -105,6 +121,8 @@ impl EngineChoice {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub quick: bool,
+    /// The seeds' own sizes where the default is scaled down.
+    pub full: bool,
     pub threads: usize,
     pub engines: Vec<EngineChoice>,
     /// Whether the engines were named by the user (then experiments run
@@ -137,7 +155,14 @@ impl Settings {
             };
             engines.push(EngineChoice { name, serve_flags });
         }
-        Ok(Settings { quick: args.quick, threads, engines, engines_named: args.engines.is_some(), scratch })
+        Ok(Settings {
+            quick: args.quick,
+            full: args.full,
+            threads,
+            engines,
+            engines_named: args.engines.is_some(),
+            scratch,
+        })
     }
 }
 
@@ -253,6 +278,11 @@ impl DepotServer {
         let _ = self.child.wait();
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The server's peak resident memory since it (re)started.
     pub fn peak_rss(&self) -> Option<u64> {
         rss::peak_rss(self.child.id())
@@ -275,7 +305,9 @@ const LOG_LINES_KEPT: usize = 20;
 
 type Spawned = (Child, SocketAddr, Arc<Mutex<Vec<String>>>);
 
-fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
+/// This executable, with `args` and `--data DIR`, and none of the
+/// caller's `DEPOT_*` settings.
+fn depot_command(args: &[String], data: &Path) -> Command {
     // When the executable was replaced on disk while running (a rebuild),
     // the kernel still has the running one.
     let exe = std::env::current_exe().ok().filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
@@ -286,6 +318,68 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
             cmd.env_remove(k);
         }
     }
+    cmd
+}
+
+/// Whether an engine keeps its blobs on a server of its own rather than in
+/// the data directory.
+pub fn stores_on_a_server(engine: &str) -> bool {
+    matches!(engine, "postgres" | "gridfs" | "s3")
+}
+
+/// Bytes an engine's blobs and the catalog take: the whole data directory
+/// for a local engine; for one storing on a server, what the server reports
+/// (`disk_bytes` of `/_/stats`) plus the data directory (the catalog).
+pub async fn stored_bytes(server: &DepotServer, engine: &str) -> anyhow::Result<u64> {
+    let local = disk_usage(&server.data);
+    if !stores_on_a_server(engine) {
+        return Ok(local);
+    }
+    let answer = load::Connection::open(server.addr)
+        .await?
+        .expect_ok(load::request(::http::Method::GET, server.addr, "/_/stats", bytes::Bytes::new()))
+        .await?;
+    let stats: serde_json::Value = serde_json::from_slice(&answer).context("the /_/stats answer")?;
+    let remote = stats["disk_bytes"].as_u64().context("no disk_bytes in /_/stats")?;
+    Ok(remote + local)
+}
+
+/// Leaves an engine's server as it was found: deletes `keys` of `bucket`
+/// through the running depot, stops it and runs `depot gc` with no grace
+/// period, so the blobs written leave the engine's server too. Local
+/// engines need none of this: their data directory is simply removed.
+pub async fn purge(
+    server: DepotServer,
+    engine: &EngineChoice,
+    bucket: &str,
+    keys: impl Iterator<Item = String>,
+) -> anyhow::Result<()> {
+    const PER_REQUEST: usize = 1000;
+    let flags = engine.serve_flags.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut conn = load::Connection::open(server.addr).await?;
+    let path = format!("/_/batch/delete?bucket={bucket}");
+    let mut keys = keys.peekable();
+    while keys.peek().is_some() {
+        let body: String = keys.by_ref().take(PER_REQUEST).map(|k| k + "\n").collect();
+        conn.expect_ok(load::request(::http::Method::POST, server.addr, &path, body.into())).await?;
+    }
+    drop(conn);
+    let data = server.data.clone();
+    drop(server);
+    let mut args: Vec<String> = vec!["gc".into(), "--engine".into(), engine.name.clone()];
+    args.extend(["--gc-grace", "0"].map(String::from));
+    args.extend(flags.iter().cloned());
+    let mut cmd = depot_command(&args, &data);
+    cmd.env("DEPOT_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let out = tokio::process::Command::from(cmd).output().await.context("running depot gc")?;
+    if !out.status.success() {
+        bail!("depot gc: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
+    let mut cmd = depot_command(args, data);
     cmd.env("DEPOT_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn().context("starting depot serve")?;
     let stderr = child.stderr.take().context("no stderr from depot serve")?;
@@ -424,6 +518,8 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             match experiment {
                 Experiment::Http => http::run(&settings).await,
                 Experiment::Mget => mget::run(&settings).await,
+                Experiment::Chunks => chunks::run(&settings).await,
+                Experiment::Smallfiles => smallfiles::run(&settings).await,
                 Experiment::All => unreachable!("expanded above"),
             }
         })?;
