@@ -90,9 +90,14 @@ fn bench_mget_quick_writes_a_complete_report() {
     check_report(dir.path(), "mget", &["depot hybrid (warm)", "depot hybrid (cold)", "rocksdb multi_get (warm)"]);
 }
 
-/// The rows of the one experiment in a report's results.json.
-fn rows(out: &Path) -> Vec<serde_json::Value> {
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+/// Runs `experiment` quick on `engines`, checks its report names every
+/// one of `subjects`; its rows.
+fn quick_rows(experiment: &str, engines: &str, subjects: &[&str]) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    bench_engines(experiment, engines, dir.path());
+    check_report(dir.path(), experiment, subjects);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
     json["experiments"][0]["rows"].as_array().unwrap().clone()
 }
 
@@ -110,10 +115,7 @@ fn skip_reason(rows: &[serde_json::Value], subject: &str) -> String {
 
 #[test]
 fn bench_chunks_quick_measures_sqlite_and_says_why_not_the_others() {
-    let dir = tempfile::tempdir().unwrap();
-    bench_engines("chunks", "hybrid,sqlite,postgres", dir.path());
-    check_report(dir.path(), "chunks", &["depot sqlite", "depot hybrid", "depot postgres"]);
-    let rows = rows(dir.path());
+    let rows = quick_rows("chunks", "hybrid,sqlite,postgres", &["depot sqlite", "depot hybrid", "depot postgres"]);
     assert_eq!(positive(&rows, "depot sqlite", "write MB/s"), 6, "one write rate per chunk size");
     for reads in ["8 KB", "64 KB", "1 MB"] {
         assert_eq!(positive(&rows, "depot sqlite", &format!("read MB/s, {reads} reads")), 6);
@@ -126,10 +128,7 @@ fn bench_chunks_quick_measures_sqlite_and_says_why_not_the_others() {
 
 #[test]
 fn bench_smallfiles_quick_measures_depot_and_plain_files() {
-    let dir = tempfile::tempdir().unwrap();
-    bench_engines("smallfiles", "hybrid,postgres", dir.path());
-    check_report(dir.path(), "smallfiles", &["depot hybrid", "depot postgres", "plain files"]);
-    let rows = rows(dir.path());
+    let rows = quick_rows("smallfiles", "hybrid,postgres", &["depot hybrid", "depot postgres", "plain files"]);
     for subject in ["depot hybrid", "plain files (ext4)"] {
         assert_eq!(positive(&rows, subject, "files/s"), 3, "{subject}: ingest, listing and random reads");
         assert_eq!(positive(&rows, subject, "disk bytes per byte"), 1, "{subject}");

@@ -123,14 +123,12 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         method: vec![
             format!(
                 "{} files of random sizes from 1 to 30 KB ({} MB in all), keys fanned out in two levels of two hex \
-                 digits (ab/cd/abcd…); {} at a time: PUT over {CONCURRENCY} keep-alive connections to a fresh \
-                 depot per engine (every answer durable), or for plain files {CONCURRENCY} threads each creating, \
-                 writing and fsyncing a file (directories not fsynced). The seed's commenter asked for \
-                 100,000,000 such files; {}.",
+                 digits (ab/cd/abcd…), written {CONCURRENCY} at a time: PUTs over {CONCURRENCY} keep-alive \
+                 connections to a fresh depot per engine (every answer durable), or for plain files \
+                 {CONCURRENCY} threads each creating, writing and fsyncing a file (directories not fsynced). \
+                 The seed's commenter asked for 100,000,000 such files (--full: 10,000,000).",
                 thousands(scale.files as u64),
                 thousands(logical / 1_000_000),
-                if settings.quick { "scaled down" } else { "all" },
-                if settings.full { "--full writes 10,000,000" } else { "--full writes 10,000,000 of them" }
             ),
             "disk bytes per byte: the data directory's allocated blocks (catalog included; for an engine on its \
              own server, plus its /_/stats disk_bytes), or the plain tree's, over the bytes written. listing: \
