@@ -53,7 +53,7 @@ start_mongo() {
     javac -d "$build/classes" -cp "$build/lib/*" "$src/MongoLauncher.java"
   fi
   if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    nohup java -Xmx4g -cp "$build/classes:$build/lib/*" MongoLauncher "$port" >"$log" 2>&1 &
+    nohup java -Xmx12g -cp "$build/classes:$build/lib/*" MongoLauncher "$port" >"$log" 2>&1 &
     echo $! >"$build/server.pid"
     local up=""
     for _ in $(seq 1 100); do

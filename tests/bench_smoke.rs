@@ -10,8 +10,12 @@ use std::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_depot");
 
 fn bench(experiment: &str, out: &Path) -> String {
+    bench_engines(experiment, "hybrid", out)
+}
+
+fn bench_engines(experiment: &str, engines: &str, out: &Path) -> String {
     let output = Command::new(BIN)
-        .args(["bench", experiment, "--quick", "--engines", "hybrid", "--out"])
+        .args(["bench", experiment, "--quick", "--engines", engines, "--out"])
         .arg(out)
         .env_remove("DEPOT_BENCH_POSTGRES")
         .output()
@@ -115,4 +119,51 @@ fn bench_files_quick_measures_every_phase_beside_plain_files() {
     // Every byte is stored once, plus the catalog.
     let disk = value("depot hybrid", "all phases", "disk bytes per byte");
     assert!((0.9..2.0).contains(&disk), "{disk}");
+}
+
+/// Runs `experiment` quick on `engines`, checks its report names every
+/// one of `subjects`; its rows.
+fn quick_rows(experiment: &str, engines: &str, subjects: &[&str]) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    bench_engines(experiment, engines, dir.path());
+    check_report(dir.path(), experiment, subjects);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    json["experiments"][0]["rows"].as_array().unwrap().clone()
+}
+
+fn positive(rows: &[serde_json::Value], subject: &str, metric: &str) -> usize {
+    rows.iter()
+        .filter(|r| r["subject"] == subject && r["metric"] == metric)
+        .inspect(|r| assert!(r["value"].as_f64().is_some_and(|v| v > 0.0), "not a positive figure: {r}"))
+        .count()
+}
+
+fn skip_reason(rows: &[serde_json::Value], subject: &str) -> String {
+    let row = rows.iter().find(|r| r["subject"] == subject).unwrap_or_else(|| panic!("no row for {subject}"));
+    row["skipped"].as_str().unwrap_or_else(|| panic!("{subject} was not skipped: {row}")).to_string()
+}
+
+#[test]
+fn bench_chunks_quick_measures_sqlite_and_says_why_not_the_others() {
+    let rows = quick_rows("chunks", "hybrid,sqlite,postgres", &["depot sqlite", "depot hybrid", "depot postgres"]);
+    assert_eq!(positive(&rows, "depot sqlite", "write MB/s"), 6, "one write rate per chunk size");
+    for reads in ["8 KB", "64 KB", "1 MB"] {
+        assert_eq!(positive(&rows, "depot sqlite", &format!("read MB/s, {reads} reads")), 6);
+    }
+    assert_eq!(positive(&rows, "depot sqlite", "server CPU s, writes"), 6);
+    assert_eq!(positive(&rows, "depot sqlite", "server peak RSS MB"), 6);
+    assert!(skip_reason(&rows, "depot hybrid").contains("--chunk-size does not apply"));
+    assert!(skip_reason(&rows, "depot postgres").contains("--postgres-url"));
+}
+
+#[test]
+fn bench_smallfiles_quick_measures_depot_and_plain_files() {
+    let rows = quick_rows("smallfiles", "hybrid,postgres", &["depot hybrid", "depot postgres", "plain files"]);
+    for subject in ["depot hybrid", "plain files (ext4)"] {
+        assert_eq!(positive(&rows, subject, "files/s"), 3, "{subject}: ingest, listing and random reads");
+        assert_eq!(positive(&rows, subject, "disk bytes per byte"), 1, "{subject}");
+    }
+    assert_eq!(positive(&rows, "depot hybrid", "server peak RSS MB"), 1);
+    assert!(skip_reason(&rows, "depot postgres").contains("--postgres-url"));
 }

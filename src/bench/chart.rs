@@ -121,7 +121,7 @@ pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
     let panel_rows = data.cases.len().div_ceil(columns).max(1);
     let legend_rows = data.series.len().div_ceil(COLUMNS).max(1) as u32;
     let size = (PANEL.0 * columns as u32, TITLE_HEIGHT + PANEL.1 * panel_rows as u32 + LEGEND_LINE * legend_rows + 16);
-    let title = format!("{}: {} ({}; shorter is faster)", e.name, e.title, data.metric);
+    let title = format!("{}: {} ({}; {})", e.name, e.title, data.metric, reading(&data.metric));
     let svg = format!("{}.svg", e.name);
     let png = format!("{}.png", e.name);
     render(SVGBackend::new(&out.join(&svg), size).into_drawing_area(), &title, &data, columns)
@@ -129,6 +129,11 @@ pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
     render(BitMapBackend::new(&out.join(&png), size).into_drawing_area(), &title, &data, columns)
         .with_context(|| format!("drawing {png}"))?;
     Ok(vec![svg, png])
+}
+
+/// How to read the bars: rates (per second) grow with speed, times shrink.
+fn reading(metric: &str) -> &'static str {
+    if metric.contains("/s") { "taller is faster" } else { "shorter is faster" }
 }
 
 fn render<DB: DrawingBackend>(
@@ -206,6 +211,13 @@ fn draw_panel<DB: DrawingBackend>(
 mod tests {
     use super::*;
     use crate::bench::stats::Summary;
+
+    #[test]
+    fn rates_read_taller_is_faster() {
+        assert_eq!(reading("ms/request"), "shorter is faster");
+        assert_eq!(reading("files/s"), "taller is faster");
+        assert_eq!(reading("write MB/s"), "taller is faster");
+    }
 
     #[test]
     fn series_follow_the_rows_and_seeds_come_last() {

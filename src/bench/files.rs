@@ -21,11 +21,13 @@ use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection};
 use super::{
-    DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, drop_caches, is_root, rss,
+    DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, drop_caches, is_root, purge, rss,
+    stored_bytes, stores_on_a_server,
 };
 
 const NAME: &str = "files";
 const MBS: &str = "MB/s";
+const DISK: &str = "disk bytes per byte";
 const CLIENTS: usize = 20;
 const PLAIN: &str = "plain files (write + fsync)";
 
@@ -166,15 +168,23 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 if let Some(sampler) = backend {
                     rows.push(Row::single(NAME, case, &subject, "backend peak RSS MB", sampler.finish() as f64 / 1e6));
                 }
-                let mut disk = disk_usage(&data);
-                if engine.backend_port.is_some() {
-                    disk += stats_disk_bytes(server.addr).await.unwrap_or(0);
+                match stored_bytes(&server, &engine.name).await {
+                    Ok(disk) => rows.push(Row::single(NAME, case, &subject, DISK, disk as f64 / logical)),
+                    Err(e) => rows.push(Row::skipped(NAME, case, &subject, DISK, &format!("{e:#}"))),
                 }
-                rows.push(Row::single(NAME, case, &subject, "disk bytes per byte", disk as f64 / logical));
             }
             Err(e) => {
                 let why = format!("failed: {e:#}; server log: {}", server.log_tail());
                 rows.push(Row::skipped(NAME, "all phases", &subject, MBS, &why));
+            }
+        }
+        if stores_on_a_server(&engine.name) {
+            progress.doing(&format!("{subject}: removing what was written"));
+            if let Err(e) =
+                purge(server, engine, "files", (0..2 * scale.files).map(|f| key(f)["/files/".len()..].to_string()))
+                    .await
+            {
+                progress.doing(&format!("{subject}: could not remove what was written: {e:#}"));
             }
         }
     }
@@ -186,7 +196,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             for (phase, s) in Phase::ALL.into_iter().zip(secs) {
                 phase_rows(&mut rows, phase, PLAIN, s, scale, phase.seed(seed_like(PLAIN)));
             }
-            rows.push(Row::single(NAME, "all phases", PLAIN, "disk bytes per byte", disk_usage(&dir) as f64 / logical));
+            rows.push(Row::single(NAME, "all phases", PLAIN, DISK, disk_usage(&dir) as f64 / logical));
         }
         Err(e) => rows.push(Row::skipped(NAME, "all phases", PLAIN, MBS, &format!("{e:#}"))),
     }
@@ -241,10 +251,6 @@ async fn stats(addr: SocketAddr) -> anyhow::Result<serde_json::Value> {
     let mut c = Connection::open(addr).await?;
     let body = c.expect_ok(load::request(Method::GET, addr, "/_/stats", Bytes::new())).await?;
     Ok(serde_json::from_slice(&body)?)
-}
-
-async fn stats_disk_bytes(addr: SocketAddr) -> Option<u64> {
-    stats(addr).await.ok()?["disk_bytes"].as_u64()
 }
 
 /// The four phases against one server: seconds of each, and the rest.

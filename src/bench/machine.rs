@@ -31,7 +31,13 @@ pub fn facts(out: &Path, settings: &Settings) -> Facts {
         .unwrap_or_else(unknown);
     let build =
         if cfg!(debug_assertions) { "debug (timings are not representative: build with --release)" } else { "release" };
-    let scale = if settings.quick { "--quick (scaled down)" } else { "full" };
+    let scale = if settings.quick {
+        "--quick (scaled down)"
+    } else if settings.full {
+        "--full (the seeds' sizes)"
+    } else {
+        "default sizes"
+    };
     vec![
         ("CPU".into(), format!("{cores} cores, {cpu}")),
         ("RAM".into(), ram),

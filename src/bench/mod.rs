@@ -7,11 +7,15 @@
 //! port with a scratch data directory), page-cache dropping for cold runs
 //! and disk usage. Each experiment is a module with one `run` function
 //! returning rows: [`http`] (files served at concurrency 100, depot vs
-//! nginx) and [`mget`] (batch gets of random small values, depot vs
-//! RocksDB's own `multi_get`). The load generator is [`load`], the peers
-//! [`nginx`] and `wrk`, the writers [`report`] and [`chart`].
+//! nginx), [`mget`] (batch gets of random small values, depot vs RocksDB's
+//! own `multi_get`), [`chunks`] (large files through the chunking engines
+//! at chunk sizes from 256 KB to 8 MB) and [`smallfiles`] (many files of
+//! 1-30 KB, depot vs plain files on the scratch disk). The load generator
+//! is [`load`], the peers [`nginx`] and `wrk`, the writers [`report`] and
+//! [`chart`].
 
 pub mod chart;
+pub mod chunks;
 pub mod files;
 pub mod http;
 pub mod load;
@@ -20,6 +24,7 @@ pub mod mget;
 pub mod nginx;
 pub mod report;
 pub mod rss;
+pub mod smallfiles;
 pub mod stats;
 
 use std::io::{BufRead, BufReader};
@@ -48,12 +53,20 @@ pub enum Experiment {
     /// Batch gets of random keys among many small values: depot with each
     /// engine vs RocksDB's in-process multi_get.
     Mget,
+    /// Large files written and read through the chunking engines (gridfs,
+    /// postgres, sqlite) at chunk sizes from 256 KB to 8 MB, read with
+    /// buffers of 8 KB, 64 KB and 1 MB.
+    Chunks,
+    /// Many files of 1-30 KB: ingest, disk use, listing and random reads,
+    /// depot with each engine vs plain files on the scratch disk.
+    Smallfiles,
     /// Every experiment above.
     All,
 }
 
 impl Experiment {
-    const EACH: [Experiment; 3] = [Experiment::Files, Experiment::Http, Experiment::Mget];
+    const EACH: [Experiment; 5] =
+        [Experiment::Files, Experiment::Http, Experiment::Mget, Experiment::Chunks, Experiment::Smallfiles];
 
     fn expand(self) -> Vec<Experiment> {
         match self {
@@ -72,7 +85,8 @@ pub struct BenchArgs {
     /// Scaled down: every experiment in well under a minute.
     #[arg(long, conflicts_with = "full")]
     pub quick: bool,
-    /// At the seeds' own sizes (hours, and tens of gigabytes of disk).
+    /// At the seeds' own sizes where the default is scaled down (files: 1000 of 10 MB;
+    /// chunks: 50 of 2 GB; smallfiles: 10,000,000). Takes hours.
     #[arg(long)]
     pub full: bool,
     /// Where the report goes (default: bench-results/<UTC time>).
@@ -128,6 +142,7 @@ impl EngineChoice {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub quick: bool,
+    /// The seeds' own sizes where the default is scaled down.
     pub full: bool,
     pub threads: usize,
     pub engines: Vec<EngineChoice>,
@@ -167,7 +182,7 @@ impl Settings {
                 EngineKind::S3 => args.s3_url.clone().ok_or_else(|| "no S3 server given (--s3-url)".to_string()),
                 _ => Ok(String::new()),
             };
-            let backend_port = url.as_deref().ok().and_then(loopback_port);
+            let backend_port = url.as_deref().ok().and_then(|u| rss::loopback_port(u).ok());
             let mut serve_flags =
                 url.map(|u| if u.is_empty() { Vec::new() } else { vec!["--engine-url".to_string(), u] });
             if let (EngineKind::S3, Ok(flags)) = (kind, &mut serve_flags) {
@@ -200,28 +215,6 @@ impl Settings {
             scratch,
             s3_bucket,
         })
-    }
-}
-
-/// The port of a server URL on this machine (`scheme://[user@]host[:port]/...`),
-/// with the scheme's default port; `None` for other hosts.
-fn loopback_port(url: &str) -> Option<u16> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split('/').next()?;
-    let host_port = authority.rsplit('@').next()?;
-    let (host, port) = match host_port.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().ok()?),
-        None => (host_port, default_port(scheme)?),
-    };
-    matches!(host, "127.0.0.1" | "localhost" | "[::1]").then_some(port)
-}
-
-fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "postgres" | "postgresql" => Some(5432),
-        "mongodb" => Some(27017),
-        "http" => Some(80),
-        _ => None,
     }
 }
 
@@ -337,6 +330,11 @@ impl DepotServer {
         let _ = self.child.wait();
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The server's peak resident memory since it (re)started.
     pub fn peak_rss(&self) -> Option<u64> {
         rss::peak_rss(self.child.id())
@@ -359,7 +357,9 @@ const LOG_LINES_KEPT: usize = 20;
 
 type Spawned = (Child, SocketAddr, Arc<Mutex<Vec<String>>>);
 
-fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
+/// This executable, with `args` and `--data DIR`, and none of the
+/// caller's `DEPOT_*` settings.
+fn depot_command(args: &[String], data: &Path) -> Command {
     // When the executable was replaced on disk while running (a rebuild),
     // the kernel still has the running one.
     let exe = std::env::current_exe().ok().filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
@@ -370,6 +370,68 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
             cmd.env_remove(k);
         }
     }
+    cmd
+}
+
+/// Whether an engine keeps its blobs on a server of its own rather than in
+/// the data directory.
+pub fn stores_on_a_server(engine: &str) -> bool {
+    matches!(engine, "postgres" | "gridfs" | "s3")
+}
+
+/// Bytes an engine's blobs and the catalog take: the whole data directory
+/// for a local engine; for one storing on a server, what the server reports
+/// (`disk_bytes` of `/_/stats`) plus the data directory (the catalog).
+pub async fn stored_bytes(server: &DepotServer, engine: &str) -> anyhow::Result<u64> {
+    let local = disk_usage(&server.data);
+    if !stores_on_a_server(engine) {
+        return Ok(local);
+    }
+    let answer = load::Connection::open(server.addr)
+        .await?
+        .expect_ok(load::request(::http::Method::GET, server.addr, "/_/stats", bytes::Bytes::new()))
+        .await?;
+    let stats: serde_json::Value = serde_json::from_slice(&answer).context("the /_/stats answer")?;
+    let remote = stats["disk_bytes"].as_u64().context("no disk_bytes in /_/stats")?;
+    Ok(remote + local)
+}
+
+/// Leaves an engine's server as it was found: deletes `keys` of `bucket`
+/// through the running depot, stops it and runs `depot gc` with no grace
+/// period, so the blobs written leave the engine's server too. Local
+/// engines need none of this: their data directory is simply removed.
+pub async fn purge(
+    server: DepotServer,
+    engine: &EngineChoice,
+    bucket: &str,
+    keys: impl Iterator<Item = String>,
+) -> anyhow::Result<()> {
+    const PER_REQUEST: usize = 1000;
+    let flags = engine.serve_flags.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut conn = load::Connection::open(server.addr).await?;
+    let path = format!("/_/batch/delete?bucket={bucket}");
+    let mut keys = keys.peekable();
+    while keys.peek().is_some() {
+        let body: String = keys.by_ref().take(PER_REQUEST).map(|k| k + "\n").collect();
+        conn.expect_ok(load::request(::http::Method::POST, server.addr, &path, body.into())).await?;
+    }
+    drop(conn);
+    let data = server.data.clone();
+    drop(server);
+    let mut args: Vec<String> = vec!["gc".into(), "--engine".into(), engine.name.clone()];
+    args.extend(["--gc-grace", "0"].map(String::from));
+    args.extend(flags.iter().cloned());
+    let mut cmd = depot_command(&args, &data);
+    cmd.env("DEPOT_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let out = tokio::process::Command::from(cmd).output().await.context("running depot gc")?;
+    if !out.status.success() {
+        bail!("depot gc: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
+    let mut cmd = depot_command(args, data);
     cmd.env("DEPOT_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn().context("starting depot serve")?;
     let stderr = child.stderr.take().context("no stderr from depot serve")?;
@@ -516,6 +578,8 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                 Experiment::Files => files::run(&settings).await,
                 Experiment::Http => http::run(&settings).await,
                 Experiment::Mget => mget::run(&settings).await,
+                Experiment::Chunks => chunks::run(&settings).await,
+                Experiment::Smallfiles => smallfiles::run(&settings).await,
                 Experiment::All => unreachable!("expanded above"),
             }
         })?;
@@ -527,19 +591,4 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     println!("{markdown}");
     println!("written to {}", out.display());
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backends_on_this_machine_are_found_by_port() {
-        assert_eq!(loopback_port("postgres://depot:depot@127.0.0.1:5433/depot"), Some(5433));
-        assert_eq!(loopback_port("postgres://u:p@localhost/db"), Some(5432));
-        assert_eq!(loopback_port("mongodb://127.0.0.1:27018/depot_bench_1"), Some(27018));
-        assert_eq!(loopback_port("http://127.0.0.1:9100"), Some(9100));
-        assert_eq!(loopback_port("postgres://u:p@db.example.com:5432/db"), None);
-        assert_eq!(loopback_port("nonsense"), None);
-    }
 }

@@ -1,7 +1,8 @@
-//! Memory of the processes under test, from `/proc`: a depot server's own
-//! peak (the kernel's high-water mark), and the peak of a backend server
-//! (PostgreSQL with its per-connection children, a Java server) found by the
-//! loopback port it listens on and sampled while an experiment runs.
+//! Memory and CPU time of the processes under test, from `/proc`: a depot
+//! server's own peak (the kernel's high-water mark) and CPU seconds, and the
+//! peak of a backend server (PostgreSQL with its per-connection children, a
+//! Java server) found by the loopback port it listens on and sampled while
+//! an experiment runs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,6 +25,56 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
 /// The most memory a process has held resident since it started.
 pub fn peak_rss(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmHWM")
+}
+
+/// Clock ticks per second in `/proc/PID/stat` (`USER_HZ`, fixed at 100 in
+/// the kernel's ABI on every architecture).
+const USER_HZ: f64 = 100.0;
+
+/// CPU time a process has used so far, user plus system, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from the `)` after it.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    // Fields 14 and 15 of the man page; the state (field 3) is first here.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / USER_HZ)
+}
+
+/// The port of a server URL (`postgres://u:p@127.0.0.1:5432/db`,
+/// `mongodb://localhost/x`) when it is on this machine, with the scheme's
+/// default port when none is given; why not otherwise.
+pub fn loopback_port(url: &str) -> Result<u16, String> {
+    let (scheme, rest) = url.split_once("://").ok_or("not a URL")?;
+    let default = match scheme {
+        "postgres" | "postgresql" => 5432,
+        "mongodb" => 27017,
+        "http" => 80,
+        "https" => 443,
+        other => return Err(format!("no default port known for {other}://")),
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // The first of several hosts (a replica set) is the one measured.
+    let hostport = hostport.split(',').next().unwrap_or("");
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(v6) => {
+            let (host, after) = v6.split_once(']').ok_or("an unclosed [ in the host")?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        },
+    };
+    if !matches!(host, "localhost" | "::1") && !host.starts_with("127.") {
+        return Err(format!("the server ({host}) is not on this machine"));
+    }
+    match port {
+        None | Some("") => Ok(default),
+        Some(p) => p.parse().map_err(|_| format!("port {p:?}")),
+    }
 }
 
 /// Memory resident now in a process and all its descendants.
@@ -127,5 +178,27 @@ mod tests {
         assert!(sampled > 1 << 20 && sampled <= peak_rss(std::process::id()).unwrap(), "{sampled}");
         drop(listener);
         assert_eq!(listener_pid(port), None);
+    }
+
+    #[test]
+    fn cpu_time_grows_with_work() {
+        let before = cpu_seconds(std::process::id()).unwrap();
+        let started = std::time::Instant::now();
+        let mut x = 1u64;
+        while started.elapsed() < Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let after = cpu_seconds(std::process::id()).unwrap();
+        assert!(after - before >= 0.1, "{before} -> {after}");
+    }
+
+    #[test]
+    fn ports_of_local_servers_are_read_from_urls() {
+        assert_eq!(loopback_port("postgres://depot:depot@127.0.0.1:5433/depot"), Ok(5433));
+        assert_eq!(loopback_port("postgresql://localhost/db?sslmode=disable"), Ok(5432));
+        assert_eq!(loopback_port("mongodb://u:p@[::1]:27018/x"), Ok(27018));
+        assert_eq!(loopback_port("mongodb://127.0.0.1"), Ok(27017));
+        assert!(loopback_port("postgres://db.example.com:5432/x").unwrap_err().contains("not on this machine"));
+        assert!(loopback_port("localhost:5432").is_err());
     }
 }
