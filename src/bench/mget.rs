@@ -172,6 +172,11 @@ fn skip_reason(engine: &EngineChoice, settings: &Settings) -> Option<String> {
         Ok(_) if engine.name == "fs" && !settings.engines_named => {
             Some("one file per 50-byte value; not run unless named (--engines fs)".into())
         }
+        Ok(_) if matches!(engine.name.as_str(), "gridfs" | "s3") && !settings.engines_named => Some(format!(
+            "one {} per 50-byte value on its server; not run unless named (--engines {})",
+            if engine.name == "s3" { "object" } else { "GridFS file" },
+            engine.name
+        )),
         Ok(_) => None,
     }
 }
