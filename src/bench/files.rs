@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use super::load::{self, Connection};
 use super::{
     DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, drop_caches, is_root, purge, rss,
-    stored_bytes, stores_on_a_server,
+    server_stats, stored_bytes, stores_on_a_server,
 };
 
 const NAME: &str = "files";
@@ -247,11 +247,6 @@ fn phase_rows(rows: &mut Vec<Row>, phase: Phase, subject: &str, secs: f64, scale
     rows.push(Row::single(NAME, phase.case(), subject, "s", secs));
 }
 
-async fn stats(addr: SocketAddr) -> anyhow::Result<serde_json::Value> {
-    let mut c = Connection::open(addr).await?;
-    let body = c.expect_ok(load::request(Method::GET, addr, "/_/stats", Bytes::new())).await?;
-    Ok(serde_json::from_slice(&body)?)
-}
 
 /// The four phases against one server: seconds of each, and the rest.
 async fn engine_phases(
@@ -312,7 +307,7 @@ async fn engine_phases(
         }
         secs[slot] = started.elapsed().as_secs_f64();
         if phase == Phase::Write20 {
-            let put = &stats(addr).await?["put_seconds"];
+            let put = &server_stats(addr).await?["put_seconds"];
             extra.catalog_secs = put["catalog"].as_f64().unwrap_or(0.0);
             extra.bytes_secs = put["bytes"].as_f64().unwrap_or(0.0);
         }

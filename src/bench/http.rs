@@ -20,7 +20,9 @@ use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection, Plan};
 use super::nginx::Nginx;
-use super::{DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program};
+use super::{
+    DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program, remote_disk_bytes, stores_on_a_server,
+};
 
 const NAME: &str = "http";
 const CONCURRENCY: usize = 100;
@@ -56,6 +58,9 @@ struct Target {
     put_prefix: &'static str,
     /// What grows on disk when it takes writes.
     written: PathBuf,
+    /// Whether the bytes go to the engine's own server, which then reports
+    /// what it occupies (`disk_bytes` of `/_/stats`).
+    on_a_server: bool,
     /// Whether the seed compares it with nginx from disk (true) or with
     /// nginx-gridfs, the database-backed server.
     from_disk: bool,
@@ -121,6 +126,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             get_prefix: "/files/bench/",
             put_prefix: "/files/bench/put/",
             written: data,
+            on_a_server: stores_on_a_server(&engine.name),
             from_disk: false,
         };
         measure(&target, &files, plan, settings, wrk.as_deref(), &progress, &mut rows).await;
@@ -137,6 +143,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 get_prefix: "/",
                 put_prefix: "/dav/",
                 written: nginx.dav.clone(),
+                on_a_server: false,
                 from_disk: true,
             };
             measure(&target, &files, plan, settings, wrk.as_deref(), &progress, &mut rows).await;
@@ -164,7 +171,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             format!(
                 "nginx: sendfile on, open_file_cache off, {} worker processes; depot: --threads {}. \
                  PUTs write new 1 KB keys with distinct content (depot: every answer durable; nginx WebDAV: \
-                 not synced). Disk bytes per byte: growth of the data directory / bytes written.",
+                 not synced). Disk bytes per byte: growth of the data directory (and of what the engine's \
+                 server reports it occupies, for server engines) / bytes written.",
                 settings.threads, settings.threads
             ),
         ],
@@ -209,7 +217,7 @@ async fn measure(
         progress.done(1);
     }
     progress.doing(&format!("{subject}: {PUT_CASE}"));
-    let before = disk_usage(&target.written);
+    let before = occupied(target).await;
     let base: Bytes = {
         let mut b = vec![0u8; PUT_SIZE];
         rand::rng().fill(&mut b[..]);
@@ -227,7 +235,7 @@ async fn measure(
         Ok(outcome) => {
             rows.extend(rate_rows(PUT_CASE, subject, &outcome, None));
             let logical = outcome.ok_total * PUT_SIZE as u64;
-            let grown = disk_usage(&target.written).saturating_sub(before);
+            let grown = occupied(target).await.saturating_sub(before);
             if logical > 0 {
                 rows.push(Row::single(NAME, PUT_CASE, subject, "disk bytes per byte", grown as f64 / logical as f64));
             }
@@ -235,6 +243,16 @@ async fn measure(
         Err(e) => rows.push(Row::skipped(NAME, PUT_CASE, subject, MS, &format!("failed: {e:#}"))),
     }
     progress.done(1);
+}
+
+/// Bytes a target's writes occupy: its directory, plus what the engine's
+/// server reports for server engines.
+async fn occupied(target: &Target) -> u64 {
+    let mut total = disk_usage(&target.written);
+    if target.on_a_server {
+        total += remote_disk_bytes(target.addr).await.unwrap_or(0);
+    }
+    total
 }
 
 /// The rows of one load run: rate, ms/request, p50 and p99.

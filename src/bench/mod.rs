@@ -387,13 +387,21 @@ pub async fn stored_bytes(server: &DepotServer, engine: &str) -> anyhow::Result<
     if !stores_on_a_server(engine) {
         return Ok(local);
     }
-    let answer = load::Connection::open(server.addr)
+    Ok(remote_disk_bytes(server.addr).await? + local)
+}
+
+/// A depot server's `/_/stats` answer.
+pub async fn server_stats(addr: SocketAddr) -> anyhow::Result<serde_json::Value> {
+    let answer = load::Connection::open(addr)
         .await?
-        .expect_ok(load::request(::http::Method::GET, server.addr, "/_/stats", bytes::Bytes::new()))
+        .expect_ok(load::request(::http::Method::GET, addr, "/_/stats", bytes::Bytes::new()))
         .await?;
-    let stats: serde_json::Value = serde_json::from_slice(&answer).context("the /_/stats answer")?;
-    let remote = stats["disk_bytes"].as_u64().context("no disk_bytes in /_/stats")?;
-    Ok(remote + local)
+    serde_json::from_slice(&answer).context("the /_/stats answer")
+}
+
+/// What a depot server's engine says it occupies (`disk_bytes` of `/_/stats`).
+pub async fn remote_disk_bytes(addr: SocketAddr) -> anyhow::Result<u64> {
+    server_stats(addr).await?["disk_bytes"].as_u64().context("no disk_bytes in /_/stats")
 }
 
 /// Leaves an engine's server as it was found: deletes `keys` of `bucket`
