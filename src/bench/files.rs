@@ -247,7 +247,6 @@ fn phase_rows(rows: &mut Vec<Row>, phase: Phase, subject: &str, secs: f64, scale
     rows.push(Row::single(NAME, phase.case(), subject, "s", secs));
 }
 
-
 /// The four phases against one server: seconds of each, and the rest.
 async fn engine_phases(
     server: &mut DepotServer,

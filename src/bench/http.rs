@@ -7,7 +7,8 @@
 //! rounds), milliseconds per request as the seed's `ab` counted them
 //! (elapsed time / requests, i.e. 1000 / req/s), and p50/p99 latency.
 //! When `wrk` is installed, its request rate for the same GET is shown
-//! beside ours as a cross-check of the built-in load generator.
+//! beside ours as a cross-check of the built-in load generator (not in
+//! quick runs, whose rounds are too short for it).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +22,8 @@ use rand::{Rng, SeedableRng};
 use super::load::{self, Connection, Plan};
 use super::nginx::Nginx;
 use super::{
-    DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program, remote_disk_bytes, stores_on_a_server,
+    DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program, remote_disk_bytes,
+    stores_on_a_server,
 };
 
 const NAME: &str = "http";
@@ -41,7 +43,12 @@ fn get_case(label: &str) -> String {
 
 fn plan(settings: &Settings) -> Plan {
     if settings.quick {
-        Plan { concurrency: CONCURRENCY, warmup: Duration::from_millis(500), rounds: 3, round: Duration::from_secs(1) }
+        Plan {
+            concurrency: CONCURRENCY,
+            warmup: Duration::from_millis(300),
+            rounds: 3,
+            round: Duration::from_millis(500),
+        }
     } else {
         Plan { concurrency: CONCURRENCY, warmup: Duration::from_secs(2), rounds: 5, round: Duration::from_secs(3) }
     }
@@ -68,7 +75,8 @@ struct Target {
 
 pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let plan = plan(settings);
-    let wrk = find_program("wrk");
+    // The cross-check needs runs of seconds: not in a quick run.
+    let wrk = find_program("wrk").filter(|_| !settings.quick);
     let files: Vec<(String, Bytes)> = {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         FILES
@@ -207,7 +215,7 @@ async fn measure(
             Err(e) => rows.push(Row::skipped(NAME, &case, subject, MS, &format!("failed: {e:#}"))),
         }
         if let Some(wrk) = wrk {
-            let secs = if settings.quick { 1 } else { (plan.round * plan.rounds as u32).as_secs().max(1) };
+            let secs = (plan.round * plan.rounds as u32).as_secs().max(1);
             let metric = "req/s (wrk)";
             match run_wrk(wrk, addr, &path, settings.threads, secs).await {
                 Ok(rate) => rows.push(Row::single(NAME, &case, subject, metric, rate)),

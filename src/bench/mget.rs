@@ -43,7 +43,7 @@ struct Scale {
 
 fn scale(settings: &Settings) -> Scale {
     if settings.quick {
-        Scale { keys: 20_000, largest_batch: 10_000, rounds: 3 }
+        Scale { keys: 10_000, largest_batch: 10_000, rounds: 3 }
     } else {
         Scale { keys: 1_000_000, largest_batch: 100_000, rounds: 5 }
     }

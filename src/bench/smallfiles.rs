@@ -45,7 +45,7 @@ struct Scale {
 fn scale(settings: &Settings) -> Scale {
     let plan = |warmup, rounds, round| Plan { concurrency: CONCURRENCY, warmup, rounds, round };
     if settings.quick {
-        Scale { files: 5_000, reads: plan(Duration::from_millis(300), 3, Duration::from_secs(1)) }
+        Scale { files: 2_000, reads: plan(Duration::from_millis(300), 3, Duration::from_millis(500)) }
     } else if settings.full {
         Scale { files: 10_000_000, reads: plan(Duration::from_secs(5), 5, Duration::from_secs(10)) }
     } else {
