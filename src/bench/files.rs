@@ -263,7 +263,7 @@ async fn engine_phases(
         progress.doing(&format!("{subject}: {}", phase.case()));
         if matches!(phase, Phase::ReadSeq | Phase::Read20) && is_root() {
             extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
-            server.restart(|| drop_caches().map_err(anyhow::Error::msg))?;
+            server.restart_cold()?;
         }
         let addr = server.addr;
         let started = Instant::now();

@@ -259,7 +259,7 @@ async fn measure_depot(
                 progress.doing(&format!("{subject}: {} cold", case(*n)));
                 let mut times = Vec::new();
                 for keys in &rounds[1..] {
-                    server.restart(|| drop_caches().map_err(anyhow::Error::msg))?;
+                    server.restart_cold()?;
                     let mut conn = Connection::open(server.addr).await?;
                     times.push(timed_get(&mut conn, server.addr, keys).await?);
                 }

@@ -325,6 +325,12 @@ impl DepotServer {
         Ok(())
     }
 
+    /// Restarts the server with the page cache dropped in between, so its
+    /// next reads come from the disk (needs root).
+    pub fn restart_cold(&mut self) -> anyhow::Result<()> {
+        self.restart(|| drop_caches().map_err(anyhow::Error::msg))
+    }
+
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use indicatif::{HumanBytes, ProgressBar};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
@@ -82,12 +82,7 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     if len < BAR_FROM {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let bar = super::progress_bar(len, super::BYTES_BAR);
     bar.set_message(what.to_string());
     bar
 }

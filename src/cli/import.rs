@@ -17,7 +17,7 @@ use std::time::{Instant, SystemTime};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use indicatif::HumanBytes;
 use mongodb::bson::{Bson, Document, doc};
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -281,12 +281,7 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
         let (items, problems) = source.list().await.with_context(|| format!("listing {}", args.source))?;
         ensure_bucket(&client, bucket).await?;
         let total: u64 = items.iter().map(|i| i.size).sum();
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template("{msg:>18} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
+        let bar = super::progress_bar(total, super::BYTES_BAR);
         for p in &problems {
             bar.suspend(|| eprintln!("skipped: {p}"));
         }

@@ -27,10 +27,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
-use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use indicatif::HumanBytes;
 use sha2::Digest as _;
 
 use super::serve::{ENGINE_MARKER, open_catalog, runtime};
+use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
 use crate::engine::{self, BlobRef, ByteRange, Digest, DynEngine, EngineConfig, EngineKind, Locator, S3Config};
@@ -246,12 +247,6 @@ fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
     Ok(done)
 }
 
-fn bar(len: u64, style: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(ProgressStyle::with_template(style).expect("valid template").progress_chars("=> "));
-    bar
-}
-
 /// Copies every blob not yet journaled; returns whether all are done.
 async fn copy(
     catalog: &dyn Catalog,
@@ -262,10 +257,7 @@ async fn copy(
 ) -> anyhow::Result<bool> {
     let done = read_journal(journal)?;
     let stats = catalog.stats().await?;
-    let progress = bar(
-        stats.blob_bytes.max(0) as u64,
-        "{msg:>18} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-    );
+    let progress = progress_bar(stats.blob_bytes.max(0) as u64, BYTES_BAR);
     let mut out = std::fs::OpenOptions::new().create(true).append(true).open(journal)?;
     let (mut copied, mut copied_bytes, mut failed, mut left) = (0u64, 0u64, 0u64, 0u64);
     let budget = args.max_blobs.unwrap_or(u64::MAX);
@@ -358,7 +350,7 @@ async fn switch(catalog: &dyn Catalog, journal: &Path) -> anyhow::Result<()> {
 /// Deletes everything the old engine holds.
 async fn cleanup(source: &DynEngine) -> anyhow::Result<()> {
     let blobs = source.list().await?;
-    let progress = bar(blobs.len() as u64, "removing old copies [{bar:30}] {pos}/{len}");
+    let progress = progress_bar(blobs.len() as u64, "removing old copies [{bar:30}] {pos}/{len}");
     let source = Arc::clone(source);
     futures::stream::iter(blobs)
         .map(|b| {

@@ -70,6 +70,16 @@ pub enum Command {
     },
 }
 
+/// A bar of bytes moved, with rate and time left; `{msg}` names the work.
+pub(crate) const BYTES_BAR: &str = "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}";
+
+/// A progress bar of `len` steps drawn with `template`.
+pub(crate) fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(indicatif::ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+    bar
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
