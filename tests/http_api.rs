@@ -795,6 +795,23 @@ async fn declared_sha256_must_match_and_be_well_formed() {
     assert_healthy(&s).await;
 }
 
+#[tokio::test]
+async fn a_declared_modification_time_is_kept_and_a_bad_one_refused() {
+    let s = Server::start(&[]);
+    for bad in ["yesterday", "Sun, 32 Nov 2026 00:00:00 GMT", ""] {
+        let r = put(&s, "m", b"body", &[("x-depot-modified", bad)]).await;
+        expect_error(r, 400, "InvalidRequest").await;
+        assert_absent(&s, "m").await;
+    }
+    let when = "Sun, 13 Sep 2020 12:26:40 GMT";
+    let r = put(&s, "m", b"body", &[("x-depot-modified", when)]).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&get(&s, "m", &[]).await, "last-modified"), when);
+    let r = get(&s, "m", &[("if-modified-since", when)]).await;
+    assert_eq!(r.status(), 304, "conditionals use the kept time");
+    assert_healthy(&s).await;
+}
+
 /// Whether a file name in the data directory is one the store makes: a
 /// blob named by its digest, the engine marker, or a RocksDB file.
 fn is_store_file(name: &str) -> bool {
