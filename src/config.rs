@@ -75,6 +75,14 @@ pub struct ServeArgs {
     /// Seconds between background garbage-collection passes (0: never).
     #[arg(long, env = "DEPOT_GC_INTERVAL", value_name = "SECS")]
     pub gc_interval: Option<u64>,
+    /// Seconds a multipart upload may stay incomplete before garbage
+    /// collection aborts it.
+    #[arg(long, env = "DEPOT_UPLOAD_EXPIRY", value_name = "SECS")]
+    pub upload_expiry: Option<u64>,
+    /// Domain for virtual-host style S3 requests (BUCKET.DOMAIN); without
+    /// it only path-style URLs are understood.
+    #[arg(long, env = "DEPOT_S3_DOMAIN", value_name = "DOMAIN")]
+    pub s3_domain: Option<String>,
     /// Access key of the one credential pair given on the command line.
     #[arg(long, env = "DEPOT_ACCESS_KEY", value_name = "KEY")]
     pub access_key: Option<String>,
@@ -108,6 +116,8 @@ struct FileSettings {
     threads: Option<usize>,
     gc_grace: Option<u64>,
     gc_interval: Option<u64>,
+    upload_expiry: Option<u64>,
+    s3_domain: Option<String>,
     allow_anonymous_write: Option<bool>,
     #[serde(default)]
     credentials: Vec<Credential>,
@@ -124,6 +134,8 @@ pub struct Settings {
     pub threads: usize,
     pub gc_grace: Duration,
     pub gc_interval: Duration,
+    pub upload_expiry: Duration,
+    pub s3_domain: Option<String>,
     pub credentials: Vec<Credential>,
     pub allow_anonymous_write: bool,
 }
@@ -184,6 +196,8 @@ impl Settings {
             threads,
             gc_grace: Duration::from_secs(args.gc_grace.or(file.gc_grace).unwrap_or(3600)),
             gc_interval: Duration::from_secs(args.gc_interval.or(file.gc_interval).unwrap_or(600)),
+            upload_expiry: Duration::from_secs(args.upload_expiry.or(file.upload_expiry).unwrap_or(24 * 3600)),
+            s3_domain: args.s3_domain.clone().or(file.s3_domain),
             credentials,
             allow_anonymous_write: args.allow_anonymous_write || file.allow_anonymous_write.unwrap_or(false),
         };

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
+use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection, Plan};
@@ -226,17 +227,12 @@ async fn measure(
     }
     progress.doing(&format!("{subject}: {PUT_CASE}"));
     let before = occupied(target).await;
-    let base: Bytes = {
-        let mut b = vec![0u8; PUT_SIZE];
-        rand::rng().fill(&mut b[..]);
-        b.into()
-    };
     let prefix = target.put_prefix;
     let make: load::MakeRequest = Arc::new(move |w, seq| {
-        // Distinct content per request: no write is a dedup hit.
-        let mut body = base.to_vec();
-        body[..8].copy_from_slice(&(w as u64).to_le_bytes());
-        body[8..16].copy_from_slice(&seq.to_le_bytes());
+        // Random content per request: no write is a dedup hit, and no
+        // engine's compression finds anything to squeeze.
+        let mut body = vec![0u8; PUT_SIZE];
+        SmallRng::seed_from_u64(((w as u64) << 40) ^ seq).fill(&mut body[..]);
         load::request(Method::PUT, addr, &format!("{prefix}{w}-{seq}"), body.into())
     });
     match load::run(addr, plan, make).await {

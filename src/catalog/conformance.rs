@@ -1,8 +1,14 @@
 //! The conformance suite every [`Catalog`] runs: plain async functions
 //! taking `&dyn Catalog`. Each asserts one promise of the trait.
 
-use super::{Catalog, CatalogError, CatalogExt, ListQuery, ObjectPut, ObjectRecord, Part, Precondition, now_millis};
+use super::{
+    BucketRecord, Catalog, CatalogError, CatalogExt, ListQuery, ObjectPut, ObjectRecord, Part, Precondition, now_millis,
+};
 use crate::engine::{BlobRef, Digest};
+
+fn bucket(name: &str) -> BucketRecord {
+    BucketRecord::new(name, "", false)
+}
 
 fn digest(n: u8) -> Digest {
     Digest([n; 32])
@@ -47,9 +53,14 @@ pub async fn run_all(catalog: &dyn Catalog) {
 }
 
 pub async fn buckets(c: &dyn Catalog) {
-    c.create_bucket("alpha", false).await.unwrap();
-    assert!(matches!(c.create_bucket("alpha", false).await, Err(CatalogError::BucketExists(_))));
-    assert!(c.bucket("alpha").await.unwrap().is_some_and(|b| b.name == "alpha" && !b.public_read));
+    c.create_bucket(&BucketRecord::new("alpha", "ak", false)).await.unwrap();
+    assert!(matches!(c.create_bucket(&bucket("alpha")).await, Err(CatalogError::BucketExists(_))));
+    let alpha = c.bucket("alpha").await.unwrap().unwrap();
+    assert_eq!((alpha.name.as_str(), alpha.owner.as_str(), alpha.public_read), ("alpha", "ak", false));
+    c.set_bucket_public("alpha", true).await.unwrap();
+    assert!(c.bucket("alpha").await.unwrap().is_some_and(|b| b.public_read && b.owner == "ak"));
+    assert!(c.buckets().await.unwrap().iter().any(|b| b.name == "alpha" && b.public_read));
+    assert!(matches!(c.set_bucket_public("beta", true).await, Err(CatalogError::NoSuchBucket(_))));
     assert!(c.bucket("beta").await.unwrap().is_none());
     c.put_object(put("alpha", "k", &[blob(1, 10)])).await.unwrap();
     assert!(matches!(c.delete_bucket("alpha").await, Err(CatalogError::BucketNotEmpty(_))));
@@ -61,7 +72,7 @@ pub async fn buckets(c: &dyn Catalog) {
 }
 
 pub async fn objects_and_references(c: &dyn Catalog) {
-    c.create_bucket("refs", false).await.unwrap();
+    c.create_bucket(&bucket("refs")).await.unwrap();
     let before = c.stats().await.unwrap();
     let first = c.put_object(put("refs", "a", &[blob(10, 100)])).await.unwrap();
     assert!(!first.deduplicated && first.replaced.is_none());
@@ -103,7 +114,7 @@ impl ObjectRecord {
 }
 
 pub async fn preconditions(c: &dyn Catalog) {
-    c.create_bucket("cond", false).await.unwrap();
+    c.create_bucket(&bucket("cond")).await.unwrap();
     let absent = Precondition { if_absent: true, ..Default::default() };
     c.put_object(ObjectPut { precondition: absent.clone(), ..put("cond", "k", &[blob(20, 1)]) }).await.unwrap();
     let again = c.put_object(ObjectPut { precondition: absent, ..put("cond", "k", &[blob(21, 1)]) }).await;
@@ -119,7 +130,7 @@ pub async fn preconditions(c: &dyn Catalog) {
 }
 
 pub async fn batches_are_all_or_nothing(c: &dyn Catalog) {
-    c.create_bucket("batch", false).await.unwrap();
+    c.create_bucket(&bucket("batch")).await.unwrap();
     c.put_object(put("batch", "exists", &[blob(30, 1)])).await.unwrap();
     let mut failing = put("batch", "exists", &[blob(31, 1)]);
     failing.precondition.if_absent = true;
@@ -136,8 +147,8 @@ pub async fn batches_are_all_or_nothing(c: &dyn Catalog) {
 }
 
 pub async fn listing(c: &dyn Catalog) {
-    c.create_bucket("list", false).await.unwrap();
-    c.create_bucket("list2", false).await.unwrap();
+    c.create_bucket(&bucket("list")).await.unwrap();
+    c.create_bucket(&bucket("list2")).await.unwrap();
     let keys = ["a/1", "a/2", "a/b/3", "b", "c/4", "c0", "d"];
     for k in keys {
         c.put_object(put("list", k, &[blob(40, 1)])).await.unwrap();
@@ -174,7 +185,7 @@ pub async fn listing(c: &dyn Catalog) {
 }
 
 pub async fn dead_blobs_wait_for_grace(c: &dyn Catalog) {
-    c.create_bucket("gc", false).await.unwrap();
+    c.create_bucket(&bucket("gc")).await.unwrap();
     c.put_object(put("gc", "k", &[blob(50, 7)])).await.unwrap();
     c.delete_object("gc", "k", &Precondition::default()).await.unwrap();
     let since = c.get_blob(&digest(50)).await.unwrap().unwrap().unreferenced_since.unwrap();
@@ -195,7 +206,7 @@ pub async fn dead_blobs_wait_for_grace(c: &dyn Catalog) {
 }
 
 pub async fn concurrent_same_content(c: &dyn Catalog) {
-    c.create_bucket("race", false).await.unwrap();
+    c.create_bucket(&bucket("race")).await.unwrap();
     let puts = (0..20).map(|i| c.put_object(put("race", &format!("k{i}"), &[blob(60, 3)])));
     let outcomes = futures::future::join_all(puts).await;
     let fresh = outcomes.iter().filter(|o| !o.as_ref().unwrap().deduplicated).count();
@@ -204,7 +215,7 @@ pub async fn concurrent_same_content(c: &dyn Catalog) {
 }
 
 pub async fn blobs_are_listed_and_moved(c: &dyn Catalog) {
-    c.create_bucket("move", false).await.unwrap();
+    c.create_bucket(&bucket("move")).await.unwrap();
     c.put_object(put("move", "a", &[blob(200, 1), blob(201, 2), blob(202, 3)])).await.unwrap();
     let mut seen = Vec::new();
     let mut after = None;

@@ -42,6 +42,16 @@ pub struct BucketRecord {
     pub created: Millis,
     /// Anonymous clients may read and list.
     pub public_read: bool,
+    /// The access key that created the bucket; empty for buckets made
+    /// without credentials, which every credential may use.
+    pub owner: String,
+}
+
+impl BucketRecord {
+    /// A bucket created now.
+    pub fn new(name: &str, owner: &str, public_read: bool) -> BucketRecord {
+        BucketRecord { name: name.to_string(), created: now_millis(), public_read, owner: owner.to_string() }
+    }
 }
 
 /// One blob of an object's body, in order.
@@ -215,7 +225,10 @@ impl From<crate::pg::PgError> for CatalogError {
 #[async_trait]
 pub trait Catalog: Send + Sync + 'static {
     /// Creates a bucket; [`CatalogError::BucketExists`] if it is there.
-    async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()>;
+    async fn create_bucket(&self, bucket: &BucketRecord) -> Result<()>;
+
+    /// Makes a bucket readable by anonymous clients, or private again.
+    async fn set_bucket_public(&self, name: &str, public_read: bool) -> Result<()>;
 
     /// Removes an empty bucket.
     async fn delete_bucket(&self, name: &str) -> Result<()>;

@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS depot_catalog_buckets (
     created bigint NOT NULL,
     public_read boolean NOT NULL DEFAULT false
 );
+ALTER TABLE depot_catalog_buckets ADD COLUMN IF NOT EXISTS owner text NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS depot_catalog_objects (
     bucket text NOT NULL,
     key text COLLATE "C" NOT NULL,
@@ -245,17 +246,29 @@ async fn lock_keys(txn: &Transaction<'_>, bucket_keys: &[(&str, &str)]) -> Resul
 
 #[async_trait]
 impl Catalog for PostgresCatalog {
-    async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
+    async fn create_bucket(&self, bucket: &BucketRecord) -> Result<()> {
         in_txn!(self.pool, "creating a bucket", |txn| {
             let n = txn
                 .execute(
-                    "INSERT INTO depot_catalog_buckets (name, created, public_read) VALUES ($1, $2, $3)
+                    "INSERT INTO depot_catalog_buckets (name, created, public_read, owner) VALUES ($1, $2, $3, $4)
                          ON CONFLICT DO NOTHING",
-                    &[&name, &to_i64(now_millis()), &public_read],
+                    &[&bucket.name, &to_i64(bucket.created), &bucket.public_read, &bucket.owner],
                 )
                 .await?;
             if n == 0 {
-                return Err(CatalogError::BucketExists(name.to_string()).into());
+                return Err(CatalogError::BucketExists(bucket.name.clone()).into());
+            }
+            Ok(())
+        })
+    }
+
+    async fn set_bucket_public(&self, name: &str, public_read: bool) -> Result<()> {
+        in_txn!(self.pool, "changing a bucket", |txn| {
+            let n = txn
+                .execute("UPDATE depot_catalog_buckets SET public_read = $2 WHERE name = $1", &[&name, &public_read])
+                .await?;
+            if n == 0 {
+                return Err(CatalogError::NoSuchBucket(name.to_string()).into());
             }
             Ok(())
         })
@@ -526,14 +539,19 @@ impl PostgresCatalog {
         in_txn!(self.pool, "reading buckets", |txn| {
             let rows = txn
                 .query(
-                    "SELECT name, created, public_read FROM depot_catalog_buckets
+                    "SELECT name, created, public_read, owner FROM depot_catalog_buckets
                          WHERE $1::text IS NULL OR name = $1 ORDER BY name",
                     &[&name],
                 )
                 .await?;
             Ok(rows
                 .iter()
-                .map(|r| BucketRecord { name: r.get(0), created: r.get::<_, i64>(1) as u64, public_read: r.get(2) })
+                .map(|r| BucketRecord {
+                    name: r.get(0),
+                    created: r.get::<_, i64>(1) as u64,
+                    public_read: r.get(2),
+                    owner: r.get(3),
+                })
                 .collect())
         })
     }
@@ -617,9 +635,12 @@ mod tests {
         let url = pg::fresh_test_database().await;
         let (a, b) = futures::join!(PostgresCatalog::connect(&url), PostgresCatalog::connect(&url));
         let (a, b) = (a.unwrap(), b.unwrap());
-        a.create_bucket("shared", false).await.unwrap();
+        a.create_bucket(&BucketRecord::new("shared", "", false)).await.unwrap();
         assert!(b.bucket("shared").await.unwrap().is_some());
-        assert!(matches!(b.create_bucket("shared", false).await, Err(CatalogError::BucketExists(_))));
+        assert!(matches!(
+            b.create_bucket(&BucketRecord::new("shared", "", false)).await,
+            Err(CatalogError::BucketExists(_))
+        ));
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -303,14 +303,29 @@ impl<'a> Txn<'a> {
 
 #[async_trait]
 impl Catalog for RocksCatalog {
-    async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
+    async fn create_bucket(&self, bucket: &BucketRecord) -> Result<()> {
+        let record = bucket.clone();
+        self.blocking(move |inner| {
+            let _w = inner.buckets.write();
+            if inner.bucket_exists(&record.name)? {
+                return Err(CatalogError::BucketExists(record.name));
+            }
+            let mut batch = WriteBatch::default();
+            batch.put_cf(inner.cf("buckets"), &record.name, encode(&record));
+            inner.commit(batch)
+        })
+        .await
+    }
+
+    async fn set_bucket_public(&self, name: &str, public_read: bool) -> Result<()> {
         let name = name.to_string();
         self.blocking(move |inner| {
             let _w = inner.buckets.write();
-            if inner.bucket_exists(&name)? {
-                return Err(CatalogError::BucketExists(name));
-            }
-            let record = BucketRecord { name: name.clone(), created: now_millis(), public_read };
+            let raw = inner.db.get_pinned_cf(inner.cf("buckets"), &name).map_err(err)?;
+            let Some(raw) = raw else {
+                return Err(CatalogError::NoSuchBucket(name));
+            };
+            let record = BucketRecord { public_read, ..decode(&raw)? };
             let mut batch = WriteBatch::default();
             batch.put_cf(inner.cf("buckets"), &name, encode(&record));
             inner.commit(batch)

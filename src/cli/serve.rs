@@ -55,7 +55,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     check_engine_marker(data, settings.engine)?;
     let catalog = open_catalog(settings).await?;
     let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
-    let config = StoreConfig { gc_grace: settings.gc_grace };
+    let config = StoreConfig { gc_grace: settings.gc_grace, upload_expiry: settings.upload_expiry };
     Ok(Store::open(catalog, engine, config).await?)
 }
 
@@ -75,8 +75,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let secrets = settings.credentials.iter().map(|c| c.secret_key.clone()).collect();
-    let app = Arc::new(App::new(store, Limits::default(), secrets));
+    let app = Arc::new(App::new(store, Limits::default(), &settings.credentials, settings.s3_domain.as_deref())?);
     if settings.credentials.is_empty() {
         tracing::warn!("no credentials configured: anyone who can reach {addr} can read and write");
     }

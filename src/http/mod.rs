@@ -9,6 +9,7 @@ mod listing;
 pub mod metrics;
 mod native;
 pub mod range;
+mod s3;
 
 use std::convert::Infallible;
 use std::io;
@@ -25,6 +26,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use crate::config::Credential;
 use crate::store::Store;
 use error::ApiError;
 use metrics::Metrics;
@@ -65,17 +67,27 @@ impl Default for Limits {
 
 /// What every request handler shares.
 pub struct App {
-    pub store: Store,
+    pub store: Arc<Store>,
     pub limits: Limits,
     pub metrics: Metrics,
     /// Secrets accepted as `Authorization: Bearer`; empty: no
     /// authentication.
     secrets: Vec<String>,
+    s3: s3s::service::S3Service,
 }
 
 impl App {
-    pub fn new(store: Store, limits: Limits, secrets: Vec<String>) -> App {
-        App { store, limits, metrics: Metrics::default(), secrets }
+    /// `s3_domain` enables virtual-host style S3 requests.
+    pub fn new(
+        store: Store,
+        limits: Limits,
+        credentials: &[Credential],
+        s3_domain: Option<&str>,
+    ) -> anyhow::Result<App> {
+        let store = Arc::new(store);
+        let s3 = s3::service(store.clone(), credentials, s3_domain)?;
+        let secrets = credentials.iter().map(|c| c.secret_key.clone()).collect();
+        Ok(App { store, limits, metrics: Metrics::default(), secrets, s3 })
     }
 
     /// Whether the request may proceed: always without configured secrets,
@@ -99,7 +111,9 @@ impl App {
         let started = Instant::now();
         let method = req.method().clone();
         let bytes_in = content_length(req.headers()).unwrap_or(0);
-        let response = if !self.authorized(&req) {
+        let response = if s3::is_s3(&req) {
+            s3::handle(&self.s3, req).await
+        } else if !self.authorized(&req) {
             error_response(&ApiError::new(
                 StatusCode::FORBIDDEN,
                 "AccessDenied",
@@ -115,6 +129,18 @@ impl App {
         self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
         response
     }
+}
+
+/// The digest a `Content-MD5` header declares (base64 of 16 bytes).
+pub(crate) fn content_md5(value: &str) -> Result<[u8; 16], ApiError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .ok()
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, "InvalidDigest", "Content-MD5 must be the base64 of 16 bytes")
+        })
 }
 
 pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {

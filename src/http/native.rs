@@ -11,7 +11,7 @@ use serde_json::json;
 use super::conditional::{self, Validators, Verdict};
 use super::error::ApiError;
 use super::range::{self, RangeAnswer};
-use super::{App, Request, Response, batch, content_length, empty, json, listing, streamed};
+use super::{App, Request, Response, batch, content_length, content_md5, empty, json, listing, streamed};
 use crate::catalog::{ObjectRecord, Part, Precondition, from_millis};
 use crate::engine::{ByteRange, Digest};
 use crate::store::{PutOptions, StoreError};
@@ -119,7 +119,7 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         }
         Endpoint::Bucket(bucket) if read => listing::objects(app, &req, &bucket, "").await,
         Endpoint::Bucket(bucket) if method == Method::PUT => {
-            app.store.create_bucket(&bucket, false).await?;
+            app.store.create_bucket(&bucket, "", false).await?;
             Ok(json(StatusCode::CREATED, &json!({ "bucket": bucket })))
         }
         Endpoint::Bucket(bucket) if method == Method::DELETE => {
@@ -158,6 +158,10 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
                 .ok_or_else(|| ApiError::bad_request("X-Depot-Sha256 must be 64 hexadecimal digits"))?,
         ),
     };
+    let expected_md5 = match headers.get("content-md5") {
+        None => None,
+        Some(v) => Some(content_md5(v.to_str().unwrap_or(""))?),
+    };
     let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
     let precondition =
         Precondition { if_absent: if_none_match.is_some_and(|v| v.trim() == "*"), if_match: if_match(headers) };
@@ -184,6 +188,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         content_length: content_length(headers),
         content_type: headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string),
         expected_sha256,
+        expected_md5,
         precondition,
         metadata,
         modified,

@@ -9,6 +9,7 @@
 //! pointing at missing bytes.
 
 mod guards;
+mod multipart;
 pub mod names;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::catalog::{
 };
 use crate::engine::{BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineError};
 use guards::BlobGuards;
+pub use multipart::{MIN_PART_SIZE, UploadInfo};
 
 /// The bucket every store has from its first start.
 pub const DEFAULT_BUCKET: &str = "files";
@@ -47,6 +49,14 @@ pub enum StoreError {
     BucketExists(String),
     #[error("the bucket {0:?} is not empty")]
     BucketNotEmpty(String),
+    #[error("the multipart upload {0:?} does not exist: it was completed, aborted or expired")]
+    NoSuchUpload(String),
+    #[error("{0}")]
+    InvalidPart(String),
+    #[error("the parts must be listed in ascending order of part number")]
+    InvalidPartOrder,
+    #[error("{0}")]
+    EntityTooSmall(String),
     #[error("a precondition of the request failed")]
     PreconditionFailed,
     #[error("the body's SHA-256 is {actual}, not the declared {declared}")]
@@ -99,11 +109,14 @@ impl From<EngineError> for StoreError {
 pub struct StoreConfig {
     /// How long an unreferenced blob stays before the collector removes it.
     pub gc_grace: Duration,
+    /// How long a multipart upload may stay incomplete before the collector
+    /// aborts it.
+    pub upload_expiry: Duration,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { gc_grace: Duration::from_secs(3600) }
+        StoreConfig { gc_grace: Duration::from_secs(3600), upload_expiry: Duration::from_secs(24 * 3600) }
     }
 }
 
@@ -116,11 +129,21 @@ pub struct PutOptions {
     pub content_type: Option<String>,
     /// A declared SHA-256 the body must have.
     pub expected_sha256: Option<Digest>,
+    /// A declared MD5 the body must have (`Content-MD5`).
+    pub expected_md5: Option<[u8; 16]>,
     pub precondition: Precondition,
     pub metadata: Vec<(String, String)>,
     /// The modification time to record instead of now: imports keep their
     /// source's dates.
     pub modified: Option<Millis>,
+}
+
+/// The content type and user metadata a copy gets instead of its source's.
+#[derive(Clone, Debug, Default)]
+pub struct NewMetadata {
+    /// Guessed from the key when absent.
+    pub content_type: Option<String>,
+    pub metadata: Vec<(String, String)>,
 }
 
 /// What a put did.
@@ -131,6 +154,14 @@ pub struct PutResult {
     pub replaced: bool,
     /// No new bytes were stored.
     pub deduplicated: bool,
+}
+
+/// What a body must turn out to be.
+#[derive(Clone, Copy, Debug, Default)]
+struct Expected {
+    len: Option<u64>,
+    sha256: Option<Digest>,
+    md5: Option<[u8; 16]>,
 }
 
 /// A blob written and durable, not yet in the catalog.
@@ -173,6 +204,8 @@ pub struct GcReport {
     pub dead_blobs: u64,
     /// Bytes in the engine that no catalog record pointed at.
     pub orphans: u64,
+    /// Multipart uploads left incomplete for longer than the expiry.
+    pub uploads_expired: u64,
     pub bytes_freed: u64,
 }
 
@@ -206,9 +239,11 @@ pub struct PutSeconds {
 impl Store {
     /// A store over `catalog` and `engine`; creates the default bucket.
     pub async fn open(catalog: Arc<dyn Catalog>, engine: DynEngine, config: StoreConfig) -> Result<Store> {
-        match catalog.create_bucket(DEFAULT_BUCKET, false).await {
-            Ok(()) | Err(CatalogError::BucketExists(_)) => {}
-            Err(e) => return Err(e.into()),
+        for name in [DEFAULT_BUCKET, multipart::UPLOADS] {
+            match catalog.create_bucket(&BucketRecord::new(name, "", false)).await {
+                Ok(()) | Err(CatalogError::BucketExists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(Store {
             catalog,
@@ -253,10 +288,18 @@ impl Store {
 
     // ----- buckets -----
 
-    pub async fn create_bucket(&self, name: &str, public_read: bool) -> Result<()> {
+    /// Creates a bucket owned by `owner` (an access key; empty: anyone's).
+    pub async fn create_bucket(&self, name: &str, owner: &str, public_read: bool) -> Result<()> {
         names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
-        let r = self.catalog.create_bucket(name, public_read).await.map_err(Into::into);
+        let r = self.catalog.create_bucket(&BucketRecord::new(name, owner, public_read)).await.map_err(Into::into);
+        self.note(r)
+    }
+
+    pub async fn set_bucket_public(&self, name: &str, public_read: bool) -> Result<()> {
+        names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
+        self.check_writable()?;
+        let r = self.catalog.set_bucket_public(name, public_read).await.map_err(Into::into);
         self.note(r)
     }
 
@@ -272,8 +315,12 @@ impl Store {
         self.catalog.bucket(name).await?.ok_or_else(|| StoreError::NoSuchBucket(name.to_string()))
     }
 
+    /// Every bucket clients can see (not the store's own, whose names
+    /// start with `_`, which no client bucket can).
     pub async fn buckets(&self) -> Result<Vec<BucketRecord>> {
-        Ok(self.catalog.buckets().await?)
+        let mut all = self.catalog.buckets().await?;
+        all.retain(|b| !b.name.starts_with('_'));
+        Ok(all)
     }
 
     // ----- objects -----
@@ -286,9 +333,21 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        self.put_unchecked(bucket, key, body, opts).await
+    }
+
+    /// [`Store::put`] into any bucket, the store's own included.
+    async fn put_unchecked<S, E>(&self, bucket: &str, key: &str, body: S, opts: PutOptions) -> Result<PutResult>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
         names::check_key(key).map_err(StoreError::InvalidKey)?;
         self.check_writable()?;
-        self.bucket(bucket).await?;
+        if self.catalog.bucket(bucket).await?.is_none() {
+            return Err(StoreError::NoSuchBucket(bucket.to_string()));
+        }
         if opts.precondition != Precondition::default() {
             // Fail before streaming when we already know; the catalog checks
             // again inside its transaction.
@@ -298,7 +357,8 @@ impl Store {
             }
         }
         let started = Instant::now();
-        let written = self.note(self.write_blob(body, opts.content_length, opts.expected_sha256).await)?;
+        let expected = Expected { len: opts.content_length, sha256: opts.expected_sha256, md5: opts.expected_md5 };
+        let written = self.note(self.write_blob(body, expected).await)?;
         let registering = Instant::now();
         self.put_time.bytes_ns.fetch_add((registering - started).as_nanos() as u64, Ordering::Relaxed);
         let mut record = written.record(key, opts.content_type, opts.metadata);
@@ -318,18 +378,46 @@ impl Store {
         Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: outcome.deduplicated })
     }
 
-    /// Streams a body into a new blob, hashing as it goes.
-    async fn write_blob<S, E>(
+    /// Writes bucket/key as a copy of `source`: the same blobs, referenced
+    /// once more, no byte read or written. `replace` gives a new content
+    /// type and metadata; without it the source's are kept.
+    pub async fn copy(
         &self,
-        mut body: S,
-        declared_len: Option<u64>,
-        expected: Option<Digest>,
-    ) -> Result<Written>
+        source: &ObjectRecord,
+        bucket: &str,
+        key: &str,
+        replace: Option<NewMetadata>,
+        precondition: Precondition,
+    ) -> Result<PutResult> {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_writable()?;
+        let mut record = ObjectRecord { key: key.to_string(), modified: now_millis(), ..source.clone() };
+        if let Some(new) = replace {
+            record.content_type = new.content_type.unwrap_or_else(|| guess_content_type(key));
+            record.metadata = new.metadata;
+        }
+        let mut digests: Vec<Digest> = record.parts.iter().map(|p| p.digest).collect();
+        digests.sort_unstable_by_key(|d| d.0);
+        digests.dedup();
+        let mut blobs = Vec::with_capacity(digests.len());
+        for (digest, blob) in digests.iter().zip(self.catalog.get_blobs(&digests).await?) {
+            let blob =
+                blob.ok_or_else(|| StoreError::NoSuchKey(format!("{} (its bytes {digest} are gone)", source.key)))?;
+            blobs.push(blob.blob_ref());
+        }
+        let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
+        let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
+        Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: true })
+    }
+
+    /// Streams a body into a new blob, hashing as it goes.
+    async fn write_blob<S, E>(&self, mut body: S, expected: Expected) -> Result<Written>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
-        let mut writer = self.engine.writer(declared_len).await?;
+        let mut writer = self.engine.writer(expected.len).await?;
         let mut sha = sha2::Sha256::new();
         let mut md5 = md5::Md5::new();
         let mut size = 0u64;
@@ -348,10 +436,14 @@ impl Store {
             }
         };
         let digest = Digest(sha.finalize().into());
-        let failure = failure.or_else(|| match (declared_len, expected) {
-            (Some(n), _) if n != size => Some(StoreError::IncompleteBody { expected: n, got: size }),
-            (_, Some(e)) if e != digest => {
+        let md5: [u8; 16] = md5.finalize().into();
+        let failure = failure.or_else(|| match expected {
+            Expected { len: Some(n), .. } if n != size => Some(StoreError::IncompleteBody { expected: n, got: size }),
+            Expected { sha256: Some(e), .. } if e != digest => {
                 Some(StoreError::BadDigest { declared: e.to_hex(), actual: digest.to_hex() })
+            }
+            Expected { md5: Some(e), .. } if e != md5 => {
+                Some(StoreError::BadDigest { declared: hex::encode(e), actual: hex::encode(md5) })
             }
             _ => None,
         });
@@ -361,7 +453,7 @@ impl Store {
         }
         let guard = self.guards.writing(digest).await;
         let blob = writer.finish(digest).await?;
-        Ok(Written { blob, md5: md5.finalize().into(), guard })
+        Ok(Written { blob, md5, guard })
     }
 
     /// Deletes bytes the catalog said it already had elsewhere.
@@ -500,14 +592,18 @@ impl Store {
         Ok(self.catalog.stats().await?)
     }
 
-    /// Removes blobs unreferenced for longer than the grace period, then
+    /// Aborts multipart uploads older than the expiry, removes blobs
+    /// unreferenced for longer than the grace period, then
     /// bytes in the engine that the catalog does not know and that are
     /// older than the grace period (left by a crash between write and
     /// commit).
     pub async fn gc(&self) -> Result<GcReport> {
+        let mut report = GcReport::default();
+        // Expired uploads first: the blobs they release join the dead ones.
+        let expiry = to_millis(std::time::UNIX_EPOCH + self.config.upload_expiry);
+        report.uploads_expired = self.expire_uploads(now_millis().saturating_sub(expiry)).await?;
         let grace = to_millis(std::time::UNIX_EPOCH + self.config.gc_grace);
         let before = now_millis().saturating_sub(grace);
-        let mut report = GcReport::default();
         loop {
             let dead = self.catalog.dead_blobs(before, 512).await?;
             let mut progressed = false;
@@ -562,7 +658,8 @@ impl PutBatch<'_> {
         E: std::fmt::Display,
     {
         names::check_key(key).map_err(StoreError::InvalidKey)?;
-        let written = self.store.note(self.store.write_blob(body, Some(len), None).await)?;
+        let expected = Expected { len: Some(len), ..Expected::default() };
+        let written = self.store.note(self.store.write_blob(body, expected).await)?;
         let record = written.record(key, None, Vec::new());
         self.entries.push((record, written));
         Ok(())

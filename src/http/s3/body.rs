@@ -1,0 +1,172 @@
+//! Upload bodies as the store sees them: the checksums a client declared
+//! (`x-amz-checksum-*` headers, or trailers after an aws-chunked body, the
+//! default of current SDKs) computed while the bytes stream and compared at
+//! the end; a mismatch fails the body, so the store keeps nothing.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::Stream;
+use http::HeaderMap;
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{Checksum as _, Crc32, Crc32c, Crc64Nvme, Sha1, Sha256};
+use s3s::dto::{Checksum, StreamingBlob};
+use s3s::{S3Error, S3Result, StdError, TrailingHeaders, s3_error};
+
+/// The checksum algorithms S3 knows, by header name.
+const ALGORITHMS: [&str; 5] = [
+    "x-amz-checksum-crc32",
+    "x-amz-checksum-crc32c",
+    "x-amz-checksum-crc64nvme",
+    "x-amz-checksum-sha1",
+    "x-amz-checksum-sha256",
+];
+
+fn field(c: &Checksum, name: &str) -> Option<String> {
+    match name {
+        "x-amz-checksum-crc32" => c.checksum_crc32.clone(),
+        "x-amz-checksum-crc32c" => c.checksum_crc32c.clone(),
+        "x-amz-checksum-crc64nvme" => c.checksum_crc64nvme.clone(),
+        "x-amz-checksum-sha1" => c.checksum_sha1.clone(),
+        "x-amz-checksum-sha256" => c.checksum_sha256.clone(),
+        _ => None,
+    }
+}
+
+/// Where a declared checksum's value comes from.
+enum Declared {
+    Header(String),
+    Trailer(TrailingHeaders),
+}
+
+/// The first error a body met, kept for the answer: the store only sees
+/// that the body failed.
+#[derive(Clone, Default)]
+pub struct Failure(Arc<Mutex<Option<S3Error>>>);
+
+impl Failure {
+    fn set(&self, e: S3Error) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    pub fn take(&self) -> Option<S3Error> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A body that checks declared checksums.
+pub struct Checked {
+    inner: StreamingBlob,
+    hasher: ChecksumHasher,
+    declared: Vec<(&'static str, Declared)>,
+    failure: Failure,
+    ended: bool,
+    /// The checksums computed, once the body ended well.
+    pub computed: Arc<Mutex<Option<Checksum>>>,
+}
+
+impl Checked {
+    /// Wraps `body`; `headers` are the request's, `trailers` the handle to
+    /// its trailing headers.
+    pub fn new(
+        body: StreamingBlob,
+        headers: &HeaderMap,
+        trailers: Option<TrailingHeaders>,
+        failure: Failure,
+    ) -> S3Result<Checked> {
+        let mut declared = Vec::new();
+        for name in ALGORITHMS {
+            if let Some(v) = headers.get(name) {
+                let v = v.to_str().map_err(|_| s3_error!(InvalidRequest, "{name} is not ASCII"))?;
+                declared.push((name, Declared::Header(v.to_string())));
+            }
+        }
+        if let Some(names) = headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()) {
+            for name in names.split(',').map(|n| n.trim().to_ascii_lowercase()) {
+                let Some(known) = ALGORITHMS.iter().find(|a| **a == name) else {
+                    continue;
+                };
+                let trailers = trailers
+                    .clone()
+                    .ok_or_else(|| s3_error!(InvalidRequest, "x-amz-trailer needs an aws-chunked body"))?;
+                declared.push((known, Declared::Trailer(trailers)));
+            }
+        }
+        let mut hasher = ChecksumHasher::default();
+        for (name, _) in &declared {
+            match *name {
+                "x-amz-checksum-crc32" => hasher.crc32 = Some(Crc32::new()),
+                "x-amz-checksum-crc32c" => hasher.crc32c = Some(Crc32c::new()),
+                "x-amz-checksum-crc64nvme" => hasher.crc64nvme = Some(Crc64Nvme::new()),
+                "x-amz-checksum-sha1" => hasher.sha1 = Some(Sha1::new()),
+                _ => hasher.sha256 = Some(Sha256::new()),
+            }
+        }
+        Ok(Checked { inner: body, hasher, declared, failure, ended: false, computed: Arc::default() })
+    }
+
+    /// Compares what was declared with what the bytes hashed to.
+    fn verify(&mut self) -> Result<(), S3Error> {
+        let computed = std::mem::take(&mut self.hasher).finalize();
+        for (name, declared) in &self.declared {
+            let expected = match declared {
+                Declared::Header(v) => Some(v.clone()),
+                Declared::Trailer(t) => {
+                    t.read(|h| h.get(*name).and_then(|v| v.to_str().ok()).map(str::to_string)).flatten()
+                }
+            };
+            let Some(expected) = expected else {
+                return Err(s3_error!(InvalidRequest, "the trailer {name} announced in x-amz-trailer never came"));
+            };
+            if field(&computed, name).as_deref() != Some(expected.trim()) {
+                return Err(s3_error!(BadDigest, "the body does not match its {name}"));
+            }
+        }
+        *self.computed.lock().unwrap_or_else(|p| p.into_inner()) = Some(computed);
+        Ok(())
+    }
+}
+
+impl Stream for Checked {
+    type Item = Result<Bytes, StdError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                this.hasher.update(&chunk);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // Signature and payload-hash failures of the protocol layer
+                // arrive as S3 errors: keep them for the answer.
+                match e.downcast::<S3Error>() {
+                    Ok(s3) => {
+                        let message = s3.message().unwrap_or("the body was rejected").to_string();
+                        this.failure.set(*s3);
+                        Poll::Ready(Some(Err(message.into())))
+                    }
+                    Err(e) => Poll::Ready(Some(Err(e))),
+                }
+            }
+            Poll::Ready(None) => {
+                this.ended = true;
+                match this.verify() {
+                    Ok(()) => Poll::Ready(None),
+                    Err(e) => {
+                        let message = e.message().unwrap_or("checksum mismatch").to_string();
+                        this.failure.set(e);
+                        Poll::Ready(Some(Err(message.into())))
+                    }
+                }
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The S3 API on the native port. Requests signed with AWS SigV4 (header or
+//! presigned query), and unsigned requests naming an S3 sub-resource, go to
+//! an `s3s` service: it parses the S3 REST protocol and XML, checks
+//! signatures (aws-chunked bodies and their chunk signatures included) and
+//! turns [`ops::DepotS3`]'s answers and errors into S3 responses.
+//!
+//! Who may do what: a signed request with a configured credential may use
+//! its own buckets and those created without credentials; an anonymous one
+//! may only read and list buckets marked public-read.
+
+mod body;
+mod ops;
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use s3s::access::{S3Access, S3AccessContext};
+use s3s::auth::{S3Auth, SecretKey};
+use s3s::host::SingleDomain;
+use s3s::path::S3Path;
+use s3s::service::{S3Service, S3ServiceBuilder};
+use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
+
+use super::error::ApiError;
+use super::{Request, Response};
+use crate::config::Credential;
+use crate::store::{Store, StoreError};
+
+/// Query parameters that only S3 requests carry: an unsigned request with
+/// one of them is an anonymous S3 request, not a native one.
+const S3_QUERY: &[&str] =
+    &["list-type", "encoding-type", "uploads", "uploadId", "delete", "location", "versions", "acl", "marker"];
+
+/// Whether a request is for the S3 API rather than the native one.
+pub fn is_s3(req: &Request) -> bool {
+    if let Some(auth) = req.headers().get(http::header::AUTHORIZATION)
+        && (auth.as_bytes().starts_with(b"AWS4-") || auth.as_bytes().starts_with(b"AWS "))
+    {
+        return true;
+    }
+    let query = req.uri().query().unwrap_or("");
+    form_urlencoded::parse(query.as_bytes()).any(|(name, _)| {
+        name == "X-Amz-Signature" || name == "X-Amz-Credential" || name == "Signature" || S3_QUERY.contains(&&*name)
+    })
+}
+
+/// Builds the S3 service over a store.
+pub fn service(store: Arc<Store>, credentials: &[Credential], domain: Option<&str>) -> anyhow::Result<S3Service> {
+    let mut builder = S3ServiceBuilder::new(ops::DepotS3 { store: store.clone() });
+    let keys = credentials.iter().map(|c| (c.access_key.clone(), SecretKey::from(c.secret_key.clone()))).collect();
+    builder.set_auth(Keys(keys));
+    builder.set_access(Policy { store });
+    if let Some(domain) = domain {
+        builder.set_host(SingleDomain::new(domain).map_err(|e| anyhow::anyhow!("--s3-domain {domain:?}: {e}"))?);
+    }
+    Ok(builder.build())
+}
+
+/// Answers one S3 request.
+pub async fn handle(service: &S3Service, req: Request) -> Response {
+    let response = match service.call(req.map(s3s::Body::from)).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("S3 request failed: {e:?}");
+            return super::error_response(&ApiError::new(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "the S3 request could not be answered",
+            ));
+        }
+    };
+    response.map(|b| b.map_err(io::Error::other).boxed_unsync())
+}
+
+/// The configured credentials.
+struct Keys(HashMap<String, SecretKey>);
+
+#[async_trait::async_trait]
+impl S3Auth for Keys {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        match self.0.get(access_key) {
+            Some(secret) => Ok(secret.clone()),
+            None if self.0.is_empty() => Err(s3_error!(
+                InvalidAccessKeyId,
+                "this server has no credentials: start it with --access-key and --secret-key to use the S3 API"
+            )),
+            None => Err(s3_error!(InvalidAccessKeyId, "the access key is not known to this server")),
+        }
+    }
+}
+
+/// Operations anonymous clients may call on public-read buckets.
+const ANONYMOUS_READS: &[&str] = &[
+    "GetObject",
+    "HeadObject",
+    "HeadBucket",
+    "ListObjects",
+    "ListObjectsV2",
+    "ListObjectVersions",
+    "GetBucketLocation",
+];
+
+/// Who may touch which bucket.
+struct Policy {
+    store: Arc<Store>,
+}
+
+#[async_trait::async_trait]
+impl S3Access for Policy {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        let bucket = match cx.s3_path() {
+            S3Path::Root => None,
+            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => Some(bucket.to_string()),
+        };
+        let caller = cx.credentials().map(|c| c.access_key.clone());
+        let op = cx.s3_op().name();
+        let Some(bucket) = bucket else {
+            // ListBuckets lists the caller's own.
+            return if caller.is_some() { Ok(()) } else { Err(s3_error!(AccessDenied, "sign the request")) };
+        };
+        if op == "CreateBucket" {
+            return if caller.is_some() { Ok(()) } else { Err(s3_error!(AccessDenied, "sign the request")) };
+        }
+        let record = match self.store.bucket(&bucket).await {
+            Ok(r) => Some(r),
+            // Missing or malformed: the operation itself answers with the
+            // right error, for callers who may know.
+            Err(StoreError::NoSuchBucket(_) | StoreError::InvalidBucketName(_)) => None,
+            Err(e) => return Err(to_s3(e)),
+        };
+        match (caller, record) {
+            (Some(_), None) => Ok(()),
+            (Some(caller), Some(b)) if may_use(&b, &caller) => Ok(()),
+            (None, Some(b)) if b.public_read && ANONYMOUS_READS.contains(&op) => Ok(()),
+            (Some(_), Some(_)) => Err(s3_error!(AccessDenied, "the bucket belongs to another access key")),
+            (None, _) => Err(s3_error!(AccessDenied, "anonymous requests may only read public-read buckets")),
+        }
+    }
+}
+
+/// Whether an access key may use a bucket as its owner.
+fn may_use(bucket: &crate::catalog::BucketRecord, access_key: &str) -> bool {
+    bucket.owner.is_empty() || bucket.owner == access_key
+}
+
+/// A store error as an S3 error: the same code and status as the native
+/// API gives.
+fn to_s3(e: StoreError) -> S3Error {
+    api_to_s3(ApiError::from(e))
+}
+
+fn api_to_s3(e: ApiError) -> S3Error {
+    let code = S3ErrorCode::from_bytes(e.code.as_bytes()).unwrap_or(S3ErrorCode::InternalError);
+    let mut err = S3Error::with_message(code, e.message);
+    err.set_status_code(e.status);
+    err
+}

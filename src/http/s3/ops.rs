@@ -1,0 +1,783 @@
+//! The S3 operations depot answers, each a few store calls. Operations not
+//! here get s3s's `NotImplemented` (501) error.
+
+use std::sync::Arc;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
+
+use super::body::{Checked, Failure};
+use super::{may_use, to_s3};
+use crate::catalog::{ListPage, ListQuery, ObjectRecord, Precondition, from_millis};
+use crate::engine::ByteRange;
+use crate::http::conditional::{self, Validators, Verdict};
+use crate::store::{NewMetadata, PutOptions, Store, StoreError};
+
+/// Keys per listing page at most, as S3 has it.
+const MAX_KEYS: i32 = 1000;
+
+/// What `encoding-type=url` leaves as it is: RFC 3986's unreserved
+/// characters and `/`.
+const URL_ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+
+pub struct DepotS3 {
+    pub store: Arc<Store>,
+}
+
+fn ok<T>(output: T) -> S3Result<S3Response<T>> {
+    Ok(S3Response::new(output))
+}
+
+fn etag(record: &ObjectRecord) -> ETag {
+    ETag::Strong(record.etag.clone())
+}
+
+fn modified(record: &ObjectRecord) -> Timestamp {
+    Timestamp::from(from_millis(record.modified))
+}
+
+fn metadata(record: &ObjectRecord) -> Option<Metadata> {
+    (!record.metadata.is_empty()).then(|| record.metadata.iter().cloned().collect())
+}
+
+/// User metadata in a stable order.
+fn metadata_list(m: Option<Metadata>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = m.unwrap_or_default().into_iter().collect();
+    v.sort();
+    v
+}
+
+fn caller<T>(req: &S3Request<T>) -> String {
+    req.credentials.as_ref().map(|c| c.access_key.clone()).unwrap_or_default()
+}
+
+fn precondition(if_match: Option<&ETagCondition>, if_none_match: Option<&ETagCondition>) -> Precondition {
+    let tag = |c: &ETagCondition| match c {
+        ETagCondition::Any => "*".to_string(),
+        ETagCondition::ETag(ETag::Strong(t) | ETag::Weak(t)) => t.clone(),
+    };
+    Precondition {
+        if_absent: matches!(if_none_match, Some(ETagCondition::Any)),
+        if_match: if_match.map(|c| vec![tag(c)]),
+    }
+}
+
+/// The conditional request headers checked against an object.
+fn check_conditions<T>(req: &S3Request<T>, record: &ObjectRecord) -> S3Result<()> {
+    let current = Validators { etag: &record.etag, modified: from_millis(record.modified) };
+    match conditional::evaluate(&req.method, &req.headers, Some(current)) {
+        Verdict::Proceed => Ok(()),
+        Verdict::NotModified => Err(S3Error::new(S3ErrorCode::NotModified)),
+        Verdict::Failed => Err(s3_error!(PreconditionFailed, "a condition of the request does not hold")),
+    }
+}
+
+fn bad_argument(message: String) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InvalidArgument, message)
+}
+
+/// A page size from `max-keys` and the like.
+fn page_size(max: Option<i32>) -> S3Result<usize> {
+    match max {
+        None => Ok(MAX_KEYS as usize),
+        Some(n) if n < 0 => Err(bad_argument(format!("the page size {n} is negative"))),
+        Some(n) => Ok(n.min(MAX_KEYS) as usize),
+    }
+}
+
+fn delimiter(d: Option<&str>) -> S3Result<Option<char>> {
+    match d.filter(|d| !d.is_empty()) {
+        None => Ok(None),
+        Some(d) => {
+            let mut chars = d.chars();
+            match (chars.next(), chars.next()) {
+                (Some(c), None) => Ok(Some(c)),
+                _ => Err(bad_argument(format!("delimiter {d:?}: only single-character delimiters are supported"))),
+            }
+        }
+    }
+}
+
+/// The catalog query of a listing request.
+fn list_query(
+    prefix: Option<&str>,
+    after: Option<String>,
+    delim: Option<&str>,
+    max: Option<i32>,
+) -> S3Result<ListQuery> {
+    Ok(ListQuery {
+        prefix: prefix.unwrap_or_default().to_string(),
+        after: after.filter(|a| !a.is_empty()),
+        delimiter: delimiter(delim)?,
+        limit: page_size(max)?,
+    })
+}
+
+/// Keys and prefixes as a listing answers them: URL-encoded on request.
+struct Encoder(bool);
+
+impl Encoder {
+    fn new(encoding: Option<&EncodingType>) -> S3Result<Encoder> {
+        match encoding.map(|e| e.as_str()) {
+            None => Ok(Encoder(false)),
+            Some("url") => Ok(Encoder(true)),
+            Some(other) => Err(bad_argument(format!("encoding-type {other:?}: only \"url\" is supported"))),
+        }
+    }
+
+    fn text(&self, s: &str) -> String {
+        if self.0 { utf8_percent_encode(s, URL_ENCODE).to_string() } else { s.to_string() }
+    }
+
+    fn objects(&self, page: &ListPage) -> Vec<Object> {
+        page.objects
+            .iter()
+            .map(|r| Object {
+                key: Some(self.text(&r.key)),
+                size: Some(r.size as i64),
+                e_tag: Some(etag(r)),
+                last_modified: Some(modified(r)),
+                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn prefixes(&self, page: &ListPage) -> Option<Vec<CommonPrefix>> {
+        (!page.prefixes.is_empty())
+            .then(|| page.prefixes.iter().map(|p| CommonPrefix { prefix: Some(self.text(p)) }).collect())
+    }
+}
+
+impl DepotS3 {
+    /// One listing page; an empty one when `limit` is 0.
+    async fn list(&self, bucket: &str, query: ListQuery) -> S3Result<ListPage> {
+        if query.limit == 0 {
+            self.store.bucket(bucket).await.map_err(to_s3)?;
+            return Ok(ListPage::default());
+        }
+        self.store.list(bucket, &query).await.map_err(to_s3)
+    }
+
+    /// The record of a copy source the caller may read.
+    async fn copy_source(&self, source: &CopySource, caller: &str) -> S3Result<ObjectRecord> {
+        let CopySource::Bucket { bucket, key, .. } = source else {
+            return Err(s3_error!(NotImplemented, "copying from access points is not supported"));
+        };
+        let b = self.store.bucket(bucket).await.map_err(to_s3)?;
+        if !(b.public_read || may_use(&b, caller)) {
+            return Err(s3_error!(AccessDenied, "the source bucket belongs to another access key"));
+        }
+        self.store.head(bucket, key).await.map_err(to_s3)
+    }
+}
+
+/// Streams an upload body into `write`, checking the checksums it declares;
+/// an error the body met (a bad chunk signature, a checksum mismatch) is
+/// the answer, rather than what the store made of it.
+async fn upload<T, R, F, Fut>(
+    req: &S3Request<T>,
+    body: Option<StreamingBlob>,
+    opts: PutOptions,
+    write: F,
+) -> S3Result<(R, Option<Checksum>)>
+where
+    F: FnOnce(Checked, PutOptions) -> Fut,
+    Fut: std::future::Future<Output = Result<R, StoreError>>,
+{
+    let body = body.unwrap_or_else(|| StreamingBlob::from(s3s::Body::empty()));
+    let len = s3s::stream::ByteStream::remaining_length(&body).exact().map(|n| n as u64);
+    let failure = Failure::default();
+    let checked = Checked::new(body, &req.headers, req.trailing_headers.clone(), failure.clone())?;
+    let computed = checked.computed.clone();
+    let opts = PutOptions { content_length: len, ..opts };
+    match write(checked, opts).await {
+        Ok(r) => Ok((r, computed.lock().unwrap_or_else(|p| p.into_inner()).take())),
+        Err(e) => Err(failure.take().unwrap_or_else(|| to_s3(e))),
+    }
+}
+
+fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
+    value.map(crate::http::content_md5).transpose().map_err(super::api_to_s3)
+}
+
+fn owner(access_key: &str) -> Owner {
+    Owner { id: Some(access_key.to_string()), display_name: Some(access_key.to_string()) }
+}
+
+/// Whether a canned ACL makes a bucket public-read; other ACLs are refused.
+fn public_acl(acl: Option<&BucketCannedACL>) -> S3Result<Option<bool>> {
+    match acl.map(|a| a.as_str()) {
+        None => Ok(None),
+        Some(BucketCannedACL::PRIVATE) => Ok(Some(false)),
+        Some(BucketCannedACL::PUBLIC_READ) => Ok(Some(true)),
+        Some(other) => Err(s3_error!(NotImplemented, "the ACL {other:?} is not supported: use private or public-read")),
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for DepotS3 {
+    // ----- buckets -----
+
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        let me = caller(&req);
+        let prefix = req.input.prefix.unwrap_or_default();
+        let buckets = self
+            .store
+            .buckets()
+            .await
+            .map_err(to_s3)?
+            .into_iter()
+            .filter(|b| may_use(b, &me) && b.name.starts_with(&prefix))
+            .map(|b| Bucket {
+                name: Some(b.name),
+                creation_date: Some(Timestamp::from(from_millis(b.created))),
+                ..Default::default()
+            })
+            .collect();
+        ok(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner(&me)), ..Default::default() })
+    }
+
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        let me = caller(&req);
+        let public = public_acl(req.input.acl.as_ref())?.unwrap_or(false);
+        let bucket = &req.input.bucket;
+        match self.store.create_bucket(bucket, &me, public).await {
+            Ok(()) => ok(CreateBucketOutput { location: Some(format!("/{bucket}")) }),
+            Err(StoreError::BucketExists(_)) => {
+                let existing = self.store.bucket(bucket).await.map_err(to_s3)?;
+                Err(if may_use(&existing, &me) {
+                    s3_error!(BucketAlreadyOwnedByYou, "you already own the bucket {bucket:?}")
+                } else {
+                    s3_error!(BucketAlreadyExists, "the bucket {bucket:?} belongs to someone else")
+                })
+            }
+            Err(e) => Err(to_s3(e)),
+        }
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.store.bucket(&req.input.bucket).await.map_err(to_s3)?;
+        ok(HeadBucketOutput { bucket_region: Some("us-east-1".into()), ..Default::default() })
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let bucket = &req.input.bucket;
+        if !self.store.list_uploads(bucket, "").await.map_err(to_s3)?.is_empty() {
+            return Err(s3_error!(BucketNotEmpty, "the bucket {bucket:?} has multipart uploads in progress"));
+        }
+        self.store.delete_bucket(bucket).await.map_err(to_s3)?;
+        ok(DeleteBucketOutput::default())
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.store.bucket(&req.input.bucket).await.map_err(to_s3)?;
+        // No constraint: us-east-1, where every client looks first.
+        ok(GetBucketLocationOutput::default())
+    }
+
+    async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let Some(public) = public_acl(req.input.acl.as_ref())? else {
+            return Err(s3_error!(
+                NotImplemented,
+                "only canned ACLs (x-amz-acl: private or public-read) are supported"
+            ));
+        };
+        self.store.set_bucket_public(&req.input.bucket, public).await.map_err(to_s3)?;
+        ok(PutBucketAclOutput::default())
+    }
+
+    async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
+        let b = self.store.bucket(&req.input.bucket).await.map_err(to_s3)?;
+        let grant = |grantee: Grantee, permission: &'static str| Grant {
+            grantee: Some(grantee),
+            permission: Some(Permission::from_static(permission)),
+        };
+        let owner_grantee = Grantee {
+            display_name: Some(b.owner.clone()),
+            email_address: None,
+            id: Some(b.owner.clone()),
+            type_: Type::from_static(Type::CANONICAL_USER),
+            uri: None,
+        };
+        let mut grants = vec![grant(owner_grantee, Permission::FULL_CONTROL)];
+        if b.public_read {
+            let all = Grantee {
+                display_name: None,
+                email_address: None,
+                id: None,
+                type_: Type::from_static(Type::GROUP),
+                uri: Some("http://acs.amazonaws.com/groups/global/AllUsers".into()),
+            };
+            grants.push(grant(all, Permission::READ));
+        }
+        ok(GetBucketAclOutput { grants: Some(grants), owner: Some(owner(&b.owner)) })
+    }
+
+    // ----- objects -----
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let mut req = req;
+        let body = req.input.body.take();
+        let input = &req.input;
+        let opts = PutOptions {
+            content_type: input.content_type.clone(),
+            expected_md5: content_md5(input.content_md5.as_deref())?,
+            precondition: precondition(input.if_match.as_ref(), input.if_none_match.as_ref()),
+            metadata: metadata_list(input.metadata.clone()),
+            ..PutOptions::default()
+        };
+        let (bucket, key) = (input.bucket.clone(), input.key.clone());
+        let store = &self.store;
+        let (put, checksum) =
+            upload(&req, body, opts, |body, opts| async move { store.put(&bucket, &key, body, opts).await }).await?;
+        let checksum = checksum.unwrap_or_default();
+        ok(PutObjectOutput {
+            e_tag: Some(etag(&put.record)),
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
+            ..Default::default()
+        })
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = &req.input;
+        if input.part_number.is_some() {
+            return Err(s3_error!(NotImplemented, "GET by partNumber is not supported"));
+        }
+        let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
+        check_conditions(&req, &record)?;
+        let (range, content_range) = match &input.range {
+            None => (ByteRange::full(record.size), None),
+            Some(r) => {
+                let within = r.check(record.size).map_err(|_| {
+                    s3_error!(InvalidRange, "the range is not within the object's {} bytes", record.size)
+                })?;
+                let content_range = format!("bytes {}-{}/{}", within.start, within.end - 1, record.size);
+                (ByteRange { start: within.start, end: within.end }, Some(content_range))
+            }
+        };
+        let body = self.store.read(&record, range).await.map_err(to_s3)?;
+        ok(GetObjectOutput {
+            body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
+            content_length: Some(range.len() as i64),
+            content_range,
+            accept_ranges: Some("bytes".into()),
+            content_type: Some(record.content_type.clone()),
+            e_tag: Some(etag(&record)),
+            last_modified: Some(modified(&record)),
+            metadata: metadata(&record),
+            ..Default::default()
+        })
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
+        check_conditions(&req, &record)?;
+        ok(HeadObjectOutput {
+            content_length: Some(record.size as i64),
+            accept_ranges: Some("bytes".into()),
+            content_type: Some(record.content_type.clone()),
+            e_tag: Some(etag(&record)),
+            last_modified: Some(modified(&record)),
+            metadata: metadata(&record),
+            ..Default::default()
+        })
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let input = &req.input;
+        let condition = precondition(input.if_match.as_ref(), None);
+        match self.store.delete(&input.bucket, &input.key, &condition).await {
+            // Deleting what is not there succeeds, as in S3.
+            Ok(_) | Err(StoreError::NoSuchKey(_)) => ok(DeleteObjectOutput::default()),
+            Err(e) => Err(to_s3(e)),
+        }
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let input = req.input;
+        let objects = input.delete.objects;
+        if objects.len() > 1000 {
+            return Err(s3_error!(MalformedXML, "at most 1000 keys may be deleted at once"));
+        }
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let (valid, invalid): (Vec<_>, Vec<_>) =
+            objects.into_iter().partition(|o| crate::store::names::check_key(&o.key).is_ok());
+        let keys: Vec<String> = valid.into_iter().map(|o| o.key).collect();
+        let mut errors: Vec<Error> = invalid
+            .into_iter()
+            .map(|o| Error {
+                code: Some("InvalidArgument".into()),
+                message: Some("the key is empty, too long or contains NUL".into()),
+                key: Some(o.key),
+                ..Default::default()
+            })
+            .collect();
+        let mut deleted = Vec::new();
+        match self.store.delete_many(&input.bucket, &keys).await {
+            Ok(_) => {
+                if !quiet {
+                    deleted = keys.into_iter().map(|k| DeletedObject { key: Some(k), ..Default::default() }).collect();
+                }
+            }
+            Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
+            Err(e) => {
+                let e = to_s3(e);
+                errors.extend(keys.into_iter().map(|k| Error {
+                    code: Some(e.code().as_str().to_string()),
+                    message: e.message().map(str::to_string),
+                    key: Some(k),
+                    ..Default::default()
+                }));
+            }
+        }
+        ok(DeleteObjectsOutput { deleted: Some(deleted), errors: Some(errors), ..Default::default() })
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        let me = caller(&req);
+        let input = req.input;
+        let source = self.copy_source(&input.copy_source, &me).await?;
+        let source_if = precondition(input.copy_source_if_match.as_ref(), input.copy_source_if_none_match.as_ref());
+        if !source_if.check(Some(&source)) {
+            return Err(s3_error!(PreconditionFailed, "a condition on the copy source does not hold"));
+        }
+        let replace = match input.metadata_directive.as_ref().map(|d| d.as_str()) {
+            None | Some(MetadataDirective::COPY) => None,
+            Some(MetadataDirective::REPLACE) => {
+                Some(NewMetadata { content_type: input.content_type, metadata: metadata_list(input.metadata) })
+            }
+            Some(other) => return Err(bad_argument(format!("metadata directive {other:?} is not COPY or REPLACE"))),
+        };
+        if let CopySource::Bucket { bucket, key, .. } = &input.copy_source
+            && **bucket == *input.bucket
+            && **key == *input.key
+            && replace.is_none()
+        {
+            return Err(s3_error!(
+                InvalidRequest,
+                "copying an object onto itself needs a change: send x-amz-metadata-directive: REPLACE"
+            ));
+        }
+        let put = self
+            .store
+            .copy(&source, &input.bucket, &input.key, replace, Precondition::default())
+            .await
+            .map_err(to_s3)?;
+        ok(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag(&put.record)),
+                last_modified: Some(modified(&put.record)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    // ----- listings -----
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        let input = req.input;
+        let encoder = Encoder::new(input.encoding_type.as_ref())?;
+        let query =
+            list_query(input.prefix.as_deref(), input.marker.clone(), input.delimiter.as_deref(), input.max_keys)?;
+        let page = self.list(&input.bucket, query).await?;
+        ok(ListObjectsOutput {
+            name: Some(input.bucket),
+            contents: Some(encoder.objects(&page)),
+            common_prefixes: encoder.prefixes(&page),
+            is_truncated: Some(page.next.is_some()),
+            next_marker: page.next.as_deref().map(|n| encoder.text(n)),
+            prefix: input.prefix.map(|p| encoder.text(&p)),
+            marker: input.marker.map(|m| encoder.text(&m)),
+            delimiter: input.delimiter.map(|d| encoder.text(&d)),
+            max_keys: Some(input.max_keys.unwrap_or(MAX_KEYS)),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        })
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let input = req.input;
+        let encoder = Encoder::new(input.encoding_type.as_ref())?;
+        let after = match &input.continuation_token {
+            Some(token) => Some(
+                hex::decode(token)
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| bad_argument("the continuation token is not one this server gave".into()))?,
+            ),
+            None => input.start_after.clone(),
+        };
+        let query = list_query(input.prefix.as_deref(), after, input.delimiter.as_deref(), input.max_keys)?;
+        let page = self.list(&input.bucket, query).await?;
+        let contents = encoder.objects(&page);
+        let common_prefixes = encoder.prefixes(&page);
+        let key_count = contents.len() + common_prefixes.as_ref().map_or(0, Vec::len);
+        ok(ListObjectsV2Output {
+            name: Some(input.bucket),
+            key_count: Some(key_count as i32),
+            contents: Some(contents),
+            common_prefixes,
+            is_truncated: Some(page.next.is_some()),
+            next_continuation_token: page.next.map(hex::encode),
+            continuation_token: input.continuation_token,
+            start_after: input.start_after.map(|s| encoder.text(&s)),
+            prefix: input.prefix.map(|p| encoder.text(&p)),
+            delimiter: input.delimiter.map(|d| encoder.text(&d)),
+            max_keys: Some(input.max_keys.unwrap_or(MAX_KEYS)),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        })
+    }
+
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let input = req.input;
+        let encoder = Encoder::new(input.encoding_type.as_ref())?;
+        let query =
+            list_query(input.prefix.as_deref(), input.key_marker.clone(), input.delimiter.as_deref(), input.max_keys)?;
+        let page = self.list(&input.bucket, query).await?;
+        // An unversioned bucket: one version of each key, named "null".
+        let versions = page
+            .objects
+            .iter()
+            .map(|r| ObjectVersion {
+                key: Some(encoder.text(&r.key)),
+                version_id: Some("null".into()),
+                is_latest: Some(true),
+                size: Some(r.size as i64),
+                e_tag: Some(etag(r)),
+                last_modified: Some(modified(r)),
+                storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
+                ..Default::default()
+            })
+            .collect();
+        ok(ListObjectVersionsOutput {
+            name: Some(input.bucket),
+            versions: Some(versions),
+            common_prefixes: encoder.prefixes(&page),
+            is_truncated: Some(page.next.is_some()),
+            next_key_marker: page.next.as_deref().map(|n| encoder.text(n)),
+            next_version_id_marker: page.next.as_ref().map(|_| "null".into()),
+            prefix: input.prefix.map(|p| encoder.text(&p)),
+            key_marker: input.key_marker.map(|m| encoder.text(&m)),
+            delimiter: input.delimiter.map(|d| encoder.text(&d)),
+            max_keys: Some(input.max_keys.unwrap_or(MAX_KEYS)),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        })
+    }
+
+    // ----- multipart uploads -----
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let input = req.input;
+        let upload_id = self
+            .store
+            .create_upload(&input.bucket, &input.key, input.content_type, metadata_list(input.metadata))
+            .await
+            .map_err(to_s3)?;
+        ok(CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(upload_id),
+            ..Default::default()
+        })
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let mut req = req;
+        let body = req.input.body.take();
+        let input = &req.input;
+        let part = u32::try_from(input.part_number).map_err(|_| bad_argument("the part number is negative".into()))?;
+        let opts = PutOptions { expected_md5: content_md5(input.content_md5.as_deref())?, ..PutOptions::default() };
+        let (bucket, key, id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
+        let store = &self.store;
+        let (record, checksum) = upload(&req, body, opts, |body, opts| async move {
+            store.upload_part(&bucket, &key, &id, part, body, opts).await
+        })
+        .await?;
+        let checksum = checksum.unwrap_or_default();
+        ok(UploadPartOutput {
+            e_tag: Some(etag(&record)),
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
+            ..Default::default()
+        })
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let me = caller(&req);
+        let input = req.input;
+        let part = u32::try_from(input.part_number).map_err(|_| bad_argument("the part number is negative".into()))?;
+        let source = self.copy_source(&input.copy_source, &me).await?;
+        let range = match &input.copy_source_range {
+            None => ByteRange::full(source.size),
+            Some(text) => {
+                let (start, end) = text
+                    .strip_prefix("bytes=")
+                    .and_then(|r| r.split_once('-'))
+                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+                    .filter(|(a, b)| a <= b && *b < source.size)
+                    .ok_or_else(|| {
+                        s3_error!(
+                            InvalidRange,
+                            "x-amz-copy-source-range {text:?} is not bytes=first-last within the source"
+                        )
+                    })?;
+                ByteRange { start, end: end + 1 }
+            }
+        };
+        let record = self
+            .store
+            .upload_part_copy(&input.bucket, &input.key, &input.upload_id, part, &source, range)
+            .await
+            .map_err(to_s3)?;
+        ok(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(etag(&record)),
+                last_modified: Some(modified(&record)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let input = req.input;
+        let mut parts = Vec::new();
+        for p in input.multipart_upload.and_then(|m| m.parts).unwrap_or_default() {
+            let (Some(n), Some(tag)) = (p.part_number, p.e_tag) else {
+                return Err(s3_error!(MalformedXML, "every part needs a PartNumber and an ETag"));
+            };
+            let n = u32::try_from(n).map_err(|_| s3_error!(InvalidPart, "part number {n} is negative"))?;
+            let tag = match tag {
+                ETag::Strong(t) | ETag::Weak(t) => t,
+            };
+            parts.push((n, tag));
+        }
+        let condition = precondition(input.if_match.as_ref(), input.if_none_match.as_ref());
+        let record = self
+            .store
+            .complete_upload(&input.bucket, &input.key, &input.upload_id, &parts, condition)
+            .await
+            .map_err(to_s3)?;
+        ok(CompleteMultipartUploadOutput {
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            e_tag: Some(etag(&record)),
+            ..Default::default()
+        })
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let input = &req.input;
+        self.store.abort_upload(&input.bucket, &input.key, &input.upload_id).await.map_err(to_s3)?;
+        ok(AbortMultipartUploadOutput::default())
+    }
+
+    async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        let input = req.input;
+        let after = u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0);
+        let limit = page_size(input.max_parts)?;
+        let (parts, truncated) =
+            self.store.list_parts(&input.bucket, &input.key, &input.upload_id, after, limit).await.map_err(to_s3)?;
+        let next = parts.last().map(|(n, _)| *n as i32);
+        let parts = parts
+            .into_iter()
+            .map(|(n, r)| Part {
+                part_number: Some(n as i32),
+                e_tag: Some(etag(&r)),
+                size: Some(r.size as i64),
+                last_modified: Some(modified(&r)),
+                ..Default::default()
+            })
+            .collect();
+        ok(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            parts: Some(parts),
+            is_truncated: Some(truncated),
+            next_part_number_marker: truncated.then_some(next).flatten(),
+            part_number_marker: input.part_number_marker,
+            max_parts: Some(limit as i32),
+            ..Default::default()
+        })
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let input = req.input;
+        let encoder = Encoder::new(input.encoding_type.as_ref())?;
+        let limit = page_size(input.max_uploads)?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let all = self.store.list_uploads(&input.bucket, &prefix).await.map_err(to_s3)?;
+        let key_marker = input.key_marker.clone().unwrap_or_default();
+        let id_marker = input.upload_id_marker.clone().unwrap_or_default();
+        let mut rest = all.into_iter().filter(|u| {
+            key_marker.is_empty()
+                || u.key > key_marker
+                || (u.key == key_marker && !id_marker.is_empty() && u.upload_id > id_marker)
+        });
+        let page: Vec<_> = rest.by_ref().take(limit).collect();
+        let truncated = rest.next().is_some();
+        let last = page.last().map(|u| (encoder.text(&u.key), u.upload_id.clone()));
+        let uploads = page
+            .into_iter()
+            .map(|u| MultipartUpload {
+                key: Some(encoder.text(&u.key)),
+                upload_id: Some(u.upload_id),
+                initiated: Some(Timestamp::from(from_millis(u.initiated))),
+                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                ..Default::default()
+            })
+            .collect();
+        let (next_key_marker, next_upload_id_marker) = match last.filter(|_| truncated) {
+            Some((k, id)) => (Some(k), Some(id)),
+            None => (None, None),
+        };
+        ok(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            uploads: Some(uploads),
+            is_truncated: Some(truncated),
+            next_key_marker,
+            next_upload_id_marker,
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            prefix: input.prefix.map(|p| encoder.text(&p)),
+            max_uploads: Some(limit as i32),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        })
+    }
+}

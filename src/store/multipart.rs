@@ -1,0 +1,375 @@
+//! Multipart uploads, kept in the catalog itself so they need nothing the
+//! catalogs do not already do transactionally.
+//!
+//! Uploads live in the store's own bucket [`UPLOADS`], which no client can
+//! name (bucket names cannot start with `_`):
+//!
+//! | key | record |
+//! |---|---|
+//! | `u/{bucket}/{upload}` | the upload: target key, content type, user metadata, start time |
+//! | `p/{upload}/{part:05}` | one uploaded part, an ordinary object (its blob referenced, ETag = MD5) |
+//! | `d/{upload}` | a completed upload: its ETag, so a repeated Complete answers the same |
+//!
+//! Completing writes the object and the `d/` record in one catalog
+//! transaction, then removes the upload and its parts; a crash in between
+//! leaves records the next Complete, Abort or the collector removes. The
+//! object's parts are the uploaded parts' blobs: nothing is copied.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use futures::{Stream, TryStreamExt};
+use md5::Digest as _;
+use rand::Rng;
+
+use super::{PutOptions, Result, Store, StoreError, names};
+use crate::catalog::{CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis};
+use crate::engine::{ByteRange, Digest};
+
+/// The store's bucket of multipart uploads.
+pub const UPLOADS: &str = "_uploads";
+
+/// Smallest part but the last, as S3 has it.
+pub const MIN_PART_SIZE: u64 = 5 << 20;
+
+/// Highest part number, as S3 has it.
+const MAX_PART_NUMBER: u32 = 10_000;
+
+/// The metadata entry of an upload record that holds the target key.
+const TARGET: &str = "key";
+
+/// An upload in progress.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadInfo {
+    pub key: String,
+    pub upload_id: String,
+    pub initiated: Millis,
+}
+
+fn upload_key(bucket: &str, upload_id: &str) -> String {
+    format!("u/{bucket}/{upload_id}")
+}
+
+fn part_prefix(upload_id: &str) -> String {
+    format!("p/{upload_id}/")
+}
+
+fn part_key(upload_id: &str, part: u32) -> String {
+    format!("p/{upload_id}/{part:05}")
+}
+
+fn done_key(upload_id: &str) -> String {
+    format!("d/{upload_id}")
+}
+
+/// Upload ids are 32 hex digits; anything else names no upload (and could
+/// otherwise reach other uploads' records through the key layout).
+fn check_upload_id(upload_id: &str) -> Result<()> {
+    if upload_id.len() == 32 && upload_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(StoreError::NoSuchUpload(upload_id.to_string()))
+    }
+}
+
+fn check_part_number(part: u32) -> Result<()> {
+    if (1..=MAX_PART_NUMBER).contains(&part) {
+        Ok(())
+    } else {
+        Err(StoreError::BadRequest(format!("part number {part} is not between 1 and {MAX_PART_NUMBER}")))
+    }
+}
+
+/// The target key of an upload record.
+fn target(record: &ObjectRecord) -> &str {
+    record.metadata.first().filter(|(k, _)| k == TARGET).map(|(_, v)| v.as_str()).unwrap_or("")
+}
+
+impl Store {
+    /// Starts a multipart upload of bucket/key; returns its id.
+    pub async fn create_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        content_type: Option<String>,
+        metadata: Vec<(String, String)>,
+    ) -> Result<String> {
+        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.bucket(bucket).await?;
+        self.check_writable()?;
+        let upload_id = hex::encode(rand::rng().random::<[u8; 16]>());
+        let mut meta = vec![(TARGET.to_string(), key.to_string())];
+        meta.extend(metadata);
+        let record = ObjectRecord {
+            key: upload_key(bucket, &upload_id),
+            size: 0,
+            parts: Vec::new(),
+            etag: String::new(),
+            sha256: Digest([0; 32]),
+            content_type: content_type.unwrap_or_else(|| super::guess_content_type(key)),
+            modified: now_millis(),
+            metadata: meta,
+        };
+        let put =
+            ObjectPut { bucket: UPLOADS.into(), record, blobs: Vec::new(), precondition: Precondition::default() };
+        let r = self.catalog.put_object(put).await.map_err(Into::into);
+        self.note(r)?;
+        Ok(upload_id)
+    }
+
+    /// The record of an upload in progress for bucket/key.
+    async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        check_upload_id(upload_id)?;
+        match self.catalog.get_object(UPLOADS, &upload_key(bucket, upload_id)).await? {
+            Some(r) if target(&r) == key => Ok(r),
+            _ => Err(StoreError::NoSuchUpload(upload_id.to_string())),
+        }
+    }
+
+    /// Stores one part; returns its record (size, ETag = hex MD5).
+    pub async fn upload_part<S, E>(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part: u32,
+        body: S,
+        opts: PutOptions,
+    ) -> Result<ObjectRecord>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        check_part_number(part)?;
+        self.upload(bucket, key, upload_id).await?;
+        let opts = PutOptions { content_type: Some("application/octet-stream".into()), ..opts };
+        Ok(self.put_unchecked(UPLOADS, &part_key(upload_id, part), body, opts).await?.record)
+    }
+
+    /// Stores bytes `range` of an object as one part.
+    pub async fn upload_part_copy(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part: u32,
+        source: &ObjectRecord,
+        range: ByteRange,
+    ) -> Result<ObjectRecord> {
+        let body = self.read(source, range).await?;
+        let opts = PutOptions { content_length: Some(range.len()), ..PutOptions::default() };
+        self.upload_part(bucket, key, upload_id, part, body, opts).await
+    }
+
+    /// Parts uploaded so far with numbers above `after`, at most `limit`;
+    /// and whether more follow.
+    pub async fn list_parts(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        after: u32,
+        limit: usize,
+    ) -> Result<(Vec<(u32, ObjectRecord)>, bool)> {
+        self.upload(bucket, key, upload_id).await?;
+        let query = ListQuery {
+            prefix: part_prefix(upload_id),
+            after: (after > 0).then(|| part_key(upload_id, after)),
+            delimiter: None,
+            limit: limit.max(1),
+        };
+        let page = self.catalog.list_objects(UPLOADS, &query).await?;
+        let parts =
+            page.objects.into_iter().filter_map(|r| Some((r.key.rsplit('/').next()?.parse().ok()?, r))).collect();
+        Ok((parts, page.next.is_some()))
+    }
+
+    /// Uploads in progress in a bucket whose keys start with `prefix`, by
+    /// key, then by start time.
+    pub async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>> {
+        self.bucket(bucket).await?;
+        let mut out = Vec::new();
+        self.each_upload_record(&format!("u/{bucket}/"), |r| {
+            let key = target(r);
+            if key.starts_with(prefix) {
+                let upload_id = r.key.rsplit('/').next().unwrap_or("").to_string();
+                out.push(UploadInfo { key: key.to_string(), upload_id, initiated: r.modified });
+            }
+        })
+        .await?;
+        out.sort_by(|a, b| (&a.key, a.initiated, &a.upload_id).cmp(&(&b.key, b.initiated, &b.upload_id)));
+        Ok(out)
+    }
+
+    /// Calls `f` on every record of the uploads bucket under `prefix`.
+    async fn each_upload_record(&self, prefix: &str, mut f: impl FnMut(&ObjectRecord)) -> Result<()> {
+        let mut query = ListQuery { prefix: prefix.to_string(), after: None, delimiter: None, limit: 1000 };
+        loop {
+            let page = self.catalog.list_objects(UPLOADS, &query).await?;
+            page.objects.iter().for_each(&mut f);
+            match page.next {
+                Some(next) => query.after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Every record key of an upload: the upload and its parts.
+    async fn upload_records(&self, bucket: &str, upload_id: &str) -> Result<Vec<String>> {
+        let mut keys = vec![upload_key(bucket, upload_id)];
+        self.each_upload_record(&part_prefix(upload_id), |r| keys.push(r.key.clone())).await?;
+        Ok(keys)
+    }
+
+    async fn remove_upload_records(&self, keys: &[String]) -> Result<()> {
+        let r = self.catalog.delete_objects(UPLOADS, keys, &Precondition::default()).await.map_err(Into::into);
+        self.note(r).map(drop)
+    }
+
+    /// Abandons an upload and releases its parts.
+    pub async fn abort_upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
+        self.check_writable()?;
+        self.upload(bucket, key, upload_id).await?;
+        let keys = self.upload_records(bucket, upload_id).await?;
+        self.remove_upload_records(&keys).await
+    }
+
+    /// Completes an upload from `parts` (number, ETag), in ascending order:
+    /// writes bucket/key and returns its record. Completing an upload that
+    /// was already completed returns the record written then.
+    pub async fn complete_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        precondition: Precondition,
+    ) -> Result<ObjectRecord> {
+        self.check_writable()?;
+        names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        check_upload_id(upload_id)?;
+        let wanted = [done_key(upload_id), upload_key(bucket, upload_id)];
+        let [done, upload] =
+            <[Option<ObjectRecord>; 2]>::try_from(self.catalog.get_objects(UPLOADS, &wanted).await?)
+                .map_err(|_| StoreError::Internal("the catalog answered the wrong number of records".into()))?;
+        if let Some(done) = done.filter(|d| target(d) == key && d.content_type == bucket) {
+            if upload.is_some() {
+                // A crash after completing left the upload's records.
+                let keys = self.upload_records(bucket, upload_id).await?;
+                self.remove_upload_records(&keys).await?;
+            }
+            return Ok(ObjectRecord { key: key.to_string(), ..done });
+        }
+        let upload = upload.filter(|u| target(u) == key).ok_or_else(|| StoreError::NoSuchUpload(upload_id.into()))?;
+        if parts.is_empty() {
+            return Err(StoreError::BadRequest("a multipart upload is completed with at least one part".into()));
+        }
+        if parts.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(StoreError::InvalidPartOrder);
+        }
+        let keys: Vec<String> = parts.iter().map(|(n, _)| part_key(upload_id, *n)).collect();
+        let records = self.catalog.get_objects(UPLOADS, &keys).await?;
+        let mut body_parts: Vec<Part> = Vec::new();
+        let mut md5s = Vec::with_capacity(16 * parts.len());
+        for (i, ((n, etag), record)) in parts.iter().zip(records).enumerate() {
+            let etag = etag.trim().trim_matches('"');
+            let record = record.filter(|r| r.etag == etag).ok_or_else(|| {
+                StoreError::InvalidPart(format!("part {n} was not uploaded, or its ETag is not {etag:?}"))
+            })?;
+            if i + 1 < parts.len() && record.size < MIN_PART_SIZE {
+                return Err(StoreError::EntityTooSmall(format!(
+                    "part {n} has {} bytes; every part but the last needs at least {MIN_PART_SIZE}",
+                    record.size
+                )));
+            }
+            md5s.extend(
+                hex::decode(&record.etag).map_err(|_| StoreError::Internal("a part's ETag is not hex".into()))?,
+            );
+            body_parts.extend(record.parts);
+        }
+        let mut object = ObjectRecord {
+            key: key.to_string(),
+            size: body_parts.iter().map(|p| p.size).sum(),
+            etag: format!("{}-{}", hex::encode(md5::Md5::digest(&md5s)), parts.len()),
+            sha256: Digest([0; 32]),
+            content_type: upload.content_type.clone(),
+            modified: now_millis(),
+            metadata: upload.metadata[1..].to_vec(),
+            parts: body_parts,
+        };
+        object.sha256 = self.sha256_of(&object).await?;
+        let digests: Vec<Digest> = object.parts.iter().map(|p| p.digest).collect::<HashSet<_>>().into_iter().collect();
+        let blobs = self
+            .catalog
+            .get_blobs(&digests)
+            .await?
+            .into_iter()
+            .map(|b| b.map(|b| b.blob_ref()).ok_or_else(|| StoreError::Internal("a part's blob is missing".into())))
+            .collect::<Result<Vec<_>>>()?;
+        // The completion record: enough to answer a repeated Complete. The
+        // bucket goes in its content type, the key in its metadata.
+        let done = ObjectRecord {
+            key: done_key(upload_id),
+            size: 0,
+            parts: Vec::new(),
+            content_type: bucket.to_string(),
+            metadata: vec![(TARGET.to_string(), key.to_string())],
+            ..object.clone()
+        };
+        let puts = vec![
+            ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
+            ObjectPut {
+                bucket: UPLOADS.into(),
+                record: done,
+                blobs: Vec::new(),
+                precondition: Precondition::default(),
+            },
+        ];
+        let r = self.catalog.put_objects(puts).await.map_err(Into::into);
+        self.note(r)?;
+        let keys = self.upload_records(bucket, upload_id).await?;
+        self.remove_upload_records(&keys).await?;
+        Ok(object)
+    }
+
+    /// SHA-256 of an object's whole body, read back from its parts.
+    async fn sha256_of(&self, record: &ObjectRecord) -> Result<Digest> {
+        let mut body = self.read(record, ByteRange::full(record.size)).await?;
+        let mut sha = sha2::Sha256::new();
+        while let Some(chunk) = body.try_next().await? {
+            sha.update(&chunk);
+        }
+        Ok(Digest(sha.finalize().into()))
+    }
+
+    /// Aborts uploads started before `cutoff` and forgets completions
+    /// older than that; returns how many uploads it aborted.
+    pub(super) async fn expire_uploads(&self, cutoff: Millis) -> Result<u64> {
+        let mut stale = Vec::new();
+        self.each_upload_record("u/", |r| {
+            if r.modified < cutoff {
+                let mut path = r.key.splitn(3, '/').skip(1);
+                if let (Some(bucket), Some(id)) = (path.next(), path.next()) {
+                    stale.push((bucket.to_string(), id.to_string()));
+                }
+            }
+        })
+        .await?;
+        for (bucket, upload_id) in &stale {
+            let keys = self.upload_records(bucket, upload_id).await?;
+            self.remove_upload_records(&keys).await?;
+        }
+        let mut done = Vec::new();
+        self.each_upload_record("d/", |r| {
+            if r.modified < cutoff {
+                done.push(r.key.clone());
+            }
+        })
+        .await?;
+        if !done.is_empty() {
+            self.remove_upload_records(&done).await?;
+        }
+        Ok(stale.len() as u64)
+    }
+}
