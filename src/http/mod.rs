@@ -111,14 +111,11 @@ impl App {
         let started = Instant::now();
         let method = req.method().clone();
         let bytes_in = content_length(req.headers()).unwrap_or(0);
-        let response = if s3::is_s3(&req) {
+        // Requests without credentials on a server that has them are
+        // anonymous S3 requests: the S3 policy lets them read public-read
+        // buckets and answers everything else with AccessDenied.
+        let response = if s3::is_s3(&req) || !self.authorized(&req) {
             s3::handle(&self.s3, req).await
-        } else if !self.authorized(&req) {
-            error_response(&ApiError::new(
-                StatusCode::FORBIDDEN,
-                "AccessDenied",
-                "this server needs credentials: send Authorization: Bearer <secret>",
-            ))
         } else {
             match native::route(&self, req).await {
                 Ok(r) => r,

@@ -373,3 +373,113 @@ impl Store {
         Ok(stale.len() as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::rocks::RocksCatalog;
+    use crate::engine::memory::MemoryEngine;
+    use crate::store::{NewMetadata, StoreConfig};
+    use std::sync::Arc;
+
+    async fn store() -> (Store, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        (Store::open(catalog, Arc::new(MemoryEngine::new()), StoreConfig::default()).await.unwrap(), dir)
+    }
+
+    fn body(bytes: Vec<u8>) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
+        futures::stream::iter(vec![Ok(Bytes::from(bytes))])
+    }
+
+    async fn part(s: &Store, id: &str, n: u32, bytes: Vec<u8>) -> (u32, String) {
+        let r = s.upload_part("files", "k", id, n, body(bytes), PutOptions::default()).await.unwrap();
+        (n, format!("\"{}\"", r.etag))
+    }
+
+    async fn read(s: &Store, key: &str) -> Vec<u8> {
+        let r = s.head("files", key).await.unwrap();
+        let chunks: Vec<Bytes> = s.read(&r, ByteRange::full(r.size)).await.unwrap().try_collect().await.unwrap();
+        chunks.concat()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_completed_upload_is_its_parts_in_order_and_completing_again_answers_the_same() {
+        let (s, _dir) = store().await;
+        let id =
+            s.create_upload("files", "k", Some("text/plain".into()), vec![("m".into(), "v".into())]).await.unwrap();
+        let big = vec![7u8; MIN_PART_SIZE as usize];
+        let parts = vec![part(&s, &id, 1, big.clone()).await, part(&s, &id, 3, b"tail".to_vec()).await];
+        part(&s, &id, 2, b"never used".to_vec()).await;
+        let done = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        let mut whole = big.clone();
+        whole.extend_from_slice(b"tail");
+        assert_eq!(read(&s, "k").await, whole);
+        let md5s: Vec<u8> = [md5::Md5::digest(&big).to_vec(), md5::Md5::digest(b"tail").to_vec()].concat();
+        assert_eq!(done.etag, format!("{}-2", hex::encode(md5::Md5::digest(&md5s))));
+        assert_eq!(done.sha256, Digest(sha2::Sha256::digest(&whole).into()));
+        let head = s.head("files", "k").await.unwrap();
+        assert_eq!((head.content_type.as_str(), head.metadata.clone()), ("text/plain", vec![("m".into(), "v".into())]));
+        let again = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        assert_eq!(again.etag, done.etag);
+        // The upload's records are gone; only the object holds blobs: the
+        // part never used is unreferenced.
+        assert!(s.list_uploads("files", "").await.unwrap().is_empty());
+        assert!(matches!(s.abort_upload("files", "k", &id).await, Err(StoreError::NoSuchUpload(_))));
+        let unused = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"never used").into())).await.unwrap().unwrap();
+        assert_eq!(unused.refs, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn completion_checks_etags_sizes_and_order() {
+        let (s, _dir) = store().await;
+        let id = s.create_upload("files", "k", None, Vec::new()).await.unwrap();
+        let small = [part(&s, &id, 1, b"small".to_vec()).await, part(&s, &id, 2, b"last".to_vec()).await];
+        let complete = |parts: Vec<(u32, String)>| {
+            let (s, id) = (&s, id.clone());
+            async move { s.complete_upload("files", "k", &id, &parts, Precondition::default()).await }
+        };
+        assert!(matches!(complete(small.to_vec()).await, Err(StoreError::EntityTooSmall(_))));
+        assert!(matches!(complete(vec![(1, "\"00\"".into())]).await, Err(StoreError::InvalidPart(_))));
+        assert!(matches!(complete(vec![small[1].clone(), small[0].clone()]).await, Err(StoreError::InvalidPartOrder)));
+        assert!(matches!(complete(Vec::new()).await, Err(StoreError::BadRequest(_))));
+        assert!(matches!(s.head("files", "k").await, Err(StoreError::NoSuchKey(_))));
+        let other = s.complete_upload("files", "other-key", &id, &small[..1], Precondition::default()).await;
+        assert!(matches!(other, Err(StoreError::NoSuchUpload(_))), "an upload completes only its own key");
+        assert!(matches!(
+            s.upload_part("files", "k", "../../x", 1, body(vec![1]), PutOptions::default()).await,
+            Err(StoreError::NoSuchUpload(_))
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn aborted_and_expired_uploads_release_their_parts() {
+        let (s, _dir) = store().await;
+        let aborted = s.create_upload("files", "k", None, Vec::new()).await.unwrap();
+        part(&s, &aborted, 1, b"aborted".to_vec()).await;
+        s.abort_upload("files", "k", &aborted).await.unwrap();
+        let expired = s.create_upload("files", "k", None, Vec::new()).await.unwrap();
+        part(&s, &expired, 1, b"expired".to_vec()).await;
+        assert_eq!(s.list_uploads("files", "").await.unwrap().len(), 1);
+        assert_eq!(s.expire_uploads(now_millis() + 1).await.unwrap(), 1);
+        assert!(s.list_uploads("files", "").await.unwrap().is_empty());
+        for bytes in [&b"aborted"[..], b"expired"] {
+            let blob = s.catalog.get_blob(&Digest(sha2::Sha256::digest(bytes).into())).await.unwrap().unwrap();
+            assert_eq!(blob.refs, 0, "{:?}", String::from_utf8_lossy(bytes));
+        }
+        assert!(s.buckets().await.unwrap().iter().all(|b| !b.name.starts_with('_')), "the uploads bucket is hidden");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_copy_shares_the_blobs() {
+        let (s, _dir) = store().await;
+        s.put("files", "src", body(b"shared bytes".to_vec()), PutOptions::default()).await.unwrap();
+        let src = s.head("files", "src").await.unwrap();
+        let new = NewMetadata { content_type: Some("text/x".into()), metadata: vec![("a".into(), "b".into())] };
+        let copy = s.copy(&src, "files", "dst", Some(new), Precondition::default()).await.unwrap();
+        assert_eq!((copy.record.etag.as_str(), copy.record.content_type.as_str()), (src.etag.as_str(), "text/x"));
+        assert_eq!(read(&s, "dst").await, b"shared bytes");
+        assert_eq!(s.catalog.get_blob(&src.sha256).await.unwrap().unwrap().refs, 2);
+        assert_eq!(s.engine().list().await.unwrap().len(), 1, "no byte was copied");
+    }
+}

@@ -116,13 +116,11 @@ impl S3Access for Policy {
         };
         let caller = cx.credentials().map(|c| c.access_key.clone());
         let op = cx.s3_op().name();
-        let Some(bucket) = bucket else {
-            // ListBuckets lists the caller's own.
-            return if caller.is_some() { Ok(()) } else { Err(s3_error!(AccessDenied, "sign the request")) };
+        let Some(bucket) = bucket.filter(|_| op != "CreateBucket") else {
+            // ListBuckets lists the caller's own; CreateBucket answers for
+            // buckets that exist.
+            return if caller.is_some() { Ok(()) } else { Err(anonymous()) };
         };
-        if op == "CreateBucket" {
-            return if caller.is_some() { Ok(()) } else { Err(s3_error!(AccessDenied, "sign the request")) };
-        }
         let record = match self.store.bucket(&bucket).await {
             Ok(r) => Some(r),
             // Missing or malformed: the operation itself answers with the
@@ -135,9 +133,17 @@ impl S3Access for Policy {
             (Some(caller), Some(b)) if may_use(&b, &caller) => Ok(()),
             (None, Some(b)) if b.public_read && ANONYMOUS_READS.contains(&op) => Ok(()),
             (Some(_), Some(_)) => Err(s3_error!(AccessDenied, "the bucket belongs to another access key")),
-            (None, _) => Err(s3_error!(AccessDenied, "anonymous requests may only read public-read buckets")),
+            (None, _) => Err(anonymous()),
         }
     }
+}
+
+fn anonymous() -> S3Error {
+    s3_error!(
+        AccessDenied,
+        "this server needs credentials: sign the request (S3) or send Authorization: Bearer <secret>; \
+         anonymous requests may only read public-read buckets"
+    )
 }
 
 /// Whether an access key may use a bucket as its owner.
