@@ -13,7 +13,7 @@ use http::HeaderMap;
 use s3s::checksum::ChecksumHasher;
 use s3s::crypto::{Checksum as _, Crc32, Crc32c, Crc64Nvme, Sha1, Sha256};
 use s3s::dto::{Checksum, StreamingBlob};
-use s3s::{S3Error, S3Result, StdError, TrailingHeaders, s3_error};
+use s3s::{S3Error, S3ErrorCode, S3Result, StdError, TrailingHeaders, s3_error};
 
 /// The checksum algorithms S3 knows, by header name.
 const ALGORITHMS: [&str; 5] = [
@@ -54,6 +54,30 @@ impl Failure {
 
     pub fn take(&self) -> Option<S3Error> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// An error of the protocol layer's body streams as an S3 error. Their
+/// error types are private to s3s, so the payload-hash and chunk-signature
+/// failures are recognised by name.
+fn protocol_failure(e: &StdError) -> S3Error {
+    if let Some(s3) = e.downcast_ref::<S3Error>() {
+        let mut copy = S3Error::new(s3.code().clone());
+        copy.set_message(s3.message().unwrap_or("the body was rejected").to_string());
+        return copy;
+    }
+    let text = e.to_string();
+    if text.contains("Sha256Mismatch") {
+        let code = S3ErrorCode::Custom("XAmzContentSHA256Mismatch".into());
+        let mut e = S3Error::with_message(code, "the body does not match its x-amz-content-sha256");
+        e.set_status_code(http::StatusCode::BAD_REQUEST);
+        e
+    } else if text.contains("SignatureMismatch") {
+        s3_error!(SignatureDoesNotMatch, "a chunk signature of the body does not match")
+    } else if text.contains("Incomplete") || text.contains("LengthMismatch") {
+        s3_error!(IncompleteBody, "the body is shorter or longer than declared")
+    } else {
+        s3_error!(InvalidRequest, "reading the body failed: {text}")
     }
 }
 
@@ -144,16 +168,10 @@ impl Stream for Checked {
                 Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(e))) => {
-                // Signature and payload-hash failures of the protocol layer
-                // arrive as S3 errors: keep them for the answer.
-                match e.downcast::<S3Error>() {
-                    Ok(s3) => {
-                        let message = s3.message().unwrap_or("the body was rejected").to_string();
-                        this.failure.set(*s3);
-                        Poll::Ready(Some(Err(message.into())))
-                    }
-                    Err(e) => Poll::Ready(Some(Err(e))),
-                }
+                let failure = protocol_failure(&e);
+                let message = failure.message().unwrap_or("the body was rejected").to_string();
+                this.failure.set(failure);
+                Poll::Ready(Some(Err(message.into())))
             }
             Poll::Ready(None) => {
                 this.ended = true;
