@@ -186,7 +186,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             {
                 progress.doing(&format!("{subject}: could not remove what was written: {e:#}"));
             }
+        } else {
+            drop(server);
         }
+        // At --full each engine's files take 20 GB: one engine's at a time.
+        let _ = std::fs::remove_dir_all(&data);
     }
     progress.doing(&format!("{PLAIN}: writing"));
     let dir = settings.scratch.join("files-plain");
