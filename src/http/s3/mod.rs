@@ -18,7 +18,7 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
-use s3s::host::SingleDomain;
+use s3s::host::{S3Host, VirtualHost};
 use s3s::path::S3Path;
 use s3s::service::{S3Service, S3ServiceBuilder};
 use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
@@ -53,7 +53,10 @@ pub fn service(store: Arc<Store>, credentials: &[Credential], domain: Option<&st
     builder.set_auth(Keys(keys));
     builder.set_access(Policy { store });
     if let Some(domain) = domain {
-        builder.set_host(SingleDomain::new(domain).map_err(|e| anyhow::anyhow!("--s3-domain {domain:?}: {e}"))?);
+        if domain.is_empty() || domain.contains([':', '/']) {
+            anyhow::bail!("--s3-domain {domain:?} must be a bare domain name, like s3.example.com");
+        }
+        builder.set_host(Domain(domain.to_ascii_lowercase()));
     }
     Ok(builder.build())
 }
@@ -72,6 +75,30 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
         }
     };
     response.map(|b| b.map_err(io::Error::other).boxed_unsync())
+}
+
+/// Virtual-host style addressing under one domain: `BUCKET.DOMAIN[:port]`
+/// names a bucket; any other host (the domain itself, an IP address,
+/// `localhost`) is path style. (s3s's own `SingleDomain` compares the Host
+/// header with its port and takes unknown hosts for bucket names, which
+/// would break path-style requests to `127.0.0.1:8080`.)
+struct Domain(String);
+
+impl S3Host for Domain {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<VirtualHost<'a>> {
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        let bucket = name
+            .strip_suffix(self.0.as_str())
+            .and_then(|b| b.strip_suffix('.'))
+            .filter(|b| !b.is_empty() && name.len() == b.len() + 1 + self.0.len());
+        Ok(match bucket {
+            Some(bucket) => VirtualHost::new(self.0.as_str()).with_bucket(bucket),
+            None => VirtualHost::new(name),
+        })
+    }
 }
 
 /// The configured credentials.
