@@ -23,3 +23,34 @@ BUILD_PACKAGES=(g++ libclang-dev fonts-dejavu-core)
 # wrk cross-checks the built-in load generator. Without them their rows say
 # "skipped".
 BENCH_PACKAGES=(nginx wrk)
+
+# The S3 clients the tests of depot's S3 API drive (tests/s3_api.rs):
+# rclone and s3cmd from Debian, boto3 and the AWS CLI (v1) from PyPI.
+S3_CLIENT_PACKAGES=(rclone s3cmd python3-venv)
+
+# boto3 from 1.36 and the AWS CLI from 1.37 on send a CRC32 with every
+# upload by default (a header over plain HTTP, an aws-chunked trailer over
+# HTTPS); the tests keep that default. botocore and s3transfer are pinned
+# with boto3: they are where that behaviour lives (the AWS CLI carries its
+# own copies).
+S3_CLIENT_PIP=(boto3==1.44.5 botocore==1.44.5 s3transfer==0.19.3 awscli==1.46.3)
+S3_CLIENTS_VENV=/var/cache/depot/s3-clients
+
+# Installs S3_CLIENT_PIP into a venv at S3_CLIENTS_VENV (Debian's python3,
+# from S3_CLIENT_PACKAGES), unless the venv already holds exactly those
+# versions and still runs. The list of versions is written last, so an
+# interrupted install is redone on the next run.
+depot_install_s3_clients() {
+  local venv=$S3_CLIENTS_VENV stamp="$S3_CLIENTS_VENV/depot-pins.txt"
+  local want
+  want=$(printf '%s\n' "${S3_CLIENT_PIP[@]}")
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ -x "$venv/bin/aws" ] \
+    && "$venv/bin/python" -c 'import boto3, awscli' 2>/dev/null; then
+    return 0
+  fi
+  echo "installing ${S3_CLIENT_PIP[*]} into $venv" >&2
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${S3_CLIENT_PIP[@]}"
+  echo "$want" >"$stamp"
+}

@@ -1,0 +1,129 @@
+//! depot's S3 API as real S3 clients see it: boto3 and the AWS CLI (from
+//! PyPI), rclone and s3cmd (from Debian) each run their suite in
+//! tests/s3_clients against a fresh server with two users. scripts/test.sh
+//! installs the clients and names their venv in DEPOT_TEST_S3_CLIENTS.
+
+mod common;
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+const ACCESS_KEY: &str = "depot-s3-one";
+const SECRET_KEY: &str = "secret-of-user-one";
+/// The second user, from the settings file.
+const ACCESS_KEY2: &str = "depot-s3-two";
+const SECRET_KEY2: &str = "secret-of-user-two";
+
+/// The longest a suite may take.
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The suites move hundreds of megabytes each: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Runs `tests/s3_clients/<suite>` (Python in the clients' venv, or bash)
+/// against a fresh server and fails with its output unless it passes.
+fn run_suite(suite: &str) {
+    let clients = std::env::var("DEPOT_TEST_S3_CLIENTS").unwrap_or_default();
+    assert!(
+        !clients.is_empty(),
+        "DEPOT_TEST_S3_CLIENTS is not set: run scripts/test.sh, which installs boto3, the AWS CLI, rclone and \
+         s3cmd, and points it at their venv"
+    );
+    let venv_bin = Path::new(&clients).join("bin");
+    assert!(venv_bin.join("aws").exists(), "no AWS CLI in {clients}: run scripts/test.sh to reinstall the S3 clients");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dir.path().join("depot.toml");
+    let second_user = format!("[[credentials]]\naccess_key = \"{ACCESS_KEY2}\"\nsecret_key = \"{SECRET_KEY2}\"\n");
+    std::fs::write(&settings, second_user).unwrap();
+    let server = Server::start(&[
+        "--access-key",
+        ACCESS_KEY,
+        "--secret-key",
+        SECRET_KEY,
+        "--config",
+        settings.to_str().unwrap(),
+    ]);
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3_clients").join(suite);
+    let mut cmd = if suite.ends_with(".py") { Command::new(venv_bin.join("python")) } else { Command::new("bash") };
+    let (home, scratch, log) = (dir.path().join("home"), dir.path().join("tmp"), dir.path().join("output"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&scratch).unwrap();
+    let output = File::create(&log).unwrap();
+    // Nothing from the caller's environment or home (AWS_*, ~/.aws,
+    // rclone's and s3cmd's configurations): the clients' defaults only.
+    let path = format!("{}:{}", venv_bin.display(), std::env::var("PATH").unwrap_or_default());
+    cmd.arg(&script)
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", &home)
+        .env("TMPDIR", &scratch)
+        .env("LC_ALL", "C.UTF-8")
+        .env("PYTHONUNBUFFERED", "1")
+        .env("S3_ENDPOINT", &server.url)
+        .env("S3_ACCESS_KEY", ACCESS_KEY)
+        .env("S3_SECRET_KEY", SECRET_KEY)
+        .env("S3_ACCESS_KEY2", ACCESS_KEY2)
+        .env("S3_SECRET_KEY2", SECRET_KEY2)
+        .stdin(Stdio::null())
+        .stdout(output.try_clone().unwrap())
+        .stderr(output)
+        .process_group(0);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > TIMEOUT {
+            // The suite and every client it started.
+            let _ = Command::new("kill").args(["-9", &format!("-{}", child.id())]).status();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let verdict = match status {
+        Some(s) if s.success() => None,
+        Some(s) => Some(format!("{suite} failed ({s})")),
+        None => Some(format!("{suite} did not finish in {TIMEOUT:?}")),
+    };
+    if let Some(verdict) = verdict {
+        let server_log = server.log.lock().unwrap().clone();
+        let lines: Vec<&str> = server_log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(100)..].join("\n");
+        panic!("{verdict}; it said:\n{said}\n--- the server's last log lines:\n{tail}");
+    }
+    println!("{said}");
+    server.assert_no_panic();
+}
+
+#[test]
+fn boto3_with_its_default_configuration() {
+    run_suite("boto3_suite.py");
+}
+
+#[test]
+fn the_aws_cli() {
+    run_suite("awscli_suite.sh");
+}
+
+#[test]
+fn rclone() {
+    run_suite("rclone_suite.sh");
+}
+
+#[test]
+fn s3cmd() {
+    run_suite("s3cmd_suite.sh");
+}

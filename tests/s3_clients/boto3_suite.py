@@ -1,0 +1,1256 @@
+#!/usr/bin/env python3
+"""The S3 API as boto3 sees it, with boto3's default configuration.
+
+Environment:
+  S3_ENDPOINT                       http://127.0.0.1:PORT
+  S3_ACCESS_KEY, S3_SECRET_KEY      a user
+  S3_ACCESS_KEY2, S3_SECRET_KEY2    optional: a second user (its checks are
+                                    skipped without one)
+
+The expectations are AWS S3's documented behaviour. Clients are built with
+nothing but the endpoint, the region and the credentials: boto3 addresses an
+IP endpoint path-style, and from 1.36 on it sends a CRC32 checksum with
+every upload and asks for checksums on downloads. Over plain HTTP it sends
+that checksum as a header; the checksum area also sends uploads the way
+boto3 sends them over HTTPS (aws-chunked, with the checksum as a trailer).
+
+Each area is one function with its own buckets. An area stops at its first
+failed check and the next area runs; the suite prints one line per check and
+exits 1 when any check failed, naming each failure at the end.
+"""
+
+import base64
+import datetime
+import hashlib
+import io
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+import zlib
+
+import boto3
+import botocore
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+ENDPOINT = os.environ["S3_ENDPOINT"].rstrip("/")
+ACCESS_KEY = os.environ["S3_ACCESS_KEY"]
+SECRET_KEY = os.environ["S3_SECRET_KEY"]
+ACCESS_KEY2 = os.environ.get("S3_ACCESS_KEY2")
+SECRET_KEY2 = os.environ.get("S3_SECRET_KEY2")
+REGION = "us-east-1"
+
+KiB = 1024
+MiB = 1024 * KiB
+# boto3's TransferConfig defaults: multipart from 8 MiB on, in 8 MiB parts.
+TRANSFER_CHUNK = 8 * MiB
+
+RUN = "%06x" % random.randrange(16**6)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+# --- checks -----------------------------------------------------------------
+
+
+LAST_OK = [""]
+
+
+def ok(what):
+    LAST_OK[0] = what
+    print(f"  ok    {what}", flush=True)
+
+
+def expect(condition, what, detail=""):
+    """One check: `what` holds, else the area fails with `detail`."""
+    if not condition:
+        raise CheckFailed(f"{what}: {detail}" if detail else what)
+    ok(what)
+
+
+def expect_equal(got, want, what):
+    expect(got == want, what, f"expected {want!r}, got {got!r}")
+
+
+def expect_error(what, code, status, call):
+    """One check: `call` fails with this S3 error code (None: any code) and
+    HTTP status. Returns the error."""
+    try:
+        result = call()
+    except ClientError as e:
+        got_code = e.response.get("Error", {}).get("Code")
+        got_status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if got_status != status or (code is not None and got_code != code):
+            want = f"{code} ({status})" if code else f"status {status}"
+            raise CheckFailed(f"{what}: expected {want}, got {got_code} ({got_status}): {e}") from None
+        ok(what)
+        return e
+    want = f"{code} ({status})" if code else f"status {status}"
+    status = result.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(result, dict) else None
+    raise CheckFailed(f"{what}: expected {want}, but it succeeded (status {status})")
+
+
+def short(value, limit=300):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# --- helpers ----------------------------------------------------------------
+
+
+def client(access_key=ACCESS_KEY, secret_key=SECRET_KEY):
+    """A client with boto3's default configuration."""
+    return boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+    )
+
+
+def anonymous_client():
+    """A client that signs nothing."""
+    return boto3.client("s3", endpoint_url=ENDPOINT, region_name=REGION, config=Config(signature_version=UNSIGNED))
+
+
+def data(size, seed):
+    return random.Random(seed).randbytes(size)
+
+
+def md5_hex(b):
+    return hashlib.md5(b).hexdigest()
+
+
+def etag_of(b):
+    """The ETag of a single PUT: the body's hex MD5, quoted."""
+    return f'"{md5_hex(b)}"'
+
+
+def multipart_etag(parts):
+    """The ETag of a completed multipart upload: the MD5 of the parts'
+    binary MD5s, then '-' and the number of parts, quoted."""
+    digests = b"".join(hashlib.md5(p).digest() for p in parts)
+    return f'"{hashlib.md5(digests).hexdigest()}-{len(parts)}"'
+
+
+def body_of(response):
+    return response["Body"].read()
+
+
+def keys_of(listing):
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def prefixes_of(listing):
+    return [p["Prefix"] for p in listing.get("CommonPrefixes", [])]
+
+
+def http_get(url, headers=None):
+    """A plain GET through urllib: (status, headers, body)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def http_put(url, body, content_type):
+    request = urllib.request.Request(url, data=body, method="PUT", headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def with_other_signature(url):
+    """The presigned `url` with one character of its signature changed."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    names = [k for k, _ in query if k in ("Signature", "X-Amz-Signature")]
+    assert names, f"no signature in {url}"
+    query = [(k, ("B" if v[0] == "A" else "A") + v[1:] if k in names else v) for k, v in query]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def error_code(xml_body):
+    """The <Code> of an S3 XML error body, or None."""
+    try:
+        return ET.fromstring(xml_body).findtext("Code")
+    except ET.ParseError:
+        return None
+
+
+class Buckets:
+    """Buckets an area creates, emptied and deleted when it ends."""
+
+    def __init__(self, area):
+        self.area = area.replace("_", "-")
+        self.made = []
+
+    def name(self, suffix=""):
+        return f"depot-t-{RUN}-{self.area}{'-' + suffix if suffix else ''}"
+
+    def create(self, s3, suffix="", **kwargs):
+        name = self.name(suffix)
+        s3.create_bucket(Bucket=name, **kwargs)
+        self.made.append((s3, name))
+        return name
+
+    def adopt(self, s3, name):
+        self.made.append((s3, name))
+
+    def clean(self):
+        for s3, name in reversed(self.made):
+            try:
+                empty_and_delete(s3, name)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ("NoSuchBucket", "404"):
+                    print(f"  note  could not remove bucket {name}: {e}", flush=True)
+            except Exception as e:  # the area already failed or passed
+                print(f"  note  could not remove bucket {name}: {e}", flush=True)
+
+
+def empty_and_delete(s3, bucket):
+    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+        for u in page.get("Uploads", []):
+            s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=o["Key"])
+    s3.delete_bucket(Bucket=bucket)
+
+
+# --- areas ------------------------------------------------------------------
+
+
+def area_buckets(s3, buckets):
+    bucket = buckets.create(s3)
+    ok(f"CreateBucket {bucket}")
+    head = s3.head_bucket(Bucket=bucket)
+    expect_equal(head["ResponseMetadata"]["HTTPStatusCode"], 200, "HeadBucket of the new bucket is 200")
+    names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    expect(bucket in names, "ListBuckets names the new bucket", short(names))
+    location = s3.get_bucket_location(Bucket=bucket)["LocationConstraint"]
+    expect(location in (None, ""), "GetBucketLocation of a us-east-1 bucket is empty", repr(location))
+    expect_error(
+        "CreateBucket of a bucket the caller owns is BucketAlreadyOwnedByYou",
+        "BucketAlreadyOwnedByYou",
+        409,
+        lambda: s3.create_bucket(Bucket=bucket),
+    )
+    invalid = f"Depot-T-{RUN}-Upper"
+    buckets.adopt(s3, invalid)  # removed at the end should it be created
+    expect_error(
+        "CreateBucket with an uppercase name is InvalidBucketName",
+        "InvalidBucketName",
+        400,
+        lambda: s3.create_bucket(Bucket=invalid),
+    )
+
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    expect_error(
+        "DeleteBucket of a bucket holding an object is BucketNotEmpty",
+        "BucketNotEmpty",
+        409,
+        lambda: s3.delete_bucket(Bucket=bucket),
+    )
+    s3.delete_object(Bucket=bucket, Key="k")
+    deleted = s3.delete_bucket(Bucket=bucket)
+    expect_equal(deleted["ResponseMetadata"]["HTTPStatusCode"], 204, "DeleteBucket of the emptied bucket is 204")
+    expect_error("HeadBucket of the deleted bucket is 404", None, 404, lambda: s3.head_bucket(Bucket=bucket))
+    names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    expect(bucket not in names, "ListBuckets no longer names it", short(names))
+    expect_error(
+        "DeleteBucket of a missing bucket is NoSuchBucket",
+        "NoSuchBucket",
+        404,
+        lambda: s3.delete_bucket(Bucket=bucket),
+    )
+    expect_error(
+        "ListObjectsV2 of a missing bucket is NoSuchBucket",
+        "NoSuchBucket",
+        404,
+        lambda: s3.list_objects_v2(Bucket=bucket),
+    )
+    expect_error(
+        "PutObject into a missing bucket is NoSuchBucket",
+        "NoSuchBucket",
+        404,
+        lambda: s3.put_object(Bucket=bucket, Key="k", Body=b"x"),
+    )
+
+
+def area_users(s3, buckets):
+    if not (ACCESS_KEY2 and SECRET_KEY2):
+        print("  skip  S3_ACCESS_KEY2/S3_SECRET_KEY2 not set: no second user", flush=True)
+        return
+    other = client(ACCESS_KEY2, SECRET_KEY2)
+    mine = buckets.create(s3, "one")
+    s3.put_object(Bucket=mine, Key="secret.txt", Body=b"user one's")
+    theirs = buckets.create(other, "two")
+    ok("each user creates a bucket")
+
+    names_one = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    names_two = [b["Name"] for b in other.list_buckets()["Buckets"]]
+    expect(
+        mine in names_one and theirs not in names_one, "ListBuckets of user 1 names its bucket only", short(names_one)
+    )
+    expect(
+        theirs in names_two and mine not in names_two, "ListBuckets of user 2 names its bucket only", short(names_two)
+    )
+
+    expect_error(
+        "CreateBucket of another user's bucket name is BucketAlreadyExists",
+        "BucketAlreadyExists",
+        409,
+        lambda: other.create_bucket(Bucket=mine),
+    )
+    expect_error("HeadBucket of another user's bucket is 403", None, 403, lambda: other.head_bucket(Bucket=mine))
+    expect_error(
+        "ListObjectsV2 in another user's bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: other.list_objects_v2(Bucket=mine),
+    )
+    expect_error(
+        "GetObject from another user's bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: other.get_object(Bucket=mine, Key="secret.txt"),
+    )
+    expect_error(
+        "PutObject into another user's bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: other.put_object(Bucket=mine, Key="intruder.txt", Body=b"x"),
+    )
+    expect_error(
+        "DeleteObject in another user's bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: other.delete_object(Bucket=mine, Key="secret.txt"),
+    )
+    expect_error(
+        "DeleteBucket of another user's bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: other.delete_bucket(Bucket=mine),
+    )
+    expect_equal(body_of(s3.get_object(Bucket=mine, Key="secret.txt")), b"user one's", "the owner's object is intact")
+    expect_equal(keys_of(s3.list_objects_v2(Bucket=mine)), ["secret.txt"], "nothing was added to the owner's bucket")
+
+
+def area_put(s3, buckets):
+    bucket = buckets.create(s3)
+    body = data(3000, 1)
+    put = s3.put_object(
+        Bucket=bucket,
+        Key="obj",
+        Body=body,
+        ContentType="text/plain; charset=utf-8",
+        Metadata={"color": "blue", "Mixed-Case": "Value 1"},
+    )
+    expect_equal(put["ETag"], etag_of(body), "PutObject answers the hex MD5 as ETag")
+
+    head = s3.head_object(Bucket=bucket, Key="obj")
+    expect_equal(head["ContentLength"], len(body), "HeadObject: Content-Length")
+    expect_equal(head["ContentType"], "text/plain; charset=utf-8", "HeadObject: Content-Type")
+    expect_equal(head["Metadata"], {"color": "blue", "mixed-case": "Value 1"}, "HeadObject: x-amz-meta-*")
+    expect_equal(head["ETag"], etag_of(body), "HeadObject: ETag")
+    age = abs((datetime.datetime.now(datetime.timezone.utc) - head["LastModified"]).total_seconds())
+    expect(age < 600, "HeadObject: Last-Modified is about now", str(head["LastModified"]))
+
+    got = s3.get_object(Bucket=bucket, Key="obj")
+    expect(body_of(got) == body, "GetObject returns the stored bytes")
+    expect_equal(got["Metadata"], {"color": "blue", "mixed-case": "Value 1"}, "GetObject: x-amz-meta-*")
+    expect_equal(got["ContentType"], "text/plain; charset=utf-8", "GetObject: Content-Type")
+
+    newer = data(2000, 2)
+    md5 = base64.b64encode(hashlib.md5(newer).digest()).decode()
+    s3.put_object(Bucket=bucket, Key="obj", Body=newer, ContentMD5=md5)
+    expect(body_of(s3.get_object(Bucket=bucket, Key="obj")) == newer, "PutObject with the right Content-MD5 overwrites")
+    wrong = base64.b64encode(hashlib.md5(b"something else").digest()).decode()
+    expect_error(
+        "PutObject with a wrong Content-MD5 is BadDigest",
+        "BadDigest",
+        400,
+        lambda: s3.put_object(Bucket=bucket, Key="obj", Body=body, ContentMD5=wrong),
+    )
+    expect_error(
+        "PutObject with a malformed Content-MD5 is InvalidDigest",
+        "InvalidDigest",
+        400,
+        lambda: s3.put_object(Bucket=bucket, Key="obj", Body=body, ContentMD5="not-an-md5"),
+    )
+    expect(body_of(s3.get_object(Bucket=bucket, Key="obj")) == newer, "a refused PutObject leaves the object as it was")
+
+    first = s3.put_object(Bucket=bucket, Key="once", Body=b"first", IfNoneMatch="*")
+    expect_equal(first["ETag"], etag_of(b"first"), "PutObject If-None-Match: * creates a new key")
+    expect_error(
+        "PutObject If-None-Match: * on an existing key is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: s3.put_object(Bucket=bucket, Key="once", Body=b"second", IfNoneMatch="*"),
+    )
+    expect_equal(body_of(s3.get_object(Bucket=bucket, Key="once")), b"first", "the key kept its first body")
+    s3.put_object(Bucket=bucket, Key="once", Body=b"third", IfMatch=etag_of(b"first"))
+    expect_equal(body_of(s3.get_object(Bucket=bucket, Key="once")), b"third", "PutObject If-Match: current ETag writes")
+    expect_error(
+        "PutObject If-Match: a stale ETag is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: s3.put_object(Bucket=bucket, Key="once", Body=b"fourth", IfMatch=etag_of(b"first")),
+    )
+    expect_error(
+        "PutObject If-Match on a missing key is NoSuchKey",
+        "NoSuchKey",
+        404,
+        lambda: s3.put_object(Bucket=bucket, Key="absent", Body=b"x", IfMatch=etag_of(b"x")),
+    )
+    expect_equal(body_of(s3.get_object(Bucket=bucket, Key="once")), b"third", "refused conditional PUTs wrote nothing")
+
+    empty = s3.put_object(Bucket=bucket, Key="empty", Body=b"")
+    expect_equal(empty["ETag"], '"d41d8cd98f00b204e9800998ecf8427e"', "an empty object's ETag is the MD5 of nothing")
+    got = s3.get_object(Bucket=bucket, Key="empty")
+    expect(got["ContentLength"] == 0 and body_of(got) == b"", "an empty object reads back empty")
+
+
+def area_get(s3, buckets):
+    bucket = buckets.create(s3)
+    body = data(10_000, 3)
+    etag = s3.put_object(Bucket=bucket, Key="obj", Body=body)["ETag"]
+
+    def get(**kwargs):
+        return s3.get_object(Bucket=bucket, Key="obj", **kwargs)
+
+    r = get(Range="bytes=100-199")
+    expect_equal(r["ResponseMetadata"]["HTTPStatusCode"], 206, "GetObject Range: status 206")
+    expect_equal(r["ContentRange"], "bytes 100-199/10000", "GetObject Range: Content-Range")
+    expect_equal(r["ContentLength"], 100, "GetObject Range: Content-Length")
+    expect(body_of(r) == body[100:200], "GetObject Range bytes=100-199 returns those bytes")
+    expect(body_of(get(Range="bytes=-300")) == body[-300:], "GetObject Range bytes=-300 returns the last 300")
+    expect(body_of(get(Range="bytes=9990-")) == body[9990:], "GetObject Range bytes=9990- returns the tail")
+    expect(body_of(get(Range="bytes=9990-20000")) == body[9990:], "a range past the end is cut at the end")
+    expect_error(
+        "GetObject Range starting past the end is InvalidRange",
+        "InvalidRange",
+        416,
+        lambda: get(Range="bytes=10000-"),
+    )
+
+    expect(body_of(get(IfMatch=etag)) == body, "GetObject If-Match: the ETag returns the object")
+    expect_error(
+        "GetObject If-Match: another ETag is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: get(IfMatch='"0123456789abcdef0123456789abcdef"'),
+    )
+    expect_error("GetObject If-None-Match: the ETag is 304", None, 304, lambda: get(IfNoneMatch=etag))
+    expect(body_of(get(IfNoneMatch='"0123456789abcdef0123456789abcdef"')) == body, "If-None-Match: another ETag is 200")
+
+    # Last-Modified is whole seconds; the object may be younger by a
+    # fraction. A second after it, and no later than now, is after it.
+    modified = s3.head_object(Bucket=bucket, Key="obj")["LastModified"]
+    after, day = modified + datetime.timedelta(seconds=1), datetime.timedelta(days=1)
+    time.sleep(max(0.0, (after - datetime.datetime.now(datetime.timezone.utc)).total_seconds() + 1))
+    expect_error("GetObject If-Modified-Since: a second after it is 304", None, 304, lambda: get(IfModifiedSince=after))
+    expect(body_of(get(IfModifiedSince=modified - day)) == body, "GetObject If-Modified-Since: a day before is 200")
+    expect_error(
+        "GetObject If-Unmodified-Since: a day before is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: get(IfUnmodifiedSince=modified - day),
+    )
+    expect(body_of(get(IfUnmodifiedSince=after)) == body, "GetObject If-Unmodified-Since: a second after it is 200")
+    expect(
+        body_of(get(IfMatch=etag, IfUnmodifiedSince=modified - day)) == body,
+        "If-Match true wins over If-Unmodified-Since false (200)",
+    )
+
+    r = get(
+        ResponseContentType="application/x-depot-test",
+        ResponseContentDisposition='attachment; filename="report.txt"',
+        ResponseCacheControl="no-cache",
+    )
+    expect_equal(r["ContentType"], "application/x-depot-test", "response-content-type overrides Content-Type")
+    expect_equal(
+        r.get("ContentDisposition"),
+        'attachment; filename="report.txt"',
+        "response-content-disposition sets Content-Disposition",
+    )
+    expect_equal(r.get("CacheControl"), "no-cache", "response-cache-control sets Cache-Control")
+
+    expect_error("HeadObject of a missing key is 404", None, 404, lambda: s3.head_object(Bucket=bucket, Key="absent"))
+    expect_error(
+        "GetObject of a missing key is NoSuchKey",
+        "NoSuchKey",
+        404,
+        lambda: s3.get_object(Bucket=bucket, Key="absent"),
+    )
+    expect_error(
+        "GetObject in a missing bucket is NoSuchBucket",
+        "NoSuchBucket",
+        404,
+        lambda: s3.get_object(Bucket=buckets.name("absent"), Key="obj"),
+    )
+
+
+def area_delete(s3, buckets):
+    bucket = buckets.create(s3)
+    for key in ["d1", "d2", "d3", "q1", "q2", "keep"]:
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    r = s3.delete_object(Bucket=bucket, Key="d1")
+    expect_equal(r["ResponseMetadata"]["HTTPStatusCode"], 204, "DeleteObject is 204")
+    expect_error("HeadObject after DeleteObject is 404", None, 404, lambda: s3.head_object(Bucket=bucket, Key="d1"))
+    r = s3.delete_object(Bucket=bucket, Key="never-was")
+    expect_equal(r["ResponseMetadata"]["HTTPStatusCode"], 204, "DeleteObject of a missing key is 204 too")
+
+    r = s3.delete_objects(
+        Bucket=bucket,
+        Delete={"Objects": [{"Key": "d2"}, {"Key": "d3"}, {"Key": "never-was"}]},
+    )
+    deleted = sorted(d["Key"] for d in r.get("Deleted", []))
+    expect_equal(deleted, ["d2", "d3", "never-was"], "DeleteObjects reports every key deleted, missing ones too")
+    expect_equal(r.get("Errors", []), [], "DeleteObjects reports no errors")
+    r = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "q1"}, {"Key": "q2"}], "Quiet": True})
+    expect_equal(r.get("Deleted", []), [], "DeleteObjects in Quiet mode lists nothing deleted")
+    expect_equal(r.get("Errors", []), [], "DeleteObjects in Quiet mode reports no errors")
+    expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket)), ["keep"], "only the kept key remains")
+
+
+def area_copy(s3, buckets):
+    bucket = buckets.create(s3)
+    other = buckets.create(s3, "dst")
+    body = data(50_000, 4)
+    src_etag = s3.put_object(
+        Bucket=bucket, Key="src/orig", Body=body, ContentType="text/x-orig", Metadata={"origin": "source"}
+    )["ETag"]
+    source = {"Bucket": bucket, "Key": "src/orig"}
+
+    r = s3.copy_object(Bucket=bucket, Key="dst/copy", CopySource=source)
+    expect_equal(r["CopyObjectResult"]["ETag"], src_etag, "CopyObject answers the source's ETag")
+    head = s3.head_object(Bucket=bucket, Key="dst/copy")
+    expect_equal(head["Metadata"], {"origin": "source"}, "CopyObject (COPY) keeps the metadata")
+    expect_equal(head["ContentType"], "text/x-orig", "CopyObject (COPY) keeps the Content-Type")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="dst/copy")) == body, "the copy holds the source's bytes")
+
+    s3.copy_object(
+        Bucket=bucket,
+        Key="dst/replaced",
+        CopySource=source,
+        MetadataDirective="REPLACE",
+        Metadata={"fresh": "yes"},
+        ContentType="application/x-new",
+    )
+    head = s3.head_object(Bucket=bucket, Key="dst/replaced")
+    expect_equal(head["Metadata"], {"fresh": "yes"}, "CopyObject (REPLACE) sets the new metadata only")
+    expect_equal(head["ContentType"], "application/x-new", "CopyObject (REPLACE) sets the new Content-Type")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="dst/replaced")) == body, "the replaced copy holds the bytes")
+
+    expect_error(
+        "CopyObject onto itself without REPLACE is InvalidRequest",
+        "InvalidRequest",
+        400,
+        lambda: s3.copy_object(Bucket=bucket, Key="src/orig", CopySource=source),
+    )
+    s3.copy_object(
+        Bucket=bucket, Key="src/orig", CopySource=source, MetadataDirective="REPLACE", Metadata={"origin": "updated"}
+    )
+    head = s3.head_object(Bucket=bucket, Key="src/orig")
+    expect_equal(head["Metadata"], {"origin": "updated"}, "CopyObject onto itself with REPLACE updates the metadata")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="src/orig")) == body, "... and keeps the bytes")
+
+    odd = "sp ace/ü+%&.txt"
+    s3.put_object(Bucket=bucket, Key=odd, Body=b"odd source")
+    s3.copy_object(Bucket=other, Key="from other bucket", CopySource={"Bucket": bucket, "Key": odd})
+    expect_equal(
+        body_of(s3.get_object(Bucket=other, Key="from other bucket")),
+        b"odd source",
+        "CopyObject across buckets, from a key that needs escaping",
+    )
+    expect_error(
+        "CopyObject of a missing source is NoSuchKey",
+        "NoSuchKey",
+        404,
+        lambda: s3.copy_object(Bucket=bucket, Key="x", CopySource={"Bucket": bucket, "Key": "absent"}),
+    )
+    expect_error(
+        "CopyObject x-amz-copy-source-if-match: another ETag is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: s3.copy_object(
+            Bucket=bucket, Key="x", CopySource=source, CopySourceIfMatch='"0123456789abcdef0123456789abcdef"'
+        ),
+    )
+
+
+LISTED = ["a/1", "a/2", "a/b/3", "b/1", "c", "d/e/f", "plus+sign", "sp ace", "ü"]
+
+
+def area_listing(s3, buckets):
+    bucket = buckets.create(s3)
+    empty = s3.list_objects_v2(Bucket=bucket)
+    expect(empty["KeyCount"] == 0 and "Contents" not in empty, "ListObjectsV2 of an empty bucket", short(empty))
+    for key in LISTED:
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode() * 3)
+    everything = sorted(LISTED)
+
+    r = s3.list_objects_v2(Bucket=bucket)
+    expect_equal(keys_of(r), everything, "ListObjectsV2 lists every key in UTF-8 order")
+    expect_equal(r["KeyCount"], len(LISTED), "ListObjectsV2: KeyCount")
+    expect_equal(r["IsTruncated"], False, "ListObjectsV2: not truncated")
+    wrong = [
+        o
+        for o in r["Contents"]
+        if o.get("Size") != len(o["Key"].encode() * 3)
+        or o.get("ETag") != etag_of(o["Key"].encode() * 3)
+        or "LastModified" not in o
+    ]
+    expect(not wrong, "ListObjectsV2: each entry's Size, ETag and LastModified", short(wrong))
+
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="a/")
+    expect_equal(keys_of(r), ["a/1", "a/2", "a/b/3"], "ListObjectsV2 Prefix=a/")
+    r = s3.list_objects_v2(Bucket=bucket, Delimiter="/")
+    expect_equal(keys_of(r), ["c", "plus+sign", "sp ace", "ü"], "ListObjectsV2 Delimiter=/: Contents")
+    expect_equal(prefixes_of(r), ["a/", "b/", "d/"], "ListObjectsV2 Delimiter=/: CommonPrefixes")
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="a/", Delimiter="/")
+    expect_equal((keys_of(r), prefixes_of(r)), (["a/1", "a/2"], ["a/b/"]), "ListObjectsV2 Prefix=a/ Delimiter=/")
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="zzz")
+    expect(r["KeyCount"] == 0 and not keys_of(r), "ListObjectsV2 with a prefix nothing has", short(r))
+
+    seen, pages, token = [], 0, None
+    while True:
+        kwargs = {"ContinuationToken": token} if token else {}
+        r = s3.list_objects_v2(Bucket=bucket, MaxKeys=2, **kwargs)
+        pages += 1
+        if len(keys_of(r)) > 2 or r["KeyCount"] != len(keys_of(r)):
+            raise CheckFailed(f"ListObjectsV2 MaxKeys=2 page {pages}: {short(r)}")
+        seen += keys_of(r)
+        if not r["IsTruncated"]:
+            break
+        token = r.get("NextContinuationToken")
+        if not token or pages > 20:
+            raise CheckFailed(f"ListObjectsV2 MaxKeys=2 page {pages} is truncated without a token: {short(r)}")
+    expect_equal(seen, everything, "ListObjectsV2 MaxKeys=2 with ContinuationToken walks every key once")
+    expect_equal(pages, 5, "... in 5 pages")
+
+    seen, token = [], None
+    for _ in range(10):
+        kwargs = {"ContinuationToken": token} if token else {}
+        r = s3.list_objects_v2(Bucket=bucket, MaxKeys=2, Delimiter="/", **kwargs)
+        entries = keys_of(r) + prefixes_of(r)
+        if len(entries) > 2:
+            raise CheckFailed(f"ListObjectsV2 MaxKeys=2 Delimiter=/ returned {entries}")
+        seen += entries
+        if not r["IsTruncated"]:
+            break
+        token = r["NextContinuationToken"]
+    want = ["a/", "b/", "c", "d/", "plus+sign", "sp ace", "ü"]
+    expect_equal(sorted(seen), want, "ListObjectsV2 MaxKeys=2 Delimiter=/ counts CommonPrefixes as keys")
+
+    r = s3.list_objects_v2(Bucket=bucket, StartAfter="b/1")
+    expect_equal(keys_of(r), [k for k in everything if k > "b/1"], "ListObjectsV2 StartAfter=b/1")
+
+    # botocore asks for encoding-type=url itself and decodes the answer; a
+    # caller that names EncodingType gets the keys as sent.
+    r = s3.list_objects_v2(Bucket=bucket, EncodingType="url")
+    expect_equal(r.get("EncodingType"), "url", "ListObjectsV2 EncodingType=url is echoed")
+    raw = keys_of(r)
+    expect(
+        all(k.isascii() and " " not in k for k in raw) and "plus+sign" not in raw,
+        "EncodingType=url escapes spaces, '+' and non-ASCII",
+        short(raw),
+    )
+    expect_equal([urllib.parse.unquote_plus(k) for k in raw], everything, "EncodingType=url keys decode to the keys")
+
+    r = s3.list_objects(Bucket=bucket)
+    expect_equal(keys_of(r), everything, "ListObjects (v1) lists every key")
+    r = s3.list_objects(Bucket=bucket, Marker="b/1")
+    expect_equal(keys_of(r), [k for k in everything if k > "b/1"], "ListObjects (v1) Marker=b/1")
+    seen, marker = [], ""
+    for _ in range(10):
+        r = s3.list_objects(Bucket=bucket, MaxKeys=4, Marker=marker)
+        seen += keys_of(r)
+        if not r["IsTruncated"]:
+            break
+        marker = keys_of(r)[-1]
+    expect_equal(seen, everything, "ListObjects (v1) MaxKeys=4 with Marker walks every key once")
+    r = s3.list_objects(Bucket=bucket, MaxKeys=2, Delimiter="/")
+    expect(
+        r["IsTruncated"] and r.get("NextMarker"),
+        "ListObjects (v1) truncated with a delimiter gives NextMarker",
+        short(r),
+    )
+
+    paged = [
+        k
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, PaginationConfig={"PageSize": 2})
+        for k in keys_of(page)
+    ]
+    expect_equal(paged, everything, "the ListObjectsV2 paginator (page size 2)")
+    paged = [
+        k
+        for page in s3.get_paginator("list_objects").paginate(Bucket=bucket, PaginationConfig={"PageSize": 3})
+        for k in keys_of(page)
+    ]
+    expect_equal(paged, everything, "the ListObjects paginator (page size 3)")
+
+    r = s3.list_object_versions(Bucket=bucket)
+    versions = r.get("Versions", [])
+    expect_equal([v["Key"] for v in versions], everything, "ListObjectVersions lists every key")
+    expect(
+        all(v["VersionId"] == "null" and v["IsLatest"] for v in versions),
+        "ListObjectVersions: VersionId 'null', IsLatest",
+        short(versions),
+    )
+    expect_equal(r.get("DeleteMarkers", []), [], "ListObjectVersions: no delete markers")
+    r = s3.list_object_versions(Bucket=bucket, Prefix="a/")
+    expect_equal([v["Key"] for v in r.get("Versions", [])], ["a/1", "a/2", "a/b/3"], "ListObjectVersions Prefix=a/")
+
+
+def area_multipart(s3, buckets):
+    bucket = buckets.create(s3)
+    source = data(6 * MiB, 5)
+    s3.put_object(Bucket=bucket, Key="mp/source", Body=source)
+    key = "mp/object"
+
+    created = s3.create_multipart_upload(
+        Bucket=bucket, Key=key, ContentType="application/x-parts", Metadata={"kind": "multipart"}
+    )
+    upload = created["UploadId"]
+    expect(bool(upload), "CreateMultipartUpload answers an UploadId")
+
+    part1 = data(5 * MiB, 6)
+    r1 = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=part1)
+    expect_equal(r1["ETag"], etag_of(part1), "UploadPart answers the part's MD5 as ETag")
+    part2 = source[100 : 100 + 5 * MiB]
+    r2 = s3.upload_part_copy(
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload,
+        PartNumber=2,
+        CopySource={"Bucket": bucket, "Key": "mp/source"},
+        CopySourceRange=f"bytes=100-{100 + 5 * MiB - 1}",
+    )
+    expect_equal(r2["CopyPartResult"]["ETag"], etag_of(part2), "UploadPartCopy with CopySourceRange: the range's MD5")
+    part3 = data(1234, 7)
+    r3 = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=3, Body=part3)
+    parts = [part1, part2, part3]
+
+    listed = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload)
+    expect_equal(
+        [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed.get("Parts", [])],
+        [(i + 1, len(p), etag_of(p)) for i, p in enumerate(parts)],
+        "ListParts: numbers, sizes and ETags",
+    )
+    uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    expect(
+        any(u["UploadId"] == upload and u["Key"] == key for u in uploads),
+        "ListMultipartUploads names the upload",
+        short(uploads),
+    )
+    uploads = s3.list_multipart_uploads(Bucket=bucket, Prefix="other/").get("Uploads", [])
+    expect_equal(uploads, [], "ListMultipartUploads with another prefix names nothing")
+
+    etags = [r1["ETag"], r2["CopyPartResult"]["ETag"], r3["ETag"]]
+    completion = {"Parts": [{"PartNumber": n, "ETag": etags[n - 1]} for n in (1, 2, 3)]}
+    expect_error(
+        "CompleteMultipartUpload with parts out of order is InvalidPartOrder",
+        "InvalidPartOrder",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload,
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n - 1]} for n in (2, 1, 3)]},
+        ),
+    )
+    done = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=completion)
+    expect_equal(done["ETag"], multipart_etag(parts), "CompleteMultipartUpload: ETag is md5(part md5s)-3")
+    got = s3.get_object(Bucket=bucket, Key=key)
+    expect(body_of(got) == b"".join(parts), "the completed object is the parts in order")
+    expect_equal(got["ETag"], multipart_etag(parts), "GetObject: the multipart ETag")
+    expect_equal(got["ContentType"], "application/x-parts", "the Content-Type given at creation")
+    expect_equal(got["Metadata"], {"kind": "multipart"}, "the metadata given at creation")
+    uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    expect(all(u["UploadId"] != upload for u in uploads), "a completed upload is no longer listed", short(uploads))
+    again = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=completion)
+    expect_equal(again["ETag"], multipart_etag(parts), "completing the same upload again succeeds")
+
+    small = s3.create_multipart_upload(Bucket=bucket, Key="mp/small")["UploadId"]
+    s1 = s3.upload_part(Bucket=bucket, Key="mp/small", UploadId=small, PartNumber=1, Body=data(1 * MiB, 8))
+    s2 = s3.upload_part(Bucket=bucket, Key="mp/small", UploadId=small, PartNumber=2, Body=data(1 * KiB, 9))
+    expect_error(
+        "CompleteMultipartUpload with a part under 5 MiB before the last is EntityTooSmall",
+        "EntityTooSmall",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="mp/small",
+            UploadId=small,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": s1["ETag"]}, {"PartNumber": 2, "ETag": s2["ETag"]}]},
+        ),
+    )
+    expect_error(
+        "CompleteMultipartUpload with a wrong part ETag is InvalidPart",
+        "InvalidPart",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="mp/small",
+            UploadId=small,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"0123456789abcdef0123456789abcdef"'}]},
+        ),
+    )
+    expect_error(
+        "CompleteMultipartUpload naming a part never uploaded is InvalidPart",
+        "InvalidPart",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="mp/small",
+            UploadId=small,
+            MultipartUpload={"Parts": [{"PartNumber": 7, "ETag": s1["ETag"]}]},
+        ),
+    )
+    expect_error(
+        "the refused completions stored nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="mp/small")
+    )
+    one = s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key="mp/small",
+        UploadId=small,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": s1["ETag"]}]},
+    )
+    expect_equal(one["ETag"], multipart_etag([data(1 * MiB, 8)]), "a single small (last) part completes: ETag -1")
+
+    aborted = s3.create_multipart_upload(Bucket=bucket, Key="mp/aborted")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="mp/aborted", UploadId=aborted, PartNumber=1, Body=b"x" * 100)
+    r = s3.abort_multipart_upload(Bucket=bucket, Key="mp/aborted", UploadId=aborted)
+    expect_equal(r["ResponseMetadata"]["HTTPStatusCode"], 204, "AbortMultipartUpload is 204")
+    expect_error(
+        "ListParts of an aborted upload is NoSuchUpload",
+        "NoSuchUpload",
+        404,
+        lambda: s3.list_parts(Bucket=bucket, Key="mp/aborted", UploadId=aborted),
+    )
+    expect_error(
+        "UploadPart to an aborted upload is NoSuchUpload",
+        "NoSuchUpload",
+        404,
+        lambda: s3.upload_part(Bucket=bucket, Key="mp/aborted", UploadId=aborted, PartNumber=2, Body=b"y"),
+    )
+    expect_error(
+        "CompleteMultipartUpload of an aborted upload is NoSuchUpload",
+        "NoSuchUpload",
+        404,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="mp/aborted",
+            UploadId=aborted,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag_of(b"x" * 100)}]},
+        ),
+    )
+    expect_error(
+        "the aborted upload left no object",
+        None,
+        404,
+        lambda: s3.head_object(Bucket=bucket, Key="mp/aborted"),
+    )
+
+
+def area_transfer(s3, buckets):
+    bucket = buckets.create(s3)
+    size = 100 * MiB
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "up.bin")
+        sha, part_md5s, rng = hashlib.sha256(), b"", random.Random(10)
+        with open(path, "wb") as f:
+            for offset in range(0, size, TRANSFER_CHUNK):
+                chunk = rng.randbytes(min(TRANSFER_CHUNK, size - offset))
+                sha.update(chunk)
+                part_md5s += hashlib.md5(chunk).digest()
+                f.write(chunk)
+        parts = -(-size // TRANSFER_CHUNK)
+        want_etag = f'"{hashlib.md5(part_md5s).hexdigest()}-{parts}"'
+        started = time.monotonic()
+        s3.upload_file(path, bucket, "big/100MiB.bin")
+        ok(f"upload_file of 100 MiB (TransferConfig defaults) in {time.monotonic() - started:.1f} s")
+        head = s3.head_object(Bucket=bucket, Key="big/100MiB.bin")
+        expect_equal(head["ContentLength"], size, "the uploaded object's size")
+        expect_equal(head["ETag"], want_etag, "its ETag: a multipart upload of 8 MiB parts (md5 of md5s -13)")
+
+        back = os.path.join(tmp, "down.bin")
+        started = time.monotonic()
+        s3.download_file(bucket, "big/100MiB.bin", back)
+        ok(f"download_file of 100 MiB (ranged GETs) in {time.monotonic() - started:.1f} s")
+        got = hashlib.sha256()
+        with open(back, "rb") as f:
+            for block in iter(lambda: f.read(MiB), b""):
+                got.update(block)
+        expect_equal(got.hexdigest(), sha.hexdigest(), "the downloaded file's SHA-256")
+
+    body = data(20 * MiB + 17, 11)
+    s3.upload_fileobj(io.BytesIO(body), bucket, "big/20MiB.bin")
+    sink = io.BytesIO()
+    s3.download_fileobj(bucket, "big/20MiB.bin", sink)
+    expect(sink.getvalue() == body, "upload_fileobj then download_fileobj of 20 MiB")
+    chunks = [body[i : i + TRANSFER_CHUNK] for i in range(0, len(body), TRANSFER_CHUNK)]
+    expect_equal(s3.head_object(Bucket=bucket, Key="big/20MiB.bin")["ETag"], multipart_etag(chunks), "its ETag (-3)")
+
+
+def area_presign(s3, buckets):
+    bucket = buckets.create(s3)
+    key = "pre/signed file ü.txt"
+    body = data(5000, 12)
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=300)
+    status, _, got = http_get(url)
+    expect(status == 200 and got == body, "a presigned GET URL works through urllib", f"status {status}")
+    status, _, got = http_get(with_other_signature(url))
+    expect(
+        status == 403 and error_code(got) == "SignatureDoesNotMatch",
+        "a presigned URL with a changed signature is SignatureDoesNotMatch",
+        f"status {status}: {got[:300]!r}",
+    )
+
+    # boto3's presigned URLs are signed with SigV2 by default (query
+    # parameters AWSAccessKeyId, Expires, Signature), which signs the
+    # Content-Type too.
+    params = {"Bucket": bucket, "Key": "pre/put", "ContentType": "text/plain"}
+    put_url = s3.generate_presigned_url("put_object", Params=params, ExpiresIn=300)
+    status, answer = http_put(put_url, b"put through a presigned URL", "text/plain")
+    expect(status == 200, "a presigned PUT URL works through urllib", f"status {status}: {answer[:300]!r}")
+    expect_equal(
+        body_of(s3.get_object(Bucket=bucket, Key="pre/put")), b"put through a presigned URL", "... and stored the body"
+    )
+
+    # The signature boto3 users configure most often, and the one AWS
+    # requires outside its oldest regions.
+    v4 = boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(signature_version="s3v4"),
+    )
+    url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=300)
+    expect("X-Amz-Signature=" in url, "(signature_version s3v4 presigns with SigV4)", url)
+    status, _, got = http_get(url)
+    expect(status == 200 and got == body, "a SigV4 presigned GET URL works through urllib", f"status {status}")
+    status, _, got = http_get(with_other_signature(url))
+    expect(
+        status == 403 and error_code(got) == "SignatureDoesNotMatch",
+        "a SigV4 presigned URL with a changed signature is SignatureDoesNotMatch",
+        f"status {status}: {got[:300]!r}",
+    )
+
+    expiring = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=1)
+    time.sleep(2)
+    status, _, got = http_get(expiring)
+    expect(
+        status == 403 and error_code(got) == "AccessDenied",
+        "an expired presigned URL is 403 AccessDenied",
+        f"status {status}: {got[:300]!r}",
+    )
+
+
+def area_auth(s3, buckets):
+    private = buckets.create(s3, "private")
+    s3.put_object(Bucket=private, Key="obj", Body=b"private bytes")
+
+    wrong_secret = client(ACCESS_KEY, SECRET_KEY + "-wrong")
+    expect_error(
+        "a wrong secret is SignatureDoesNotMatch (ListBuckets)",
+        "SignatureDoesNotMatch",
+        403,
+        lambda: wrong_secret.list_buckets(),
+    )
+    expect_error(
+        "a wrong secret is SignatureDoesNotMatch (PutObject)",
+        "SignatureDoesNotMatch",
+        403,
+        lambda: wrong_secret.put_object(Bucket=private, Key="forged", Body=b"x"),
+    )
+    unknown = client("DEPOTNOSUCHACCESSKEY", SECRET_KEY)
+    expect_error(
+        "an unknown access key is InvalidAccessKeyId",
+        "InvalidAccessKeyId",
+        403,
+        lambda: unknown.get_object(Bucket=private, Key="obj"),
+    )
+
+    anon = anonymous_client()
+    expect_error(
+        "anonymous GetObject in a private bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: anon.get_object(Bucket=private, Key="obj"),
+    )
+    expect_error(
+        "anonymous ListObjectsV2 of a private bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: anon.list_objects_v2(Bucket=private),
+    )
+    expect_error(
+        "anonymous PutObject into a private bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: anon.put_object(Bucket=private, Key="anon", Body=b"x"),
+    )
+    expect_error("anonymous ListBuckets is AccessDenied", "AccessDenied", 403, lambda: anon.list_buckets())
+
+    public = buckets.create(s3, "public", ACL="public-read")
+    s3.put_object(Bucket=public, Key="shared/obj", Body=b"public bytes")
+    expect_equal(
+        body_of(anon.get_object(Bucket=public, Key="shared/obj")),
+        b"public bytes",
+        "anonymous GetObject in a bucket created public-read",
+    )
+    expect_equal(
+        keys_of(anon.list_objects_v2(Bucket=public)),
+        ["shared/obj"],
+        "anonymous ListObjectsV2 of the public-read bucket",
+    )
+    expect_error(
+        "anonymous PutObject into a public-read bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: anon.put_object(Bucket=public, Key="anon", Body=b"x"),
+    )
+    expect_error(
+        "anonymous DeleteObject in a public-read bucket is AccessDenied",
+        "AccessDenied",
+        403,
+        lambda: anon.delete_object(Bucket=public, Key="shared/obj"),
+    )
+    expect_equal(keys_of(s3.list_objects_v2(Bucket=public)), ["shared/obj"], "the public bucket is unchanged")
+
+    s3.put_bucket_acl(Bucket=private, ACL="public-read")
+    expect_equal(
+        body_of(anon.get_object(Bucket=private, Key="obj")),
+        b"private bytes",
+        "after PutBucketAcl public-read, anonymous GetObject works",
+    )
+    expect_equal(keys_of(anon.list_objects_v2(Bucket=private)), ["obj"], "... and anonymous ListObjectsV2")
+    s3.put_bucket_acl(Bucket=private, ACL="private")
+    expect_error(
+        "after PutBucketAcl private, anonymous GetObject is AccessDenied again",
+        "AccessDenied",
+        403,
+        lambda: anon.get_object(Bucket=private, Key="obj"),
+    )
+
+
+def area_native(s3, buckets):
+    """Objects written through S3 read back through depot's own HTTP API."""
+    bucket = buckets.create(s3)
+    for key, body in [("native/plain.bin", data(70_000, 13)), ("native/sp ace ü+.txt", b"through the native API")]:
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+        url = f"{ENDPOINT}/{bucket}/{urllib.parse.quote(key, safe='/')}"
+        status, _, got = http_get(url, {"Authorization": f"Bearer {SECRET_KEY}"})
+        expect(status == 200 and got == body, f"native GET of {key!r} with a Bearer token", f"status {status}")
+
+
+EDGE_KEYS = {
+    "control characters": "ctl-\x01\x02\x1b\x1f\x7f-\t-\r\n-end",
+    "emoji and other non-ASCII": "emoji-🎉📦-ü-中文",
+    "'..'": "..",
+    "'../x'": "../x",
+    "'a//b'": "a//b",
+    "a leading slash": "/leading",
+    "a trailing slash": "folder/",
+    "spaces, percent, plus": "sp ace %20 %41 plus+ &=?#;,",
+    "1024 bytes": "long/" + "k" * 1019,
+}
+
+
+def area_keys(s3, buckets):
+    bucket = buckets.create(s3)
+    failed = []  # every key is tried, then the area fails naming the keys that did
+    for what, key in EDGE_KEYS.items():
+        body = ("body of " + key).encode()
+        try:
+            s3.put_object(Bucket=bucket, Key=key, Body=body)
+            head = s3.head_object(Bucket=bucket, Key=key)
+            got = body_of(s3.get_object(Bucket=bucket, Key=key))
+            listed = keys_of(s3.list_objects_v2(Bucket=bucket, Prefix=key))
+            if head["ContentLength"] != len(body) or got != body or key not in listed:
+                raise CheckFailed(f"length {head['ContentLength']}, listed {short(listed)}")
+            ok(f"a key with {what}: PUT, HEAD, GET and listed by prefix")
+        except (CheckFailed, ClientError) as e:
+            print(f"  FAIL  a key with {what} ({key!r}): {e}", flush=True)
+            failed.append(what)
+    if failed:
+        raise CheckFailed(f"keys with {', '.join(failed)} failed (see above)")
+    expect_equal(len("long/" + "k" * 1019), 1024, "(the long key is 1024 bytes)")
+    everything = keys_of(s3.list_objects_v2(Bucket=bucket))
+    expect_equal(everything, sorted(EDGE_KEYS.values()), "ListObjectsV2 lists every odd key exactly")
+
+    too_long = "long/" + "k" * 1020
+    expect_error(
+        "a 1025-byte key is refused (400)",
+        None,
+        400,
+        lambda: s3.put_object(Bucket=bucket, Key=too_long, Body=b"x"),
+    )
+    expect(too_long not in keys_of(s3.list_objects_v2(Bucket=bucket)), "the 1025-byte key was not stored")
+
+    for key in EDGE_KEYS.values():
+        s3.delete_object(Bucket=bucket, Key=key)
+    expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket)), [], "DeleteObject removes every odd key")
+
+
+def crc32_b64(b):
+    return base64.b64encode(zlib.crc32(b).to_bytes(4, "big")).decode()
+
+
+def area_checksums(s3, buckets):
+    bucket = buckets.create(s3)
+    body = data(300_000, 14)
+    s3.put_object(Bucket=bucket, Key="header", Body=body, ChecksumCRC32=crc32_b64(body))
+    expect(body_of(s3.get_object(Bucket=bucket, Key="header")) == body, "PutObject with the right x-amz-checksum-crc32")
+    expect_error(
+        "PutObject with a wrong x-amz-checksum-crc32 is BadDigest",
+        "BadDigest",
+        400,
+        lambda: s3.put_object(Bucket=bucket, Key="header", Body=data(1000, 15), ChecksumCRC32=crc32_b64(b"other")),
+    )
+    expect(body_of(s3.get_object(Bucket=bucket, Key="header")) == body, "the refused upload changed nothing")
+
+    # What boto3 sends over HTTPS by default: Content-Encoding aws-chunked,
+    # x-amz-content-sha256 STREAMING-UNSIGNED-PAYLOAD-TRAILER, and the CRC32
+    # in a trailer. boto3 keeps that to TLS; here it is asked for explicitly.
+    chunked = client()
+    chunked.meta.events.register("before-call.s3.PutObject", checksum_in_trailer)
+    chunked.meta.events.register("before-call.s3.UploadPart", checksum_in_trailer)
+    body = data(3 * MiB + 5, 16)  # several 1 MiB aws-chunked chunks
+    r = chunked.put_object(Bucket=bucket, Key="trailer", Body=body)
+    expect_equal(r["ETag"], etag_of(body), "aws-chunked PutObject with a CRC32 trailer: ETag of the decoded body")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="trailer")) == body, "... and the decoded body is stored")
+
+    upload = chunked.create_multipart_upload(Bucket=bucket, Key="trailer-mp", ChecksumAlgorithm="CRC32")["UploadId"]
+    parts = [data(5 * MiB, 17), data(1000, 18)]
+    done = [
+        chunked.upload_part(Bucket=bucket, Key="trailer-mp", UploadId=upload, PartNumber=i + 1, Body=p)
+        for i, p in enumerate(parts)
+    ]
+    expect_equal(
+        [d["ETag"] for d in done], [etag_of(p) for p in parts], "aws-chunked UploadPart: ETags of the decoded parts"
+    )
+    chunked.complete_multipart_upload(
+        Bucket=bucket,
+        Key="trailer-mp",
+        UploadId=upload,
+        MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
+    )
+    expect(body_of(s3.get_object(Bucket=bucket, Key="trailer-mp")) == b"".join(parts), "... and the completed object")
+
+    lying = client()
+    lying.meta.events.register("before-call.s3.PutObject", checksum_in_trailer)
+    lying.meta.events.register("before-sign.s3.PutObject", wrong_trailer)
+    expect_error(
+        "aws-chunked PutObject whose trailing CRC32 is wrong is BadDigest",
+        "BadDigest",
+        400,
+        lambda: lying.put_object(Bucket=bucket, Key="lied", Body=data(2 * MiB, 19)),
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="lied"))
+
+
+def completed_part(number, uploaded):
+    """A part for CompleteMultipartUpload, with its checksum when UploadPart
+    answered one (as s3transfer does)."""
+    part = {"PartNumber": number, "ETag": uploaded["ETag"]}
+    if "ChecksumCRC32" in uploaded:
+        part["ChecksumCRC32"] = uploaded["ChecksumCRC32"]
+    return part
+
+
+def checksum_in_trailer(params, **_):
+    """before-call hook: the checksum goes in a trailer, as over HTTPS."""
+    algorithm = params["context"].get("checksum", {}).get("request_algorithm")
+    if not isinstance(algorithm, dict):
+        raise CheckFailed(f"boto3 planned no checksum for this upload: {params['context'].get('checksum')}")
+    algorithm["in"] = "trailer"
+
+
+class WrongCrc32(botocore.httpchecksum.Crc32Checksum):
+    def b64digest(self):
+        return crc32_b64(b"not the body")
+
+
+def wrong_trailer(request, **_):
+    """before-sign hook: the aws-chunked body ends with a wrong CRC32."""
+    body = request.body
+    if not isinstance(body, botocore.httpchecksum.AwsChunkedWrapper):
+        raise CheckFailed(f"expected an aws-chunked body, got {type(body).__name__}")
+    body._checksum_cls = WrongCrc32
+    body._reset()
+
+
+AREAS = [
+    area_buckets,
+    area_users,
+    area_put,
+    area_get,
+    area_delete,
+    area_copy,
+    area_listing,
+    area_multipart,
+    area_transfer,
+    area_presign,
+    area_auth,
+    area_keys,
+    area_checksums,
+    area_native,
+]
+
+
+def main():
+    print(f"boto3 {boto3.__version__}, botocore {botocore.__version__}, endpoint {ENDPOINT}", flush=True)
+    s3 = client()
+    failures = []
+    for area in AREAS:
+        name = area.__name__.removeprefix("area_")
+        print(f"== {name}", flush=True)
+        buckets = Buckets(name)
+        LAST_OK[0] = ""
+        try:
+            area(s3, buckets)
+        except CheckFailed as e:
+            print(f"  FAIL  {e}", flush=True)
+            failures.append(f"{name}: {e}")
+        except Exception as e:  # a step that must work did not
+            after = f" (after the check {LAST_OK[0]!r})" if LAST_OK[0] else ""
+            print(f"  FAIL  unexpected {type(e).__name__}{after}: {e}", flush=True)
+            traceback.print_exc(file=sys.stdout)
+            failures.append(f"{name}: unexpected {type(e).__name__}{after}: {e}")
+        finally:
+            buckets.clean()
+    if failures:
+        print(f"\n{len(failures)} of {len(AREAS)} areas failed:")
+        for f in failures:
+            print(f"  {f}")
+        sys.exit(1)
+    print(f"\nall {len(AREAS)} areas passed")
+
+
+if __name__ == "__main__":
+    main()
