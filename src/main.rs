@@ -4,8 +4,15 @@
 use clap::Parser;
 
 fn main() {
+    // The S3 protocol layer logs every client error (a 404 included) as an
+    // error; depot logs the failures that are its own, so that layer stays
+    // quiet unless DEPOT_LOG names it.
+    let mut filter = std::env::var("DEPOT_LOG").unwrap_or_else(|_| "info".into());
+    if !filter.contains("s3s") {
+        filter.push_str(",s3s=off");
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("DEPOT_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info,s3s=off".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -175,13 +175,22 @@ def http_put(url, body, content_type):
         return e.code, e.read()
 
 
+def other_first(signature):
+    """`signature` with its first character changed, in its own alphabet
+    (hex for SigV4, base64 for SigV2), so it stays well-formed."""
+    first = signature[0]
+    if first in "0123456789abcdef":
+        return ("1" if first == "0" else "0") + signature[1:]
+    return ("B" if first == "A" else "A") + signature[1:]
+
+
 def with_other_signature(url):
     """The presigned `url` with one character of its signature changed."""
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     names = [k for k, _ in query if k in ("Signature", "X-Amz-Signature")]
     assert names, f"no signature in {url}"
-    query = [(k, ("B" if v[0] == "A" else "A") + v[1:] if k in names else v) for k, v in query]
+    query = [(k, other_first(v) if k in names else v) for k, v in query]
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 

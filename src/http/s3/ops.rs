@@ -333,6 +333,10 @@ impl S3 for DepotS3 {
         };
         let (bucket, key) = (input.bucket.clone(), input.key.clone());
         let store = &self.store;
+        if input.if_match.is_some() {
+            // S3 answers If-Match on a missing key with NoSuchKey, not 412.
+            store.head(&bucket, &key).await.map_err(to_s3)?;
+        }
         let (put, checksum) =
             upload(&req, body, opts, |body, opts| async move { store.put(&bucket, &key, body, opts).await }).await?;
         let checksum = checksum.unwrap_or_default();
