@@ -26,9 +26,13 @@ const TIMEOUT: Duration = Duration::from_secs(900);
 /// The suites move hundreds of megabytes each: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// The domain of virtual-host style requests, for the suite that uses it.
+const DOMAIN: &str = "s3.depot.test";
+
 /// Runs `tests/s3_clients/<suite>` (Python in the clients' venv, or bash)
-/// against a fresh server and fails with its output unless it passes.
-fn run_suite(suite: &str) {
+/// against a fresh server started with `extra` flags too, and fails with
+/// its output unless it passes.
+fn run_suite(suite: &str, extra: &[&str]) {
     let clients = std::env::var("DEPOT_TEST_S3_CLIENTS").unwrap_or_default();
     assert!(
         !clients.is_empty(),
@@ -43,14 +47,10 @@ fn run_suite(suite: &str) {
     let settings = dir.path().join("depot.toml");
     let second_user = format!("[[credentials]]\naccess_key = \"{ACCESS_KEY2}\"\nsecret_key = \"{SECRET_KEY2}\"\n");
     std::fs::write(&settings, second_user).unwrap();
-    let server = Server::start(&[
-        "--access-key",
-        ACCESS_KEY,
-        "--secret-key",
-        SECRET_KEY,
-        "--config",
-        settings.to_str().unwrap(),
-    ]);
+    let mut flags =
+        vec!["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, "--config", settings.to_str().unwrap()];
+    flags.extend_from_slice(extra);
+    let server = Server::start(&flags);
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3_clients").join(suite);
     let mut cmd = if suite.ends_with(".py") { Command::new(venv_bin.join("python")) } else { Command::new("bash") };
@@ -73,6 +73,7 @@ fn run_suite(suite: &str) {
         .env("S3_SECRET_KEY", SECRET_KEY)
         .env("S3_ACCESS_KEY2", ACCESS_KEY2)
         .env("S3_SECRET_KEY2", SECRET_KEY2)
+        .env("S3_DOMAIN", DOMAIN)
         .stdin(Stdio::null())
         .stdout(output.try_clone().unwrap())
         .stderr(output)
@@ -110,20 +111,25 @@ fn run_suite(suite: &str) {
 
 #[test]
 fn boto3_with_its_default_configuration() {
-    run_suite("boto3_suite.py");
+    run_suite("boto3_suite.py", &[]);
 }
 
 #[test]
 fn the_aws_cli() {
-    run_suite("awscli_suite.sh");
+    run_suite("awscli_suite.sh", &[]);
 }
 
 #[test]
 fn rclone() {
-    run_suite("rclone_suite.sh");
+    run_suite("rclone_suite.sh", &[]);
 }
 
 #[test]
 fn s3cmd() {
-    run_suite("s3cmd_suite.sh");
+    run_suite("s3cmd_suite.sh", &[]);
+}
+
+#[test]
+fn virtual_host_style_under_s3_domain() {
+    run_suite("virtual_host.py", &["--s3-domain", DOMAIN]);
 }
