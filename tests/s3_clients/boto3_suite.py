@@ -22,6 +22,8 @@ exits 1 when any check failed, naming each failure at the end.
 import base64
 import datetime
 import hashlib
+import hmac
+import http.client
 import io
 import os
 import random
@@ -1214,6 +1216,133 @@ def wrong_trailer(request, **_):
     body._reset()
 
 
+# ----- SigV4 by hand: what boto3 never sends over HTTP -----
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+STREAMING = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+
+
+def hmac_sha256(key, text):
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+def signing_key(day):
+    key = hmac_sha256(("AWS4" + SECRET_KEY).encode(), day)
+    for part in (REGION, "s3", "aws4_request"):
+        key = hmac_sha256(key, part)
+    return key
+
+
+def signed_put(path, body, payload_hash, at, headers=None):
+    """PUT `body` (bytes as sent) to `path`, signed with SigV4 at time `at`
+    with x-amz-content-sha256 = `payload_hash`. Returns (status, body,
+    seed signature, signing key, amz date, scope)."""
+    amz_date = at.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    scope = f"{day}/{REGION}/s3/aws4_request"
+    host = urllib.parse.urlsplit(ENDPOINT).netloc
+    headers = dict(headers or {})
+    headers.update({"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date})
+    names = sorted(h.lower() for h in headers)
+    canonical_headers = "".join(f"{n}:{headers[n].strip()}\n" for n in names)
+    canonical = "\n".join(
+        ["PUT", urllib.parse.quote(path, safe="/~"), "", canonical_headers, ";".join(names), payload_hash]
+    )
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = signing_key(day)
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/{scope}, SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
+    return signature, key, amz_date, scope, headers
+
+
+def send_put(path, body, headers):
+    parts = urllib.parse.urlsplit(ENDPOINT)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.request("PUT", urllib.parse.quote(path, safe="/~"), body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def aws_chunked(body, seed, key, amz_date, scope, chunk=64 * 1024, tamper=False):
+    """`body` framed as signed aws-chunked: each chunk signed over the one
+    before (STREAMING-AWS4-HMAC-SHA256-PAYLOAD)."""
+    out, previous = [], seed
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] + [b""]
+    for i, piece in enumerate(pieces):
+        to_sign = "\n".join(
+            ["AWS4-HMAC-SHA256-PAYLOAD", amz_date, scope, previous, EMPTY_SHA256, hashlib.sha256(piece).hexdigest()]
+        )
+        previous = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        if tamper and i == 1:
+            piece = bytes([piece[0] ^ 1]) + piece[1:]
+        out.append(f"{len(piece):x};chunk-signature={previous}\r\n".encode() + piece + b"\r\n")
+    return b"".join(out)
+
+
+def area_signing(s3, buckets):
+    bucket = buckets.create(s3)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    body = data(200_000, 20)
+    chunked_headers = {"content-encoding": "aws-chunked", "x-amz-decoded-content-length": str(len(body))}
+    seed, key, amz_date, scope, headers = signed_put(f"/{bucket}/chunked", None, STREAMING, now, chunked_headers)
+    status, said = send_put(f"/{bucket}/chunked", aws_chunked(body, seed, key, amz_date, scope), headers)
+    expect(status == 200, "PutObject with a chunk-signed aws-chunked body", f"status {status}: {short(said)}")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="chunked")) == body, "... stores the decoded body")
+
+    seed, key, amz_date, scope, headers = signed_put(f"/{bucket}/tampered", None, STREAMING, now, chunked_headers)
+    framed = aws_chunked(body, seed, key, amz_date, scope, tamper=True)
+    status, said = send_put(f"/{bucket}/tampered", framed, headers)
+    expect(
+        status == 403 and error_code(said) == "SignatureDoesNotMatch",
+        "a chunk changed after signing is SignatureDoesNotMatch",
+        f"status {status}: {short(said)}",
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="tampered"))
+
+    declared = hashlib.sha256(b"some other body").hexdigest()
+    *_, headers = signed_put(f"/{bucket}/mismatch", body, declared, now)
+    status, said = send_put(f"/{bucket}/mismatch", body, headers)
+    expect(
+        status == 400 and error_code(said) == "XAmzContentSHA256Mismatch",
+        "a body that does not match its x-amz-content-sha256 is XAmzContentSHA256Mismatch",
+        f"status {status}: {short(said)}",
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="mismatch"))
+
+    *_, headers = signed_put(f"/{bucket}/unsigned", body, "UNSIGNED-PAYLOAD", now)
+    status, said = send_put(f"/{bucket}/unsigned", body, headers)
+    expect(status == 200, "UNSIGNED-PAYLOAD is accepted", f"status {status}: {short(said)}")
+
+    v4 = boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(signature_version="s3v4"),
+    )
+    for expires, want in [(7 * 24 * 3600, 200), (7 * 24 * 3600 + 1, 400)]:
+        url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "unsigned"}, ExpiresIn=expires)
+        status, _, got = http_get(url)
+        expect(status == want, f"a SigV4 presigned URL valid for {expires} s answers {want}", f"status {status}")
+    expect(error_code(got) == "AuthorizationQueryParametersError", "... AuthorizationQueryParametersError", short(got))
+
+    skewed = now - datetime.timedelta(minutes=16)
+    *_, headers = signed_put(f"/{bucket}/skewed", body, hashlib.sha256(body).hexdigest(), skewed)
+    status, said = send_put(f"/{bucket}/skewed", body, headers)
+    expect(
+        status == 403 and error_code(said) == "RequestTimeTooSkewed",
+        "a request signed 16 minutes ago is RequestTimeTooSkewed",
+        f"status {status}: {short(said)}",
+    )
+
+
 AREAS = [
     area_buckets,
     area_users,
@@ -1228,6 +1357,7 @@ AREAS = [
     area_auth,
     area_keys,
     area_checksums,
+    area_signing,
     area_native,
 ]
 

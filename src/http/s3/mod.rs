@@ -61,9 +61,32 @@ pub fn service(store: Arc<Store>, credentials: &[Credential], domain: Option<&st
     Ok(builder.build())
 }
 
+/// Longest validity of a presigned URL, as S3 has it: seven days.
+const MAX_EXPIRES: u64 = 7 * 24 * 3600;
+
+/// A presigned URL whose `X-Amz-Expires` is outside 1 s to 7 days (which
+/// the protocol layer does not check).
+fn bad_expiry(req: &Request) -> Option<S3Error> {
+    let query = req.uri().query()?;
+    let (_, expires) = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-Expires")?;
+    match expires.parse::<u64>() {
+        Ok(secs) if (1..=MAX_EXPIRES).contains(&secs) => None,
+        _ => {
+            let code = S3ErrorCode::Custom("AuthorizationQueryParametersError".into());
+            let mut e = S3Error::with_message(code, "X-Amz-Expires must be between 1 and 604800 seconds (7 days)");
+            e.set_status_code(http::StatusCode::BAD_REQUEST);
+            Some(e)
+        }
+    }
+}
+
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request) -> Response {
-    let response = match service.call(req.map(s3s::Body::from)).await {
+    let answer = match bad_expiry(&req) {
+        Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
+        None => service.call(req.map(s3s::Body::from)).await,
+    };
+    let response = match answer {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("S3 request failed: {e:?}");
