@@ -52,7 +52,10 @@ fn run_suite(suite: &str, extra: &[&str]) {
     flags.extend_from_slice(extra);
     let server = Server::start(&flags);
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3_clients").join(suite);
+    // Relative to the package root, where cargo runs tests: a path baked in
+    // at compile time would point into whichever checkout built the test
+    // first when several share one target directory.
+    let script = std::env::current_dir().unwrap().join("tests/s3_clients").join(suite);
     let mut cmd = if suite.ends_with(".py") { Command::new(venv_bin.join("python")) } else { Command::new("bash") };
     let (home, scratch, log) = (dir.path().join("home"), dir.path().join("tmp"), dir.path().join("output"));
     std::fs::create_dir_all(&home).unwrap();
