@@ -766,6 +766,21 @@ async fn oversized_headers_are_431() {
 }
 
 #[tokio::test]
+async fn a_refusal_before_100_continue_closes_the_connection() {
+    // The client waits for 100 Continue before sending its body; refused
+    // first, it sends the next request instead, which must not be read as
+    // the body of the first.
+    let s = Server::start(&[]);
+    let refused = "PUT /Not_A_Bucket/k HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n";
+    let next = "GET /_/health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let answer = common::raw(&s.addr, format!("{refused}{next}").as_bytes(), Duration::from_secs(1));
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "one answer, then the connection closes: {answer}");
+    assert_eq!(common::status_of(&answer), 400, "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert_healthy(&s).await;
+}
+
+#[tokio::test]
 async fn body_shorter_than_its_content_length_is_400_and_stores_nothing() {
     let s = Server::start(&[]);
     let head = [("Content-Length", "100")];

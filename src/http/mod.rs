@@ -110,6 +110,8 @@ impl App {
     pub async fn handle(self: Arc<Self>, req: Request) -> Response {
         let started = Instant::now();
         let method = req.method().clone();
+        let expects_continue =
+            req.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let bytes_in = content_length(req.headers()).unwrap_or(0);
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
@@ -122,6 +124,13 @@ impl App {
                 Err(e) => error_response(&e),
             }
         };
+        // A refusal sent before any 100 Continue leaves the body unsent or
+        // unread: the connection cannot carry another request (the server
+        // would read the next request as this one's body).
+        let mut response = response;
+        if expects_continue && (response.status().is_client_error() || response.status().is_server_error()) {
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let bytes_out = content_length(response.headers()).unwrap_or(0);
         self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
         response
