@@ -13,7 +13,7 @@ use http::HeaderMap;
 use s3s::checksum::ChecksumHasher;
 use s3s::crypto::{Checksum as _, Crc32, Crc32c, Crc64Nvme, Sha1, Sha256};
 use s3s::dto::{Checksum, StreamingBlob};
-use s3s::{S3Error, S3ErrorCode, S3Result, StdError, TrailingHeaders, s3_error};
+use s3s::{S3Error, S3Result, StdError, TrailingHeaders, s3_error};
 
 /// The checksum algorithms S3 knows, by header name.
 const ALGORITHMS: [&str; 5] = [
@@ -68,10 +68,7 @@ fn protocol_failure(e: &StdError) -> S3Error {
     }
     let text = e.to_string();
     if text.contains("Sha256Mismatch") {
-        let code = S3ErrorCode::Custom("XAmzContentSHA256Mismatch".into());
-        let mut e = S3Error::with_message(code, "the body does not match its x-amz-content-sha256");
-        e.set_status_code(http::StatusCode::BAD_REQUEST);
-        e
+        super::bad_request("XAmzContentSHA256Mismatch", "the body does not match its x-amz-content-sha256")
     } else if text.contains("SignatureMismatch") {
         s3_error!(SignatureDoesNotMatch, "a chunk signature of the body does not match")
     } else if text.contains("Incomplete") || text.contains("LengthMismatch") {

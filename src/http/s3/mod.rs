@@ -4,6 +4,9 @@
 //! signatures (aws-chunked bodies and their chunk signatures included) and
 //! turns [`ops::DepotS3`]'s answers and errors into S3 responses.
 //!
+//! On a server with credentials, a request with neither a signature nor a
+//! Bearer token comes here too, as an anonymous S3 request.
+//!
 //! Who may do what: a signed request with a configured credential may use
 //! its own buckets and those created without credentials; an anonymous one
 //! may only read and list buckets marked public-read.
@@ -71,12 +74,10 @@ fn bad_expiry(req: &Request) -> Option<S3Error> {
     let (_, expires) = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-Expires")?;
     match expires.parse::<u64>() {
         Ok(secs) if (1..=MAX_EXPIRES).contains(&secs) => None,
-        _ => {
-            let code = S3ErrorCode::Custom("AuthorizationQueryParametersError".into());
-            let mut e = S3Error::with_message(code, "X-Amz-Expires must be between 1 and 604800 seconds (7 days)");
-            e.set_status_code(http::StatusCode::BAD_REQUEST);
-            Some(e)
-        }
+        _ => Some(bad_request(
+            "AuthorizationQueryParametersError",
+            "X-Amz-Expires must be between 1 and 604800 seconds (7 days)",
+        )),
     }
 }
 
@@ -205,6 +206,13 @@ fn may_use(bucket: &crate::catalog::BucketRecord, access_key: &str) -> bool {
 /// API gives.
 fn to_s3(e: StoreError) -> S3Error {
     api_to_s3(ApiError::from(e))
+}
+
+/// A 400 with an S3 error code s3s has no variant for.
+fn bad_request(code: &str, message: &'static str) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), message);
+    e.set_status_code(http::StatusCode::BAD_REQUEST);
+    e
 }
 
 fn api_to_s3(e: ApiError) -> S3Error {
