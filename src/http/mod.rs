@@ -116,7 +116,7 @@ impl App {
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
         // buckets and answers everything else with AccessDenied.
-        let response = if s3::is_s3(&req) || !self.authorized(&req) {
+        let mut response = if s3::is_s3(&req) || !self.authorized(&req) {
             s3::handle(&self.s3, req).await
         } else {
             match native::route(&self, req).await {
@@ -127,7 +127,6 @@ impl App {
         // A refusal sent before any 100 Continue leaves the body unsent or
         // unread: the connection cannot carry another request (the server
         // would read the next request as this one's body).
-        let mut response = response;
         if expects_continue && (response.status().is_client_error() || response.status().is_server_error()) {
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }

@@ -397,18 +397,22 @@ impl Store {
             record.content_type = new.content_type.unwrap_or_else(|| guess_content_type(key));
             record.metadata = new.metadata;
         }
-        let mut digests: Vec<Digest> = record.parts.iter().map(|p| p.digest).collect();
-        digests.sort_unstable_by_key(|d| d.0);
-        digests.dedup();
-        let mut blobs = Vec::with_capacity(digests.len());
-        for (digest, blob) in digests.iter().zip(self.catalog.get_blobs(&digests).await?) {
-            let blob =
-                blob.ok_or_else(|| StoreError::NoSuchKey(format!("{} (its bytes {digest} are gone)", source.key)))?;
-            blobs.push(blob.blob_ref());
-        }
+        let blobs = self
+            .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))
+            .await?;
         let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
         let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
         Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: true })
+    }
+
+    /// The stored blobs of `parts`, each once, for a record that refers to
+    /// blobs already in the catalog; `missing` names a blob that is not.
+    async fn blob_refs(&self, parts: &[Part], missing: impl Fn(Digest) -> StoreError) -> Result<Vec<BlobRef>> {
+        let mut digests: Vec<Digest> = parts.iter().map(|p| p.digest).collect();
+        digests.sort_unstable_by_key(|d| d.0);
+        digests.dedup();
+        let blobs = self.catalog.get_blobs(&digests).await?;
+        digests.iter().zip(blobs).map(|(d, b)| b.map(|b| b.blob_ref()).ok_or_else(|| missing(*d))).collect()
     }
 
     /// Streams a body into a new blob, hashing as it goes.

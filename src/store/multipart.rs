@@ -15,8 +15,6 @@
 //! leaves records the next Complete, Abort or the collector removes. The
 //! object's parts are the uploaded parts' blobs: nothing is copied.
 
-use std::collections::HashSet;
-
 use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
 use md5::Digest as _;
@@ -299,14 +297,9 @@ impl Store {
             parts: body_parts,
         };
         object.sha256 = self.sha256_of(&object).await?;
-        let digests: Vec<Digest> = object.parts.iter().map(|p| p.digest).collect::<HashSet<_>>().into_iter().collect();
         let blobs = self
-            .catalog
-            .get_blobs(&digests)
-            .await?
-            .into_iter()
-            .map(|b| b.map(|b| b.blob_ref()).ok_or_else(|| StoreError::Internal("a part's blob is missing".into())))
-            .collect::<Result<Vec<_>>>()?;
+            .blob_refs(&object.parts, |d| StoreError::Internal(format!("the blob {d} of a part is missing")))
+            .await?;
         // The completion record: enough to answer a repeated Complete. The
         // bucket goes in its content type, the key in its metadata.
         let done = ObjectRecord {
