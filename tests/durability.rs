@@ -1,109 +1,17 @@
-//! Durability and resource promises, checked against the real binary:
-//! acknowledged writes survive `kill -9`, interrupted uploads leave nothing,
+//! Durability and resource promises, checked against the real binary
+//! (crashes under load are tests/crash.rs): interrupted uploads leave nothing,
 //! garbage collection honours its grace period, memory stays bounded while
 //! streaming large bodies.
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Ledger, Server, client, files_under, pattern, sha256_hex};
+use common::{Server, client, files_under, pattern, sha256_hex, sqlite_count};
 use futures::StreamExt;
 
-/// Sizes that land in both tiers of the hybrid engine and span chunks.
-const SIZES: [usize; 6] = [0, 700, 40_000, 200_000, 600_000, 2_500_000];
-
-/// Uploads from several clients until the server dies, into `ledger`.
-async fn upload_until_killed(server: &Server, writers: usize, ledger: &Ledger) {
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let (url, ledger) = (server.url.clone(), ledger.clone());
-        tasks.push(tokio::spawn(async move {
-            let http = client();
-            for i in 0u64.. {
-                let body = pattern(SIZES[(i as usize + w) % SIZES.len()], w as u64 * 1_000_000 + i);
-                // Every fifth write overwrites an earlier key.
-                let key = if i % 5 == 4 { format!("w{w}/k{}", i - 2) } else { format!("w{w}/k{i}") };
-                let sha = sha256_hex(&body);
-                ledger.sending(&key, &sha);
-                match http.put(format!("{url}/files/{key}")).body(body).send().await {
-                    Ok(r) if r.status().is_success() => ledger.acked(&key, &sha),
-                    _ => return,
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        // The writers end when the server is killed.
-        let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
-    }
-}
-
-/// The one number a query on the sqlite engine's database returns, read
-/// beside the running server.
-fn sqlite_count(db: &std::path::Path, query: &str) -> i64 {
-    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-    c.query_row(query, [], |r| r.get(0)).unwrap()
-}
-
-async fn kill9_keeps_acknowledged_writes(engine: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut held = HashMap::new();
-    for round in 0..2 {
-        let mut server = Server::start_in(&data, &["--engine", engine]);
-        let killer = {
-            let pid = server.pid();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(1200));
-                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-            })
-        };
-        let ledger = Ledger::after(std::mem::take(&mut held));
-        upload_until_killed(&server, 6, &ledger).await;
-        killer.join().unwrap();
-        server.kill9();
-        let acked = ledger.acked_count();
-        assert!(acked >= 5, "{engine} round {round}: only {acked} uploads before the kill");
-        let restarted = Server::start_in(&data, &["--engine", engine]);
-        held = ledger.assert_survivors(&restarted.url).await;
-        restarted.assert_no_panic();
-        // Staging space is empty after the restart: sqlite stages chunks in
-        // its database, the others files in a directory.
-        if engine == "sqlite" {
-            let stray = "SELECT count(*) FROM chunks WHERE id NOT IN (SELECT id FROM blobs)";
-            assert_eq!(sqlite_count(&data.join("sqlite/blobs.sqlite"), stray), 0, "sqlite: staged chunks survived");
-        } else {
-            let tmp = data.join(engine).join(if engine == "hybrid" { "files/tmp" } else { "tmp" });
-            assert!(files_under(&tmp).is_empty(), "{engine}: staging files survived a restart");
-        }
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill9_keeps_acknowledged_writes_hybrid() {
-    kill9_keeps_acknowledged_writes("hybrid").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill9_keeps_acknowledged_writes_fs() {
-    kill9_keeps_acknowledged_writes("fs").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill9_keeps_acknowledged_writes_rocksdb() {
-    kill9_keeps_acknowledged_writes("rocksdb").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill9_keeps_acknowledged_writes_sqlite() {
-    kill9_keeps_acknowledged_writes("sqlite").await;
-}
-
-/// A body generated on the fly, never held whole by the client either.
 fn generated_body(len: u64, seed: u64) -> reqwest::Body {
     let chunk = 1 << 20;
     let chunks = len.div_ceil(chunk);
@@ -270,12 +178,4 @@ fn a_data_directory_keeps_its_engine() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds a store of the hybrid engine"), "{err}");
-}
-
-#[test]
-fn refuses_a_public_address_without_credentials() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = depot(&["serve", "--data", dir.path().to_str().unwrap(), "--listen", "0.0.0.0:0"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("without credentials"));
 }

@@ -50,6 +50,7 @@ pub async fn run_all(catalog: &dyn Catalog) {
     dead_blobs_wait_for_grace(catalog).await;
     concurrent_same_content(catalog).await;
     blobs_are_listed_and_moved(catalog).await;
+    repairs_set_counts_and_totals(catalog).await;
 }
 
 pub async fn buckets(c: &dyn Catalog) {
@@ -236,4 +237,26 @@ pub async fn blobs_are_listed_and_moved(c: &dyn Catalog) {
     let moved = blobs[1].as_ref().unwrap();
     assert_eq!((moved.locator.as_slice(), moved.refs, moved.size), (&b"moved"[..], 1, 2));
     assert!(blobs[2].is_none(), "setting a locator creates no record");
+}
+
+pub async fn repairs_set_counts_and_totals(c: &dyn Catalog) {
+    c.create_bucket(&bucket("repair")).await.unwrap();
+    c.put_object(put("repair", "a", &[blob(210, 4), blob(211, 5)])).await.unwrap();
+    c.set_refs(&[(digest(210), 3), (digest(211), 0), (digest(212), 9)]).await.unwrap();
+    let blobs = c.get_blobs(&[digest(210), digest(211), digest(212)]).await.unwrap();
+    let (raised, zeroed) = (blobs[0].as_ref().unwrap(), blobs[1].as_ref().unwrap());
+    assert_eq!((raised.refs, raised.unreferenced_since), (3, None));
+    assert_eq!(zeroed.refs, 0);
+    assert!(zeroed.unreferenced_since.is_some(), "a count set to zero starts the grace period");
+    assert!(c.dead_blobs(u64::MAX, 1000).await.unwrap().iter().any(|b| b.digest == digest(211)));
+    assert!(blobs[2].is_none(), "setting a count creates no record");
+    c.set_refs(&[(digest(211), 1)]).await.unwrap();
+    assert!(!c.dead_blobs(u64::MAX, 1000).await.unwrap().iter().any(|b| b.digest == digest(211)));
+
+    let totals = super::CatalogStats { objects: 7, logical_bytes: 70, blobs: 3, blob_bytes: 30 };
+    c.set_stats(totals).await.unwrap();
+    assert_eq!(c.stats().await.unwrap(), totals);
+    c.put_object(put("repair", "b", &[blob(213, 6)])).await.unwrap();
+    let after = c.stats().await.unwrap();
+    assert_eq!((after.objects, after.blobs, after.blob_bytes), (8, 4, 36), "totals go on from the set values");
 }

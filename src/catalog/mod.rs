@@ -278,6 +278,21 @@ pub trait Catalog: Send + Sync + 'static {
     /// Records that blobs now live at new locators, after their bytes moved
     /// to another engine. Digests without a record are skipped.
     async fn set_locators(&self, moved: &[(Digest, Locator)]) -> Result<()>;
+
+    /// Sets blobs' reference counts to what a full scan counted (a count of
+    /// zero starts the blob's grace period). Digests without a record are
+    /// skipped. For repairs only: the store keeps counts right as it goes.
+    async fn set_refs(&self, counted: &[(Digest, u64)]) -> Result<()>;
+
+    /// Replaces the running totals with what a full scan counted.
+    async fn set_stats(&self, stats: CatalogStats) -> Result<()>;
+
+    /// Writes a consistent point-in-time copy of the catalog into `dir`, a
+    /// directory that does not exist yet, while writers go on.
+    async fn checkpoint(&self, dir: &std::path::Path) -> Result<()> {
+        let _ = dir;
+        Err(CatalogError::Internal("this catalog cannot copy itself; back it up with its own server's tools".into()))
+    }
 }
 
 /// Conveniences over the required operations.

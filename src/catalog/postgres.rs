@@ -515,6 +515,33 @@ impl Catalog for PostgresCatalog {
         })
     }
 
+    async fn set_refs(&self, counted: &[(Digest, u64)]) -> Result<()> {
+        let digests: Vec<&[u8]> = counted.iter().map(|(d, _)| &d.0[..]).collect();
+        let refs: Vec<i64> = counted.iter().map(|(_, n)| to_i64(*n)).collect();
+        let (digests, refs, now) = (&digests, &refs, to_i64(now_millis()));
+        in_txn!(self.pool, "setting reference counts", |txn| {
+            txn.execute(
+                "UPDATE depot_catalog_blobs AS b SET refs = c.refs,
+                     unreferenced_since = CASE WHEN c.refs = 0 THEN COALESCE(b.unreferenced_since, $3) END
+                     FROM unnest($1::bytea[], $2::bigint[]) AS c(digest, refs) WHERE b.digest = c.digest",
+                &[digests, refs, &now],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+
+    async fn set_stats(&self, stats: CatalogStats) -> Result<()> {
+        in_txn!(self.pool, "setting totals", |txn| {
+            txn.execute(
+                "UPDATE depot_catalog_stats SET objects = 0, logical_bytes = 0, blobs = 0, blob_bytes = 0",
+                &[],
+            )
+            .await?;
+            add_stats(txn, &stats).await
+        })
+    }
+
     async fn stats(&self) -> Result<CatalogStats> {
         in_txn!(self.pool, "reading totals", |txn| {
             let row = txn

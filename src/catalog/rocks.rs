@@ -596,6 +596,42 @@ impl Catalog for RocksCatalog {
         .await
     }
 
+    async fn set_refs(&self, counted: &[(Digest, u64)]) -> Result<()> {
+        let counted = counted.to_vec();
+        self.blocking(move |inner| {
+            let digests: Vec<Digest> = counted.iter().map(|(d, _)| *d).collect();
+            let _lock = inner.lock(&inner.digest_stripes, &digests);
+            let mut txn = Txn::new(inner);
+            let now = txn.now;
+            for (digest, refs) in counted {
+                if let Some(b) = txn.blob(&digest)?.as_mut() {
+                    b.refs = refs;
+                    b.unreferenced_since = if refs == 0 { b.unreferenced_since.or(Some(now)) } else { None };
+                }
+            }
+            txn.commit()
+        })
+        .await
+    }
+
+    async fn set_stats(&self, stats: CatalogStats) -> Result<()> {
+        self.blocking(move |inner| {
+            let mut batch = WriteBatch::default();
+            batch.put_cf(inner.cf("meta"), STATS_KEY, stats_bytes(&stats));
+            inner.commit(batch)
+        })
+        .await
+    }
+
+    async fn checkpoint(&self, dir: &Path) -> Result<()> {
+        let dir = dir.to_path_buf();
+        self.blocking(move |inner| {
+            let checkpoint = rocksdb::checkpoint::Checkpoint::new(&inner.db).map_err(err)?;
+            checkpoint.create_checkpoint(&dir).map_err(err)
+        })
+        .await
+    }
+
     async fn stats(&self) -> Result<CatalogStats> {
         self.blocking(|inner| {
             let v = inner.db.get_cf(inner.cf("meta"), STATS_KEY).map_err(err)?.unwrap_or_default();

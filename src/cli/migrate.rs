@@ -28,13 +28,13 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::HumanBytes;
-use sha2::Digest as _;
 
-use super::serve::{ENGINE_MARKER, open_catalog, runtime};
+use super::serve::{open_catalog, runtime};
 use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
-use crate::engine::{self, BlobRef, ByteRange, Digest, DynEngine, EngineConfig, EngineKind, Locator, S3Config};
+use crate::engine::{self, BlobRef, Digest, DynEngine, ENGINE_MARKER, EngineConfig, EngineKind, Locator, S3Config};
+use crate::store::maintenance::copy_blob;
 
 const STATE: &str = "MIGRATING";
 const JOURNAL: &str = "migrate.journal";
@@ -272,13 +272,15 @@ async fn copy(
         let room = budget.saturating_sub(copied + failed) as usize;
         left += todo.len().saturating_sub(room) as u64;
         let mut results = futures::stream::iter(todo.into_iter().take(room))
-            .map(|blob| async move {
-                let moved = copy_one(source, target, &blob).await;
-                (blob, moved)
+            .map(|blob| {
+                let progress = &progress;
+                async move {
+                    let moved = copy_blob(source.as_ref(), target, &blob.blob_ref(), progress).await;
+                    (blob, moved)
+                }
             })
             .buffer_unordered(args.jobs.max(1));
         while let Some((blob, moved)) = results.next().await {
-            progress.inc(blob.size);
             match moved {
                 Ok(locator) => {
                     writeln!(out, "{} {}", blob.digest.to_hex(), hex::encode(&locator))?;
@@ -309,33 +311,6 @@ async fn copy(
         return Ok(false);
     }
     Ok(true)
-}
-
-/// Streams one blob from `source` to `target`, checking its SHA-256.
-async fn copy_one(source: &DynEngine, target: &DynEngine, blob: &BlobRecord) -> anyhow::Result<Locator> {
-    let mut reader = source.read(&blob.blob_ref(), ByteRange::full(blob.size)).await?;
-    let mut writer = target.writer(Some(blob.size)).await?;
-    let mut hasher = sha2::Sha256::new();
-    let mut size = 0u64;
-    let result: anyhow::Result<()> = async {
-        while let Some(chunk) = reader.try_next().await? {
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-            writer.write(chunk).await?;
-        }
-        Ok(())
-    }
-    .await;
-    let actual = Digest(hasher.finalize().into());
-    if let Err(e) = result {
-        writer.abort().await;
-        return Err(e);
-    }
-    if actual != blob.digest || size != blob.size {
-        writer.abort().await;
-        bail!("the old engine returns {size} bytes hashing to {actual}, not the recorded content; left in place");
-    }
-    Ok(writer.finish(blob.digest).await?.locator)
 }
 
 /// Points the catalog at the copies.

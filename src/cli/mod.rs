@@ -40,6 +40,26 @@ pub enum Command {
     /// Remove unreferenced blobs past their grace period, and orphaned bytes
     /// (run it while the server is stopped; the server also does it itself).
     Gc(ServeArgs),
+    /// Re-read every blob and check its SHA-256, every object's references
+    /// and every blob's reference count; exits non-zero on any problem
+    /// (run it while the server is stopped).
+    Verify {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Set wrong counts right and remove orphaned bytes and unreferenced
+        /// blobs.
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Write a consistent copy of the store into DIR, which `depot serve
+    /// --data DIR` serves; asks the running server to do it when there is
+    /// one.
+    Backup {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// A directory that does not exist yet, or is empty.
+        dir: PathBuf,
+    },
     /// Upload files: depot put FILE... [BUCKET/KEY]
     Put {
         #[command(flatten)]
@@ -86,6 +106,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(&args),
         Command::Bench(args) => crate::bench::bench(&args),
         Command::Gc(args) => serve::gc(&args),
+        Command::Verify { serve: args, repair } => serve::verify(&args, repair),
+        Command::Backup { serve: args, dir } => serve::backup(&args, &dir),
         Command::Import(args) => import::import(&args),
         Command::Migrate(args) => migrate::migrate(&args),
         Command::Put { client, paths } => client::put(&client, &paths),

@@ -11,13 +11,10 @@ use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
 use crate::catalog::{Catalog, CatalogKind};
 use crate::config::{ServeArgs, Settings};
-use crate::engine::{self, EngineKind};
+use crate::engine::{self, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App, Limits};
+use crate::store::maintenance::BackupReport;
 use crate::store::{Store, StoreConfig};
-
-/// Records which engine a data directory was created with: the catalog
-/// points into that engine, so opening it with another would lose data.
-pub(crate) const ENGINE_MARKER: &str = "ENGINE";
 
 fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
     let marker = data.join(ENGINE_MARKER);
@@ -29,8 +26,9 @@ fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
             existing.trim(),
             existing.trim()
         ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::write(&marker, format!("{}\n", kind.name()))
-            .with_context(|| format!("writing {}", marker.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            engine::write_engine_marker(data, kind).with_context(|| format!("writing {}", marker.display()))
+        }
         Err(e) => Err(e).with_context(|| format!("reading {}", marker.display())),
     }
 }
@@ -55,7 +53,11 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     check_engine_marker(data, settings.engine)?;
     let catalog = open_catalog(settings).await?;
     let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
-    let config = StoreConfig { gc_grace: settings.gc_grace, upload_expiry: settings.upload_expiry };
+    let config = StoreConfig {
+        gc_grace: settings.gc_grace,
+        upload_expiry: settings.upload_expiry,
+        engine: Some((settings.engine, settings.engine_config.clone())),
+    };
     Ok(Store::open(catalog, engine, config).await?)
 }
 
@@ -129,4 +131,79 @@ pub fn gc(args: &ServeArgs) -> anyhow::Result<()> {
         );
         Ok(())
     })
+}
+
+/// `depot verify`: checks a data directory the server is not using.
+pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
+    let settings = Settings::resolve(args)?;
+    runtime(1)?.block_on(async {
+        let store = open_store(&settings).await?;
+        let total = store.stats().await?.blob_bytes.max(0) as u64;
+        let progress = super::progress_bar(total, super::BYTES_BAR);
+        progress.set_message("verifying");
+        let report = store.verify(repair, &progress).await?;
+        progress.finish_and_clear();
+        for problem in &report.problems {
+            println!("{problem}");
+        }
+        println!(
+            "{} objects, {} blobs, {} read and hashed: {} problem(s){}",
+            report.objects,
+            report.blobs,
+            indicatif::HumanBytes(report.bytes_read),
+            report.problems.len(),
+            if repair { format!(", {} repaired", report.repaired) } else { String::new() }
+        );
+        match report.unresolved() {
+            0 => Ok(()),
+            n if repair => bail!("{n} problem(s) cannot be repaired: those objects' bytes are lost or damaged"),
+            n => bail!("{n} problem(s); `depot verify --repair` fixes counts and removes orphans"),
+        }
+    })
+}
+
+/// `depot backup DIR`: copies the store itself when no server holds it,
+/// else asks the server on `--listen` to write the copy.
+pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
+    let settings = Settings::resolve(args)?;
+    let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    runtime(1)?.block_on(async {
+        let report = match open_store(&settings).await {
+            Ok(store) => {
+                let progress = super::progress_bar(0, super::BYTES_BAR);
+                progress.set_message("copying");
+                let report = store.backup(&dir, &progress).await?;
+                progress.finish_and_clear();
+                report
+            }
+            Err(e) if settings.catalog == CatalogKind::Rocksdb && format!("{e:#}").contains("lock") => {
+                backup_through_server(&settings, &dir).await?
+            }
+            Err(e) => return Err(e),
+        };
+        println!(
+            "backed up {} objects in {} blobs ({}) to {}",
+            report.objects,
+            report.blobs,
+            indicatif::HumanBytes(report.bytes),
+            dir.display()
+        );
+        Ok(())
+    })
+}
+
+/// Asks the server that holds the data directory to write the backup.
+async fn backup_through_server(settings: &Settings, dir: &Path) -> anyhow::Result<BackupReport> {
+    let dir = dir.to_str().context("the backup directory's path is not UTF-8")?;
+    let url = format!("http://{}/_/backup", settings.listen);
+    let mut request = reqwest::Client::new().post(&url).query(&[("dir", dir)]);
+    if let Some(credential) = settings.credentials.first() {
+        request = request.bearer_auth(&credential.secret_key);
+    }
+    println!("a server holds {}: asking it at {url}", settings.data.display());
+    let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
+    if !response.status().is_success() {
+        bail!("the server refused the backup: {} {}", response.status(), response.text().await.unwrap_or_default());
+    }
+    Ok(response.json().await?)
 }

@@ -350,6 +350,26 @@ impl EngineKind {
             EngineKind::S3 => "s3",
         }
     }
+
+    /// Whether the engine keeps its bytes in the data directory (rather
+    /// than in memory or in a server of its own).
+    pub fn is_embedded(self) -> bool {
+        matches!(self, EngineKind::Fs | EngineKind::Rocksdb | EngineKind::Hybrid | EngineKind::Sqlite)
+    }
+}
+
+/// The file in a data directory that names the engine it was created with:
+/// the catalog points into that engine, so opening it with another would
+/// lose data.
+pub const ENGINE_MARKER: &str = "ENGINE";
+
+/// Records durably that the data directory `data` holds a store of `kind`.
+pub fn write_engine_marker(data: &std::path::Path, kind: EngineKind) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(data.join(ENGINE_MARKER))?;
+    writeln!(file, "{}", kind.name())?;
+    file.sync_all()?;
+    std::fs::File::open(data)?.sync_all()
 }
 
 impl std::str::FromStr for EngineKind {

@@ -25,6 +25,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tracing::Instrument;
 
 use crate::config::Credential;
 use crate::store::Store;
@@ -90,6 +91,11 @@ impl App {
         Ok(App { store, limits, metrics: Metrics::default(), secrets, s3 })
     }
 
+    /// Whether requests must carry credentials.
+    pub fn has_credentials(&self) -> bool {
+        !self.secrets.is_empty()
+    }
+
     /// Whether the request may proceed: always without configured secrets,
     /// and for the health check. Secrets are compared in constant time.
     fn authorized(&self, req: &Request) -> bool {
@@ -106,8 +112,29 @@ impl App {
         self.secrets.iter().fold(false, |ok, s| ok | bool::from(s.as_bytes().ct_eq(token.as_bytes())))
     }
 
-    /// Answers one request; never fails (errors are responses).
+    /// Answers one request; never fails (errors are responses). Every
+    /// response carries the request's ID, and everything logged while
+    /// answering it is in a span with that ID.
     pub async fn handle(self: Arc<Self>, req: Request) -> Response {
+        let id = request_id(req.headers());
+        let span = tracing::info_span!("request", id = %id);
+        let (method, path) = (req.method().clone(), req.uri().path().to_string());
+        let mut response = self.answer(req).instrument(span.clone()).await;
+        let status = response.status();
+        let _entered = span.enter();
+        if status.is_server_error() {
+            tracing::warn!(%method, path, status = status.as_u16(), "request failed");
+        } else if status.is_client_error() {
+            tracing::debug!(%method, path, status = status.as_u16(), "request refused");
+        }
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            response.headers_mut().insert(REQUEST_ID, v.clone());
+            response.headers_mut().insert(AMZ_REQUEST_ID, v);
+        }
+        response
+    }
+
+    async fn answer(self: Arc<Self>, req: Request) -> Response {
         let started = Instant::now();
         let method = req.method().clone();
         let expects_continue =
@@ -134,6 +161,18 @@ impl App {
         self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
         response
     }
+}
+
+const REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
+const AMZ_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-amz-request-id");
+
+/// The client's `X-Request-Id` when it is a sane token (so a proxy's IDs
+/// carry through), else a new random one.
+fn request_id(headers: &http::HeaderMap) -> String {
+    let given = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()).filter(|v| {
+        (1..=128).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+    });
+    given.map_or_else(|| format!("{:016x}", rand::random::<u64>()), str::to_string)
 }
 
 /// The digest a `Content-MD5` header declares (base64 of 16 bytes).
@@ -233,7 +272,8 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |req| {
+        let service = hyper::service::service_fn(move |mut req: Request| {
+            req.extensions_mut().insert(peer);
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });

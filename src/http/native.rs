@@ -27,6 +27,8 @@ pub enum Endpoint {
     BatchGet,
     BatchPut,
     BatchDelete,
+    /// `/_/backup?dir=DIR`: a copy of the store written on the server.
+    Backup,
     /// `/_/blobs/{sha256}`.
     Blob(String),
     /// `/{bucket}` or `/{bucket}/`.
@@ -67,6 +69,7 @@ impl Endpoint {
                 "batch/get" => Endpoint::BatchGet,
                 "batch/put" => Endpoint::BatchPut,
                 "batch/delete" => Endpoint::BatchDelete,
+                "backup" => Endpoint::Backup,
                 other => match other.strip_prefix("blobs/") {
                     Some(hex) => Endpoint::Blob(hex.to_string()),
                     None => Endpoint::UnknownInternal,
@@ -114,6 +117,7 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         Endpoint::BatchPut if method == Method::POST => batch::put(app, req).await,
         Endpoint::BatchDelete if method == Method::POST => batch::delete(app, req).await,
         Endpoint::Blob(hex) if read => get_blob(app, &req, &hex).await,
+        Endpoint::Backup if method == Method::POST => backup(app, &req).await,
         Endpoint::UnknownInternal => {
             Err(ApiError::new(StatusCode::NOT_FOUND, "NoSuchRoute", format!("no route {}", req.uri().path())))
         }
@@ -250,6 +254,27 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
             "put_seconds": app.store.put_seconds(),
         }),
     ))
+}
+
+/// Writes a backup into a directory of the server's machine. Without
+/// credentials only a client on the same machine may ask: the path is the
+/// server's, not the client's.
+async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
+    let local = req.extensions().get::<std::net::SocketAddr>().is_some_and(|peer| peer.ip().is_loopback());
+    if !app.has_credentials() && !local {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "AccessDenied",
+            "backups over the network need credentials; configure --access-key and --secret-key",
+        ));
+    }
+    let q = query(req);
+    let dir = query_value(&q, "dir").map(std::path::Path::new).filter(|d| d.is_absolute()).ok_or_else(|| {
+        ApiError::bad_request("name the backup directory as an absolute path of the server's machine: ?dir=/path")
+    })?;
+    let report = app.store.backup(dir, &indicatif::ProgressBar::hidden()).await?;
+    tracing::info!(dir = %dir.display(), ?report, "backup written");
+    Ok(json(StatusCode::OK, &json!(report)))
 }
 
 fn quoted(etag: &str) -> HeaderValue {

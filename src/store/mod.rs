@@ -9,6 +9,7 @@
 //! pointing at missing bytes.
 
 mod guards;
+pub mod maintenance;
 mod multipart;
 pub mod names;
 
@@ -24,7 +25,9 @@ use crate::catalog::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
     ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
-use crate::engine::{BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineError};
+use crate::engine::{
+    BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
+};
 use guards::BlobGuards;
 pub use multipart::{MIN_PART_SIZE, UploadInfo};
 
@@ -112,11 +115,13 @@ pub struct StoreConfig {
     /// How long a multipart upload may stay incomplete before the collector
     /// aborts it.
     pub upload_expiry: Duration,
+    /// How the engine was opened: a backup opens its copy the same way.
+    pub engine: Option<(EngineKind, EngineConfig)>,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { gc_grace: Duration::from_secs(3600), upload_expiry: Duration::from_secs(24 * 3600) }
+        StoreConfig { gc_grace: Duration::from_secs(3600), upload_expiry: Duration::from_secs(24 * 3600), engine: None }
     }
 }
 
@@ -218,6 +223,8 @@ pub struct Store {
     /// Set after a failed sync: writes stay refused until restart.
     poisoned: AtomicBool,
     put_time: PutTime,
+    /// Held by the collector, verification and backups, one at a time.
+    maintenance: tokio::sync::Mutex<()>,
 }
 
 /// Where the time of uploads went, summed over every put since start:
@@ -252,6 +259,7 @@ impl Store {
             guards: BlobGuards::default(),
             poisoned: AtomicBool::new(false),
             put_time: PutTime::default(),
+            maintenance: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -602,6 +610,7 @@ impl Store {
     /// older than the grace period (left by a crash between write and
     /// commit).
     pub async fn gc(&self) -> Result<GcReport> {
+        let _maintenance = self.maintenance.lock().await;
         let mut report = GcReport::default();
         // Expired uploads first: the blobs they release join the dead ones.
         let expiry = to_millis(std::time::UNIX_EPOCH + self.config.upload_expiry);
@@ -710,17 +719,17 @@ mod tests {
     use crate::engine::faulty::{Fault, FaultyEngine};
     use crate::engine::memory::MemoryEngine;
 
-    fn body(bytes: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
+    pub(super) fn body(bytes: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
         futures::stream::iter(vec![Ok(Bytes::from_static(bytes))])
     }
 
-    async fn store_over(engine: DynEngine) -> (Store, tempfile::TempDir) {
+    pub(super) async fn store_over(engine: DynEngine) -> (Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
         (Store::open(catalog, engine, StoreConfig::default()).await.unwrap(), dir)
     }
 
-    async fn read_all(store: &Store, bucket: &str, key: &str) -> Vec<u8> {
+    pub(super) async fn read_all(store: &Store, bucket: &str, key: &str) -> Vec<u8> {
         let record = store.head(bucket, key).await.unwrap();
         let mut s = store.read(&record, ByteRange::full(record.size)).await.unwrap();
         let mut out = Vec::new();

@@ -37,7 +37,10 @@ impl Server {
     /// Starts a server on `data` (kept after the server stops).
     pub fn start_in(data: &Path, extra: &[&str]) -> Server {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--data"]).arg(data).args(["--listen", "127.0.0.1:0"]).args(extra);
+        cmd.args(["serve", "--data"]).arg(data).args(extra);
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
         if !extra.contains(&"--gc-interval") {
             cmd.args(["--gc-interval", "0"]);
         }
@@ -270,4 +273,11 @@ impl Ledger {
         }
         held
     }
+}
+
+/// The one number a query on the sqlite engine's database returns, read
+/// beside the running server.
+pub fn sqlite_count(db: &Path, query: &str) -> i64 {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    c.query_row(query, [], |r| r.get(0)).unwrap()
 }

@@ -1,0 +1,479 @@
+//! Whole-store maintenance: verifying (and repairing) every record and
+//! every blob, and consistent backups taken while the store serves.
+//!
+//! Both hold the store's maintenance lock, which the collector takes too: a
+//! backup copies the blobs a catalog checkpoint points at, and the collector
+//! must not delete one of them in between.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use indicatif::ProgressBar;
+use sha2::Digest as _;
+
+use super::{Result, Store, StoreError};
+use crate::catalog::rocks::RocksCatalog;
+use crate::catalog::{BlobRecord, Catalog, CatalogStats, ListQuery};
+use crate::engine::{self, BlobEngine, BlobRef, BlobWriter, ByteRange, Digest, DynEngine, EngineError, Locator};
+
+/// Records read per catalog call while scanning.
+const PAGE: usize = 1000;
+
+/// Something wrong with a store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// An object refers to a blob the catalog has no record of.
+    DanglingPart { bucket: String, key: String, digest: Digest },
+    /// An object's parts do not add up to its size, or a part's size is
+    /// not its blob's.
+    WrongSize { bucket: String, key: String },
+    /// A one-part object whose SHA-256 is not its blob's.
+    WrongDigest { bucket: String, key: String },
+    /// A blob's bytes are gone from the engine.
+    MissingBytes { digest: Digest },
+    /// A blob's bytes no longer hash to its digest (or have another length).
+    CorruptBytes { digest: Digest, actual: Digest, size: u64 },
+    /// A blob's reference count is not the number of parts referring to it.
+    WrongRefs { digest: Digest, recorded: u64, counted: u64 },
+    /// Bytes in the engine that no catalog record points at.
+    Orphan { digest: Digest, size: u64 },
+    /// The running totals disagree with what the scan counted.
+    WrongTotals { recorded: CatalogStats, counted: CatalogStats },
+}
+
+impl Problem {
+    /// Whether `--repair` fixes it. Lost or damaged bytes cannot be
+    /// recreated: those objects need their data uploaded again.
+    pub fn repairable(&self) -> bool {
+        matches!(self, Problem::WrongRefs { .. } | Problem::Orphan { .. } | Problem::WrongTotals { .. })
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::DanglingPart { bucket, key, digest } => {
+                write!(f, "{bucket}/{key}: refers to blob {digest}, which the catalog does not have")
+            }
+            Problem::WrongSize { bucket, key } => write!(f, "{bucket}/{key}: its parts' sizes do not add up"),
+            Problem::WrongDigest { bucket, key } => write!(f, "{bucket}/{key}: its SHA-256 is not its blob's"),
+            Problem::MissingBytes { digest } => write!(f, "blob {digest}: its bytes are missing from the engine"),
+            Problem::CorruptBytes { digest, actual, size } => {
+                write!(f, "blob {digest}: its bytes hash to {actual} ({size} bytes)")
+            }
+            Problem::WrongRefs { digest, recorded, counted } => {
+                write!(f, "blob {digest}: {recorded} references recorded, {counted} counted")
+            }
+            Problem::Orphan { digest, size } => {
+                write!(f, "blob {digest}: {size} bytes in the engine that no record points at")
+            }
+            Problem::WrongTotals { recorded, counted } => {
+                write!(f, "totals: recorded {recorded:?}, counted {counted:?}")
+            }
+        }
+    }
+}
+
+/// What `verify` saw and did.
+#[derive(Clone, Debug, Default)]
+pub struct VerifyReport {
+    pub objects: u64,
+    pub blobs: u64,
+    /// Bytes read back and hashed.
+    pub bytes_read: u64,
+    pub problems: Vec<Problem>,
+    /// Problems fixed (with `repair`).
+    pub repaired: u64,
+}
+
+impl VerifyReport {
+    /// Problems still there after the run.
+    pub fn unresolved(&self) -> usize {
+        self.problems.len() - self.repaired as usize
+    }
+}
+
+/// What a verification pass found that a repair acts on.
+#[derive(Default)]
+struct Scan {
+    /// Blobs whose recorded count is wrong, with the counted one.
+    wrong_refs: Vec<(Digest, u64)>,
+    /// Engine bytes no record points at.
+    orphans: Vec<BlobRef>,
+    /// Blob records nothing refers to.
+    unreferenced: Vec<BlobRecord>,
+}
+
+/// What a backup copied.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct BackupReport {
+    pub objects: i64,
+    pub blobs: u64,
+    pub bytes: u64,
+}
+
+/// Streams a blob through SHA-256 into `sink`, if given; returns the digest
+/// and length of what the engine gave back.
+async fn stream_blob(
+    engine: &dyn BlobEngine,
+    blob: &BlobRef,
+    mut sink: Option<&mut Box<dyn BlobWriter>>,
+    progress: &ProgressBar,
+) -> engine::Result<(Digest, u64)> {
+    let mut reader = engine.read(blob, ByteRange::full(blob.size)).await?;
+    let mut hasher = sha2::Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = reader.try_next().await? {
+        hasher.update(&chunk);
+        size += chunk.len() as u64;
+        progress.inc(chunk.len() as u64);
+        if let Some(sink) = sink.as_mut() {
+            sink.write(chunk).await?;
+        }
+    }
+    Ok((Digest(hasher.finalize().into()), size))
+}
+
+/// Copies one blob from `source` to `target`, checking that what was read
+/// is the recorded content; returns where `target` put it.
+pub(crate) async fn copy_blob(
+    source: &dyn BlobEngine,
+    target: &DynEngine,
+    blob: &BlobRef,
+    progress: &ProgressBar,
+) -> engine::Result<Locator> {
+    let mut writer = target.writer(Some(blob.size)).await?;
+    let (actual, size) = match stream_blob(source, blob, Some(&mut writer), progress).await {
+        Ok(read) => read,
+        Err(e) => {
+            writer.abort().await;
+            return Err(e);
+        }
+    };
+    if actual != blob.digest || size != blob.size {
+        writer.abort().await;
+        return Err(EngineError::other(
+            source.name(),
+            format!("blob {}: read back {size} bytes hashing to {actual}, not the recorded content", blob.digest),
+        ));
+    }
+    Ok(writer.finish(blob.digest).await?.locator)
+}
+
+impl Store {
+    /// Checks every object's references, every blob's bytes and reference
+    /// count, the engine for bytes no record points at, and the totals.
+    /// With `repair`, sets wrong counts and totals to what was counted and
+    /// removes orphaned bytes and unreferenced blobs. Run it on a store no
+    /// server is writing to: concurrent writes look like wrong counts.
+    pub async fn verify(&self, repair: bool, progress: &ProgressBar) -> Result<VerifyReport> {
+        let _maintenance = self.maintenance.lock().await;
+        let mut report = VerifyReport::default();
+        let mut counted_totals = CatalogStats::default();
+        let refs = self.count_references(&mut report, &mut counted_totals).await?;
+
+        let mut known: HashMap<Digest, Locator> = HashMap::new();
+        let mut scan = Scan::default();
+        let mut after = None;
+        loop {
+            let page = self.catalog.list_blobs(after, PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.digest);
+            for blob in page {
+                report.blobs += 1;
+                let counted = refs.get(&blob.digest).copied().unwrap_or(0);
+                if counted != blob.refs {
+                    report.problems.push(Problem::WrongRefs { digest: blob.digest, recorded: blob.refs, counted });
+                    scan.wrong_refs.push((blob.digest, counted));
+                }
+                if counted == 0 {
+                    scan.unreferenced.push(blob.clone());
+                }
+                match stream_blob(self.engine.as_ref(), &blob.blob_ref(), None, progress).await {
+                    Ok((actual, size)) => {
+                        report.bytes_read += size;
+                        if actual != blob.digest || size != blob.size {
+                            report.problems.push(Problem::CorruptBytes { digest: blob.digest, actual, size });
+                        }
+                    }
+                    Err(EngineError::NotFound(_)) => {
+                        report.problems.push(Problem::MissingBytes { digest: blob.digest })
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                counted_totals.blobs += 1;
+                counted_totals.blob_bytes += blob.size as i64;
+                known.insert(blob.digest, blob.locator);
+            }
+        }
+
+        for info in self.engine.list().await? {
+            if known.get(&info.digest) != Some(&info.locator) {
+                report.problems.push(Problem::Orphan { digest: info.digest, size: info.size });
+                scan.orphans.push(BlobRef { digest: info.digest, size: info.size, locator: info.locator });
+            }
+        }
+
+        let recorded = self.catalog.stats().await?;
+        if recorded != counted_totals {
+            report.problems.push(Problem::WrongTotals { recorded, counted: counted_totals });
+        }
+
+        if repair {
+            report.repaired = self.repair(&report.problems, counted_totals, scan).await?;
+        }
+        Ok(report)
+    }
+
+    /// Walks every object of every bucket (hidden ones included: pending
+    /// multipart parts hold references too), checking each against its
+    /// blob records; returns how many parts refer to each blob.
+    async fn count_references(
+        &self,
+        report: &mut VerifyReport,
+        totals: &mut CatalogStats,
+    ) -> Result<HashMap<Digest, u64>> {
+        let mut refs: HashMap<Digest, u64> = HashMap::new();
+        for bucket in self.catalog.buckets().await? {
+            let mut query = ListQuery { limit: PAGE, ..ListQuery::default() };
+            loop {
+                let page = self.catalog.list_objects(&bucket.name, &query).await?;
+                let mut digests: Vec<Digest> =
+                    page.objects.iter().flat_map(|o| o.parts.iter().map(|p| p.digest)).collect();
+                digests.sort_unstable();
+                digests.dedup();
+                let blobs: HashMap<Digest, BlobRecord> =
+                    self.catalog.get_blobs(&digests).await?.into_iter().flatten().map(|b| (b.digest, b)).collect();
+                for object in &page.objects {
+                    report.objects += 1;
+                    totals.objects += 1;
+                    totals.logical_bytes += object.size as i64;
+                    let (bucket, key) = (bucket.name.clone(), object.key.clone());
+                    let mut sizes_agree = object.parts.iter().map(|p| p.size).sum::<u64>() == object.size;
+                    for part in &object.parts {
+                        *refs.entry(part.digest).or_default() += 1;
+                        match blobs.get(&part.digest) {
+                            Some(blob) => sizes_agree &= blob.size == part.size,
+                            None => report.problems.push(Problem::DanglingPart {
+                                bucket: bucket.clone(),
+                                key: key.clone(),
+                                digest: part.digest,
+                            }),
+                        }
+                    }
+                    if !sizes_agree {
+                        report.problems.push(Problem::WrongSize { bucket: bucket.clone(), key: key.clone() });
+                    }
+                    if let [only] = object.parts.as_slice()
+                        && only.digest != object.sha256
+                    {
+                        report.problems.push(Problem::WrongDigest { bucket, key });
+                    }
+                }
+                match page.next {
+                    Some(next) => query.after = Some(next),
+                    None => break,
+                }
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Fixes what can be fixed; returns how many problems that was.
+    /// `counted` are the totals the scan found.
+    async fn repair(&self, problems: &[Problem], counted: CatalogStats, scan: Scan) -> Result<u64> {
+        for batch in scan.wrong_refs.chunks(PAGE) {
+            self.catalog.set_refs(batch).await?;
+        }
+        for orphan in &scan.orphans {
+            self.engine.delete(orphan).await?;
+        }
+        let mut totals = counted;
+        for blob in &scan.unreferenced {
+            // Verification runs on a store nobody writes to: the grace
+            // period protects writers that are not there.
+            if self.catalog.remove_dead_blob(&blob.digest, u64::MAX).await? {
+                self.engine.delete(&blob.blob_ref()).await?;
+            }
+            totals.blobs -= 1;
+            totals.blob_bytes -= blob.size as i64;
+        }
+        self.catalog.set_stats(totals).await?;
+        // Lost bytes of a blob nothing refers to went with its record.
+        let dropped = |d: &Digest| scan.unreferenced.iter().any(|b| b.digest == *d);
+        let fixed = problems.iter().filter(|p| match p {
+            Problem::MissingBytes { digest } | Problem::CorruptBytes { digest, .. } => dropped(digest),
+            p => p.repairable(),
+        });
+        Ok(fixed.count() as u64)
+    }
+
+    /// Writes a copy of the store into `dir` (which must not exist, or be
+    /// empty) that `depot serve --data DIR` opens: a checkpoint of the
+    /// catalog, then every blob it points at copied into a new engine of
+    /// the same kind. Writers go on meanwhile; what they write after the
+    /// checkpoint is not in the copy. Only stores with the embedded
+    /// catalog and an embedded engine can be copied this way.
+    pub async fn backup(&self, dir: &Path, progress: &ProgressBar) -> Result<BackupReport> {
+        let Some((kind, config)) = self.config.engine.clone() else {
+            return Err(StoreError::Internal("this store does not know how its engine was opened".into()));
+        };
+        if !kind.is_embedded() {
+            return Err(StoreError::Internal(format!(
+                "the {} engine keeps its bytes in its own server: back that up with its own tools",
+                kind.name()
+            )));
+        }
+        match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
+            Ok(true) => {}
+            Ok(false) => return Err(StoreError::Internal(format!("{} is not empty", dir.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(dir)
+                .map_err(|e| StoreError::Internal(format!("creating {}: {e}", dir.display())))?,
+            Err(e) => return Err(StoreError::Internal(format!("reading {}: {e}", dir.display()))),
+        }
+
+        let _maintenance = self.maintenance.lock().await;
+        self.catalog.checkpoint(&dir.join("catalog")).await?;
+        let copy: Arc<dyn Catalog> = Arc::new(RocksCatalog::open(&dir.join("catalog"))?);
+        let target = engine::open(kind, &dir.join(kind.name()), &config).await?;
+        let mut report = BackupReport { objects: copy.stats().await?.objects, ..BackupReport::default() };
+        progress.set_length(copy.stats().await?.blob_bytes.max(0) as u64);
+        let mut after = None;
+        loop {
+            let page = copy.list_blobs(after, PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.digest);
+            let mut moved = Vec::new();
+            for blob in page {
+                match copy_blob(self.engine.as_ref(), &target, &blob.blob_ref(), progress).await {
+                    Ok(locator) => {
+                        if locator != blob.locator {
+                            moved.push((blob.digest, locator));
+                        }
+                        report.blobs += 1;
+                        report.bytes += blob.size;
+                    }
+                    // Only the collector deletes recorded bytes, and it
+                    // is held off; a blob nothing refers to may already
+                    // have gone before the checkpoint.
+                    Err(EngineError::NotFound(_)) if blob.refs == 0 => {
+                        copy.remove_dead_blob(&blob.digest, u64::MAX).await?;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            copy.set_locators(&moved).await?;
+        }
+        engine::write_engine_marker(dir, kind)
+            .map_err(|e| StoreError::Internal(format!("writing the engine marker: {e}")))?;
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::CatalogExt;
+    use crate::engine::memory::MemoryEngine;
+    use crate::engine::{BlobEngineExt, EngineConfig, EngineKind};
+    use crate::store::tests::{body, read_all, store_over};
+    use crate::store::{PutOptions, StoreConfig};
+
+    async fn put(store: &Store, key: &str, bytes: &'static [u8]) -> Digest {
+        store.put("files", key, body(bytes), PutOptions::default()).await.unwrap().record.sha256
+    }
+
+    fn hidden() -> ProgressBar {
+        ProgressBar::hidden()
+    }
+
+    #[tokio::test]
+    async fn a_healthy_store_verifies_clean() {
+        let (store, _dir) = store_over(Arc::new(MemoryEngine::new())).await;
+        put(&store, "a", b"alpha").await;
+        put(&store, "b", b"alpha").await;
+        put(&store, "c", b"gamma").await;
+        let report = store.verify(false, &hidden()).await.unwrap();
+        assert_eq!(report.problems, vec![]);
+        assert_eq!((report.objects, report.blobs, report.bytes_read), (3, 2, 10));
+    }
+
+    #[tokio::test]
+    async fn repair_sets_counts_and_totals_and_drops_orphans() {
+        let engine: DynEngine = Arc::new(MemoryEngine::new());
+        let (store, _dir) = store_over(engine.clone()).await;
+        let shared = put(&store, "a", b"alpha").await;
+        put(&store, "b", b"alpha").await;
+        let dropped = put(&store, "c", b"gamma").await;
+        store.delete("files", "c", &Default::default()).await.unwrap();
+        store.catalog.set_refs(&[(shared, 5)]).await.unwrap();
+        store.catalog.set_stats(CatalogStats { objects: 40, ..Default::default() }).await.unwrap();
+        let orphan = engine.put_bytes(bytes::Bytes::from_static(b"nobody's")).await.unwrap();
+
+        let report = store.verify(false, &hidden()).await.unwrap();
+        assert!(report.problems.contains(&Problem::WrongRefs { digest: shared, recorded: 5, counted: 2 }));
+        assert!(report.problems.contains(&Problem::Orphan { digest: orphan.digest, size: 8 }));
+        assert!(report.problems.iter().any(|p| matches!(p, Problem::WrongTotals { .. })));
+        assert_eq!(report.unresolved(), 3, "{:?}", report.problems);
+
+        let repaired = store.verify(true, &hidden()).await.unwrap();
+        assert_eq!((repaired.repaired, repaired.unresolved()), (3, 0));
+        let after = store.verify(false, &hidden()).await.unwrap();
+        assert_eq!(after.problems, vec![]);
+        assert_eq!(store.catalog.get_blob(&shared).await.unwrap().unwrap().refs, 2);
+        // The unreferenced blob went with the orphan; the objects stayed.
+        assert!(store.catalog.get_blob(&dropped).await.unwrap().is_none());
+        assert_eq!(engine.list().await.unwrap().len(), 1);
+        assert_eq!(read_all(&store, "files", "b").await, b"alpha");
+        let totals = store.stats().await.unwrap();
+        assert_eq!((totals.objects, totals.logical_bytes, totals.blobs, totals.blob_bytes), (2, 10, 1, 5));
+    }
+
+    #[tokio::test]
+    async fn lost_bytes_are_reported_and_not_repairable() {
+        let engine: DynEngine = Arc::new(MemoryEngine::new());
+        let (store, _dir) = store_over(engine.clone()).await;
+        let lost = put(&store, "a", b"alpha").await;
+        put(&store, "b", b"beta").await;
+        let blob = store.catalog.get_blob(&lost).await.unwrap().unwrap();
+        engine.delete(&blob.blob_ref()).await.unwrap();
+        let report = store.verify(true, &hidden()).await.unwrap();
+        assert_eq!(report.problems, vec![Problem::MissingBytes { digest: lost }]);
+        assert_eq!(report.unresolved(), 1);
+        // The record stays: the object's bytes may yet be restored.
+        assert!(store.head("files", "a").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_backup_is_a_store_as_of_its_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EngineConfig { inline_threshold: 16, ..EngineConfig::default() };
+        let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
+        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+        let store_config = StoreConfig { engine: Some((EngineKind::Hybrid, config.clone())), ..StoreConfig::default() };
+        let store = Store::open(catalog, engine, store_config).await.unwrap();
+        put(&store, "small", b"tiny").await;
+        put(&store, "large", b"more than sixteen bytes, kept as a file").await;
+        put(&store, "gone", b"deleted before the backup").await;
+        store.delete("files", "gone", &Default::default()).await.unwrap();
+
+        let target = dir.path().join("backup");
+        let report = store.backup(&target, &hidden()).await.unwrap();
+        assert_eq!((report.objects, report.blobs), (2, 3));
+        put(&store, "later", b"written after the backup").await;
+        let refused = store.backup(&target, &hidden()).await;
+        assert!(matches!(refused, Err(StoreError::Internal(m)) if m.contains("not empty")));
+
+        let copy_engine = engine::open(EngineKind::Hybrid, &target.join("hybrid"), &config).await.unwrap();
+        let copy_catalog = Arc::new(RocksCatalog::open(&target.join("catalog")).unwrap());
+        let copy = Store::open(copy_catalog, copy_engine, StoreConfig::default()).await.unwrap();
+        assert_eq!(read_all(&copy, "files", "small").await, b"tiny");
+        assert_eq!(read_all(&copy, "files", "large").await, b"more than sixteen bytes, kept as a file");
+        assert!(matches!(copy.head("files", "later").await, Err(StoreError::NoSuchKey(_))));
+        assert_eq!(copy.verify(false, &hidden()).await.unwrap().problems, vec![]);
+        assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "hybrid\n");
+    }
+}

@@ -1,0 +1,191 @@
+//! `depot verify` and `depot backup` against the real binary: damage is
+//! found and named, repairs leave a clean store, and a backup taken while
+//! the server takes writes serves every object acknowledged before it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{BIN, Server, client, files_under, pattern, sha256_hex};
+
+fn depot(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BIN).args(args).env_remove("DEPOT_DATA").output().unwrap()
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+async fn put(server: &Server, key: &str, body: Vec<u8>) {
+    let r = client().put(server.object_url("files", key)).body(body).send().await.unwrap();
+    assert!(r.status().is_success(), "{key}: {}", r.status());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &["--engine", "fs"]);
+    let (damaged, lost, kept) = (pattern(50_000, 1), pattern(60_000, 2), pattern(70_000, 3));
+    put(&server, "damaged", damaged.clone()).await;
+    put(&server, "lost", lost.clone()).await;
+    put(&server, "kept", kept.clone()).await;
+    server.stop();
+    let d = data.to_str().unwrap();
+    let clean = depot(&["verify", "--data", d, "--engine", "fs"]);
+    assert!(clean.status.success(), "{}", text(&clean));
+    assert!(text(&clean).contains("3 objects, 3 blobs"), "{}", text(&clean));
+
+    let blob_file = |bytes: &[u8]| {
+        let sha = sha256_hex(bytes);
+        files_under(&data.join("fs")).into_iter().find(|p| p.ends_with(&sha)).expect("the blob's file")
+    };
+    let mut bytes = std::fs::read(blob_file(&damaged)).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(blob_file(&damaged), bytes).unwrap();
+    std::fs::remove_file(blob_file(&lost)).unwrap();
+    let stray = pattern(1234, 4);
+    let stray_sha = sha256_hex(&stray);
+    let stray_at = data.join("fs/blobs").join(&stray_sha[..2]).join(&stray_sha[2..4]).join(&stray_sha);
+    std::fs::create_dir_all(stray_at.parent().unwrap()).unwrap();
+    std::fs::write(&stray_at, &stray).unwrap();
+
+    let found = depot(&["verify", "--data", d, "--engine", "fs"]);
+    let report = text(&found);
+    assert_eq!(found.status.code(), Some(1), "{report}");
+    assert!(report.contains(&format!("blob {}: its bytes hash to", sha256_hex(&damaged))), "{report}");
+    assert!(report.contains(&format!("blob {}: its bytes are missing", sha256_hex(&lost))), "{report}");
+    assert!(report.contains(&format!("blob {}: 1234 bytes in the engine", sha256_hex(&stray))), "{report}");
+
+    let repair = depot(&["verify", "--data", d, "--engine", "fs", "--repair"]);
+    assert_eq!(repair.status.code(), Some(1), "lost bytes cannot be repaired: {}", text(&repair));
+    assert!(text(&repair).contains("1 repaired"), "{}", text(&repair));
+    assert!(!stray_at.exists(), "the orphan is still there");
+
+    let server = Server::start_in(&data, &["--engine", "fs"]);
+    let r = client().get(server.object_url("files", "kept")).send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap(), kept);
+    let r = client().get(server.object_url("files", "lost")).send().await.unwrap();
+    assert_eq!(r.status(), 500, "lost bytes are a server error, not an empty body");
+    server.assert_no_panic();
+}
+
+/// One acknowledged write: the body's SHA-256, when it was sent and when
+/// its acknowledgement arrived (microseconds since the epoch).
+struct Version {
+    sha: String,
+    sent: u64,
+    acked: u64,
+}
+
+fn micros_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// Overwrites keys from `writers` clients (one writer per key) until
+/// `stop`; returns each key's versions in order.
+async fn write_until(url: String, writers: usize, stop: Arc<AtomicBool>) -> HashMap<String, Vec<Version>> {
+    let history = Arc::new(Mutex::new(HashMap::<String, Vec<Version>>::new()));
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (url, stop, history) = (url.clone(), stop.clone(), history.clone());
+        tasks.push(tokio::spawn(async move {
+            let http = client();
+            for i in 0u64.. {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let body = pattern([300, 90_000, 700_000][i as usize % 3], w as u64 * 1_000_000 + i);
+                let key = format!("w{w}/{}", i % 40);
+                let sha = sha256_hex(&body);
+                let sent = micros_now();
+                let r = http.put(format!("{url}/files/{key}")).body(body).send().await.unwrap();
+                assert!(r.status().is_success());
+                let version = Version { sha, sent, acked: micros_now() };
+                history.lock().unwrap().entry(key).or_default().push(version);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(history).ok().unwrap().into_inner().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_taken_under_load_serves_what_was_acknowledged_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_in(&data, &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = tokio::spawn(write_until(server.url.clone(), 3, stop.clone()));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let backup = dir.path().join("backup");
+    let args = ["backup", "--data", data.to_str().unwrap(), "--listen", &server.addr, backup.to_str().unwrap()];
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let started = micros_now();
+    let out =
+        tokio::task::spawn_blocking(move || depot(&args.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap();
+    let finished = micros_now();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("asking it at"), "the CLI should have asked the server: {}", text(&out));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    let history = writers.await.unwrap();
+    server.assert_no_panic();
+
+    // The backup is the store at one moment between `started` and
+    // `finished`: each key holds the last version acknowledged before
+    // `started`, or a later one sent before `finished`.
+    let copy = Server::start_in(&backup, &[]);
+    let http = client();
+    let (mut checked, mut later) = (0, 0);
+    for (key, versions) in &history {
+        let r = http.get(copy.object_url("files", key)).send().await.unwrap();
+        let got = match r.status().as_u16() {
+            200 => Some(sha256_hex(&r.bytes().await.unwrap())),
+            404 => None,
+            s => panic!("{key}: {s}"),
+        };
+        let floor = versions.iter().rposition(|v| v.acked < started);
+        let allowed: Vec<&str> =
+            versions[floor.unwrap_or(0)..].iter().filter(|v| v.sent < finished).map(|v| v.sha.as_str()).collect();
+        match got {
+            None => assert!(floor.is_none(), "{key}, acknowledged before the backup began, is not in it"),
+            Some(sha) => assert!(allowed.contains(&sha.as_str()), "{key} holds a version outside the backup's window"),
+        }
+        checked += floor.is_some() as usize;
+        later += versions.iter().filter(|v| v.sent > finished).count();
+    }
+    assert!(
+        checked > 0 && later > 0,
+        "the load must run across the backup ({checked} keys before, {later} writes after)"
+    );
+    drop(copy);
+    let verify = depot(&["verify", "--data", backup.to_str().unwrap()]);
+    assert!(verify.status.success(), "{}", text(&verify));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_of_a_stopped_store_needs_no_server_and_refuses_a_used_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &["--engine", "sqlite"]);
+    put(&server, "a/b.bin", pattern(300_000, 9)).await;
+    server.stop();
+    let backup = dir.path().join("backup");
+    let (d, b) = (data.to_str().unwrap(), backup.to_str().unwrap());
+    let out = depot(&["backup", "--data", d, "--engine", "sqlite", b]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains("asking"), "{}", text(&out));
+    let again = depot(&["backup", "--data", d, "--engine", "sqlite", b]);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("not empty"), "{}", text(&again));
+    let copy = Server::start_in(&backup, &["--engine", "sqlite"]);
+    let r = client().get(copy.object_url("files", "a/b.bin")).send().await.unwrap();
+    assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&pattern(300_000, 9)));
+}

@@ -1,0 +1,142 @@
+//! Security promises against the real binary: an open server only on
+//! loopback, hostile keys never become paths, backups over the network
+//! only with credentials, and a request ID on every answer and every
+//! logged error.
+
+mod common;
+
+use std::path::Path;
+
+use common::{BIN, Server, client, files_under, raw, status_of};
+
+/// This machine's first address that is not loopback, if it has one.
+fn outside_address() -> Option<String> {
+    let out = std::process::Command::new("hostname").arg("-I").output().ok()?;
+    String::from_utf8_lossy(&out.stdout).split_whitespace().find(|a| !a.contains(':')).map(str::to_string)
+}
+
+#[test]
+fn a_public_address_needs_credentials_or_an_explicit_opt_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let out =
+        std::process::Command::new(BIN).args(["serve", "--data", data, "--listen", "0.0.0.0:0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without credentials"));
+    let mut open = Server::start(&["--listen", "0.0.0.0:0", "--allow-anonymous-write"]);
+    assert!(open.alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_stay_inside_the_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_in(&data, &["--engine", "fs"]);
+    // Sent byte for byte: an HTTP client library would resolve the dot
+    // segments before sending.
+    let hostile = [
+        "../../escape-1",
+        "../escape-2",
+        "a/../../escape-3",
+        "%2F..%2F..%2Fescape-4",
+        "..%5C..%5Cescape-5",
+        "./././escape-6",
+        "escape-7/..",
+        "....//escape-8",
+        "%2e%2e/%2e%2e/escape-9",
+        "escape-10%00hidden",
+    ];
+    let quiet = std::time::Duration::from_millis(300);
+    for key in hostile {
+        let body = format!("body of {key}");
+        let put = format!(
+            "PUT /files/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw(&server.addr, put.as_bytes(), quiet);
+        match status_of(&answer) {
+            // Stored as an ordinary key: it reads back under that key.
+            200 | 201 => {
+                let get = format!("GET /files/{key} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let got = raw(&server.addr, get.as_bytes(), quiet);
+                assert_eq!(status_of(&got), 200, "{key}: {got}");
+                assert!(got.ends_with(&body), "{key}: {got}");
+            }
+            400 => {}
+            _ => panic!("{key}: {answer}"),
+        }
+    }
+    drop(server);
+    let outside: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(outside, vec!["data"], "something was written beside the data directory");
+    for file in files_under(&data) {
+        let name = file.strip_prefix(&data).unwrap().to_string_lossy().to_string();
+        assert!(!name.contains("escape"), "a key became a path: {name}");
+    }
+    for escaped in ["/etc/escape-4", "/escape-1", "/tmp/escape-1"] {
+        assert!(!Path::new(escaped).exists(), "{escaped} exists");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_over_the_network_need_credentials() {
+    let Some(ip) = outside_address() else {
+        eprintln!("skipped: this machine has no address but loopback");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&["--listen", "0.0.0.0:0", "--allow-anonymous-write"]);
+    let port = server.addr.rsplit(':').next().unwrap();
+    let target = dir.path().join("copy");
+    let http = client();
+    let remote = format!("http://{ip}:{port}/_/backup");
+    let r = http.post(&remote).query(&[("dir", target.to_str().unwrap())]).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("need credentials"));
+    assert!(!target.exists());
+    let local = format!("http://127.0.0.1:{port}/_/backup");
+    let r = http.post(&local).query(&[("dir", target.to_str().unwrap())]).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert!(target.join("catalog").is_dir());
+    let r = http.post(&local).query(&[("dir", "relative/path")]).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_and_every_logged_error_has_a_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_in(&data, &["--engine", "fs"]);
+    let http = client();
+    let id = |r: &reqwest::Response| r.headers().get("x-request-id").unwrap().to_str().unwrap().to_string();
+
+    let missing = http.get(server.object_url("files", "nothing")).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    let generated = id(&missing);
+    assert!(generated.len() == 16 && generated.bytes().all(|b| b.is_ascii_hexdigit()), "{generated}");
+    assert_eq!(missing.headers()["x-amz-request-id"], generated.as_str());
+
+    let given =
+        http.get(format!("{}/_/health", server.url)).header("x-request-id", "proxy-7f3a.1").send().await.unwrap();
+    assert_eq!(id(&given), "proxy-7f3a.1");
+    let hostile = http.get(format!("{}/_/health", server.url)).header("x-request-id", "a b\"<c>").send().await.unwrap();
+    assert_ne!(id(&hostile), "a b\"<c>");
+
+    // A server error: the object's bytes vanished from under the server.
+    let put = http.put(server.object_url("files", "doomed")).body(vec![7u8; 5000]).send().await.unwrap();
+    assert!(put.status().is_success());
+    for file in files_under(&data.join("fs/blobs")) {
+        std::fs::remove_file(file).unwrap();
+    }
+    let failed = http.get(server.object_url("files", "doomed")).send().await.unwrap();
+    assert_eq!(failed.status(), 500);
+    let failed_id = id(&failed);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let log = server.log.lock().unwrap().clone();
+    let line = log.lines().find(|l| l.contains(&failed_id) && l.contains("request failed"));
+    assert!(
+        line.is_some_and(|l| l.contains("status=500") && l.contains("doomed")),
+        "no log line for {failed_id}:\n{log}"
+    );
+    assert!(log.lines().any(|l| l.contains(&failed_id) && l.contains("bytes are missing")), "{log}");
+}
