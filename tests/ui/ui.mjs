@@ -207,6 +207,15 @@ try {
   await row(page, 'trips/').waitFor();
   assert.equal(await row(page, 'trips/').getAttribute('data-kind'), 'dir');
 
+  step('errors are shown plainly');
+  await page.goto(OPEN + '/no-such-bucket/');
+  await statusSays(page, /Could not list: 404: .*no-such-bucket/);
+  await page.setInputFiles('#files', { name: 'lost.txt', mimeType: 'text/plain', buffer: Buffer.from('lost\n') });
+  await page.waitForSelector('#uploads li[data-state="failed"]');
+  assert.match(await page.textContent('#uploads li[data-state="failed"]'), /failed: 404: .*no-such-bucket/);
+  await screenshot(page, 'errors');
+  await page.goto(OPEN + '/photos/');
+
   step('stats panel');
   const stats = await (await fetch(OPEN + '/_/stats')).json();
   const objects = BIG + 2 + 3; // big, clip + notes, the folder marker + day1 + odd
