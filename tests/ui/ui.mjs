@@ -210,6 +210,7 @@ try {
   step('errors are shown plainly');
   await page.goto(OPEN + '/no-such-bucket/');
   await statusSays(page, /Could not list: 404: .*no-such-bucket/);
+  assert.equal(await page.locator('#rows td.empty').count(), 0, 'a failed listing does not claim the folder is empty');
   await page.setInputFiles('#files', { name: 'lost.txt', mimeType: 'text/plain', buffer: Buffer.from('lost\n') });
   await page.waitForSelector('#uploads li[data-state="failed"]');
   assert.match(await page.textContent('#uploads li[data-state="failed"]'), /failed: 404: .*no-such-bucket/);

@@ -8,7 +8,7 @@
   const $ = (id) => document.getElementById(id);
   const PAGE = 200;
   const REGION = 'us-east-1';
-  const S = { cfg: null, cred: null, bucket: null, prefix: '', search: '', cursors: [null], next: null, items: [], sort: { key: 'name', dir: 1 }, seq: 0 };
+  const S = { cfg: null, cred: null, bucket: null, prefix: '', search: '', cursors: [null], next: null, items: [], sort: { key: 'name', dir: 1 }, seq: 0, failed: false };
   const enc = new TextEncoder();
 
   // --- SHA-256 and HMAC: WebCrypto exists only in secure contexts, and a
@@ -194,7 +194,7 @@
     const rows = $('rows');
     rows.replaceChildren();
     for (const it of sorted()) rows.append(row(it));
-    if (!S.items.length) {
+    if (!S.items.length && !S.failed) {
       const msg = S.bucket === null ? (mode() === 'anon' ? 'No public buckets. Sign in to see yours.' : 'No buckets yet.') : S.search ? 'Nothing starts with that prefix.' : 'This folder is empty.';
       rows.append(el('tr', {}, el('td', { colspan: 5, class: 'empty' }, msg)));
     }
@@ -247,11 +247,13 @@
       if (seq !== S.seq) return;
       S.items = items;
       S.next = next;
+      S.failed = false;
       render();
     } catch (e) {
       if (seq !== S.seq) return;
       S.items = [];
       S.next = null;
+      S.failed = true;
       render();
       say(`Could not list: ${e.message}`, true);
     }
