@@ -54,3 +54,29 @@ depot_install_s3_clients() {
   "$venv/bin/pip" install -q --disable-pip-version-check "${S3_CLIENT_PIP[@]}"
   echo "$want" >"$stamp"
 }
+
+# The end-to-end tests of the web UI (tests/ui.rs) drive Debian's Chromium
+# with playwright-core from npm (the library only: it downloads no browser).
+# Node.js and npm come from Debian unless some other Node.js is installed.
+UI_TEST_PACKAGES=(chromium)
+UI_TEST_NPM=(playwright-core@1.56.1)
+UI_TEST_DIR=/var/cache/depot/ui-tests
+
+# Installs UI_TEST_NPM into UI_TEST_DIR unless exactly those versions are
+# there already; the list is written last, so an interrupted install is
+# redone on the next run.
+depot_install_ui_tests() {
+  local dir=$UI_TEST_DIR stamp="$UI_TEST_DIR/depot-pins.txt"
+  local want
+  want=$(printf '%s\n' "${UI_TEST_NPM[@]}")
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ -f "$dir/node_modules/playwright-core/package.json" ]; then
+    return 0
+  fi
+  command -v npm >/dev/null || depot_install_packages nodejs npm
+  echo "installing ${UI_TEST_NPM[*]} into $dir" >&2
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  (cd "$dir" && echo '{"private":true}' >package.json \
+    && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-audit --no-fund --loglevel=error "${UI_TEST_NPM[@]}")
+  echo "$want" >"$stamp"
+}

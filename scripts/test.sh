@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 source scripts/services.sh
-depot_install_packages "${BUILD_PACKAGES[@]}" "${S3_CLIENT_PACKAGES[@]}"
+depot_install_packages "${BUILD_PACKAGES[@]}" "${S3_CLIENT_PACKAGES[@]}" "${UI_TEST_PACKAGES[@]}"
 depot_install_s3_clients
 export DEPOT_TEST_S3_CLIENTS="$S3_CLIENTS_VENV"
+depot_install_ui_tests
+export DEPOT_TEST_UI="$UI_TEST_DIR"
 
 echo "== services"
 start_postgres

@@ -325,7 +325,11 @@ async fn html_listing_shows_escaped_key_names() {
     put_new(&s, "plain.txt", b"x").await;
     put_new(&s, "<b>bold&co.txt", b"y").await;
     let url = format!("{}/{B}/", s.url);
-    let r = send(Method::GET, &url, &[("accept", "text/html")], None).await;
+    // Browsers get the web UI; other clients (curl's */*) the plain table.
+    let r = send(Method::GET, &url, &[("accept", "text/html,application/xhtml+xml,*/*;q=0.8")], None).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("/_/ui/app.js"));
+    let r = send(Method::GET, &url, &[("accept", "*/*")], None).await;
     assert_eq!(r.status(), 200);
     assert!(header(&r, "content-type").starts_with("text/html"));
     let html = r.text().await.unwrap();

@@ -52,6 +52,9 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
             .filter(|n| (1..=MAX_LIMIT).contains(n))
             .ok_or_else(|| ApiError::bad_request(format!("limit must be a number from 1 to {MAX_LIMIT}")))?,
     };
+    // `?prefix=` narrows a folder to the keys that start with more: a
+    // search by prefix.
+    let prefix = &format!("{prefix}{}", query_value(&q, "prefix").unwrap_or(""));
     let list = ListQuery {
         prefix: prefix.to_string(),
         after: query_value(&q, "after").map(str::to_string),

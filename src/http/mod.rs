@@ -10,6 +10,7 @@ pub mod metrics;
 mod native;
 pub mod range;
 mod s3;
+mod ui;
 
 use std::convert::Infallible;
 use std::io;
@@ -91,8 +92,8 @@ impl App {
         Ok(App { store, limits, metrics: Metrics::default(), secrets, s3 })
     }
 
-    /// Whether requests must carry credentials.
-    pub fn has_credentials(&self) -> bool {
+    /// Whether requests need a secret or a signature.
+    pub fn auth_required(&self) -> bool {
         !self.secrets.is_empty()
     }
 
@@ -143,7 +144,10 @@ impl App {
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
         // buckets and answers everything else with AccessDenied.
-        let mut response = if s3::is_s3(&req) || !self.authorized(&req) {
+        let authorized = self.authorized(&req);
+        let mut response = if let Some(r) = ui::answer(&self, &req, !authorized).await {
+            r
+        } else if s3::is_s3(&req) || !authorized {
             s3::handle(&self.s3, req).await
         } else {
             match native::route(&self, req).await {

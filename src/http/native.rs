@@ -261,7 +261,7 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
 /// server's, not the client's.
 async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
     let local = req.extensions().get::<std::net::SocketAddr>().is_some_and(|peer| peer.ip().is_loopback());
-    if !app.has_credentials() && !local {
+    if !app.auth_required() && !local {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "AccessDenied",

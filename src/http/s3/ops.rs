@@ -29,6 +29,15 @@ fn ok<T>(output: T) -> S3Result<S3Response<T>> {
     Ok(S3Response::new(output))
 }
 
+/// An object's answer, with its SHA-256 as the native API gives it.
+fn with_sha256<T>(output: T, record: &ObjectRecord) -> S3Result<S3Response<T>> {
+    let mut r = S3Response::new(output);
+    if let Ok(v) = http::HeaderValue::from_str(&record.sha256.to_hex()) {
+        r.headers.insert("x-depot-sha256", v);
+    }
+    Ok(r)
+}
+
 fn etag(record: &ObjectRecord) -> ETag {
     ETag::Strong(record.etag.clone())
 }
@@ -369,23 +378,27 @@ impl S3 for DepotS3 {
             }
         };
         let body = self.store.read(&record, range).await.map_err(to_s3)?;
-        ok(GetObjectOutput {
+        let output = GetObjectOutput {
             body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
             content_length: Some(range.len() as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
-            content_type: Some(record.content_type.clone()),
+            // The response-* query parameters override what is stored, as
+            // in S3 (presigned download links name the file this way).
+            content_type: Some(input.response_content_type.clone().unwrap_or_else(|| record.content_type.clone())),
+            content_disposition: input.response_content_disposition.clone(),
             e_tag: Some(etag(&record)),
             last_modified: Some(modified(&record)),
             metadata: metadata(&record),
             ..Default::default()
-        })
+        };
+        with_sha256(output, &record)
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
-        ok(HeadObjectOutput {
+        let output = HeadObjectOutput {
             content_length: Some(record.size as i64),
             accept_ranges: Some("bytes".into()),
             content_type: Some(record.content_type.clone()),
@@ -393,7 +406,8 @@ impl S3 for DepotS3 {
             last_modified: Some(modified(&record)),
             metadata: metadata(&record),
             ..Default::default()
-        })
+        };
+        with_sha256(output, &record)
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {

@@ -1,0 +1,112 @@
+//! The web UI: one HTML page, a script and a style sheet, embedded in the
+//! binary. Browsers that open `/` or a folder of a bucket get the page;
+//! the script then talks to the native API (and, for signed links and
+//! anonymous visitors, to the S3 API).
+//!
+//! Everything under `/_/ui/` is answered here, before authentication: the
+//! assets, and `/_/ui/config`, which tells the page whether it must ask for
+//! credentials and which buckets anonymous visitors may read.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, StatusCode, header};
+use serde_json::json;
+
+use super::error::ApiError;
+use super::native::Endpoint;
+use super::{App, Request, Response, empty, error_response, full, json};
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+
+/// Answers the request if it is the UI's: an asset, the configuration, or
+/// a page a browser navigates to. `None`: not the UI's.
+pub(super) async fn answer(app: &Arc<App>, req: &Request, anonymous: bool) -> Option<Response> {
+    let path = req.uri().path();
+    let read = req.method() == Method::GET || req.method() == Method::HEAD;
+    if let Some(name) = path.strip_prefix("/_/ui/") {
+        if !read {
+            return Some(error_response(&ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("{} is not allowed here", req.method()),
+            )));
+        }
+        return Some(match name {
+            "app.js" => asset(req, "text/javascript; charset=utf-8", APP_JS),
+            "app.css" => asset(req, "text/css; charset=utf-8", APP_CSS),
+            "config" => config(app).await,
+            _ => error_response(&ApiError::new(StatusCode::NOT_FOUND, "NoSuchRoute", format!("no route {path}"))),
+        });
+    }
+    (read && is_page(req, anonymous)).then(|| asset(req, "text/html; charset=utf-8", INDEX_HTML))
+}
+
+/// A browser navigating to the buckets or to a folder: it accepts HTML,
+/// asks for no JSON, and the request is not an S3 one.
+fn is_page(req: &Request, anonymous: bool) -> bool {
+    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !accept.contains("text/html") || req.uri().query().is_some_and(|q| q.contains("format=")) {
+        return false;
+    }
+    // An anonymous request for `/` would be S3's ListBuckets, refused: the
+    // page is what a browser wants there. Query strings of other anonymous
+    // requests are S3's.
+    if anonymous && req.uri().path() != "/" && req.uri().query().is_some() {
+        return false;
+    }
+    if super::s3::is_s3(req) {
+        return false;
+    }
+    match Endpoint::parse(req.uri().path()) {
+        Ok(Endpoint::Root | Endpoint::Bucket(_)) => true,
+        Ok(Endpoint::Object { key, .. }) => key.ends_with('/'),
+        _ => false,
+    }
+}
+
+/// What the page needs before it shows anything.
+async fn config(app: &Arc<App>) -> Response {
+    let auth_required = app.auth_required();
+    let public: Vec<String> = if auth_required {
+        match app.store.buckets().await {
+            Ok(buckets) => buckets.into_iter().filter(|b| b.public_read).map(|b| b.name).collect(),
+            Err(e) => return error_response(&e.into()),
+        }
+    } else {
+        Vec::new()
+    };
+    let mut r = json(StatusCode::OK, &json!({ "auth_required": auth_required, "public_buckets": public }));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// An embedded file, with an ETag (the page revalidates it on every load:
+/// a new binary serves new assets at once).
+fn asset(req: &Request, content_type: &str, body: &'static str) -> Response {
+    let etag = etag_of(body);
+    let fresh = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    // hyper sends no body in answer to HEAD.
+    let mut r = if fresh { empty(StatusCode::NOT_MODIFIED) } else { full(StatusCode::OK, content_type, body) };
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    r
+}
+
+/// A strong ETag for an embedded file (hashing a few kilobytes per request
+/// costs microseconds).
+fn etag_of(body: &str) -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    body.hash(&mut hasher);
+    format!("\"{:016x}-{:x}\"", hasher.finish(), body.len())
+}

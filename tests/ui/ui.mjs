@@ -1,0 +1,318 @@
+// End-to-end test of the web UI in headless Chromium, driven by
+// playwright-core. Run by tests/ui.rs, which starts the servers and passes:
+//   DEPOT_TEST_UI        where playwright-core is installed
+//   UI_OPEN_URL          a server without credentials, with a bucket
+//                        `big` of UI_BIG_OBJECTS objects
+//   UI_AUTH_URL          a server with credentials UI_AK / UI_SK
+//   UI_ARTIFACTS         where screenshots go
+import { createRequire } from 'node:module';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import assert from 'node:assert/strict';
+
+const env = (name) => {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set`);
+  return v;
+};
+const require = createRequire(path.join(env('DEPOT_TEST_UI'), 'node_modules', 'x.js'));
+const { chromium } = require('playwright-core');
+const OPEN = env('UI_OPEN_URL'), AUTH = env('UI_AUTH_URL'), ART = env('UI_ARTIFACTS');
+const AK = env('UI_AK'), SK = env('UI_SK');
+const BIG = Number(env('UI_BIG_OBJECTS'));
+const FIXTURES = path.join(path.dirname(new URL(import.meta.url).pathname), 'fixtures');
+fs.mkdirSync(ART, { recursive: true });
+
+const sha256 = (b) => createHash('sha256').update(b).digest('hex');
+const pattern = (n, seed) => { const b = Buffer.alloc(n); let x = seed; for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; b[i] = x >>> 24; } return b; };
+let shot = 0;
+async function screenshot(page, name) {
+  const file = path.join(ART, `${String(++shot).padStart(2, '0')}-${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+}
+const step = (s) => console.log(`-- ${s}`);
+const row = (page, key) => page.locator(`#rows tr[data-key="${key}"]`);
+
+async function ask(page, values) {
+  const d = page.locator('#ask');
+  await d.waitFor({ state: 'visible' });
+  for (const [name, value] of Object.entries(values)) {
+    const input = d.locator(`input[name="${name}"]`);
+    if (typeof value === 'boolean') await input.setChecked(value);
+    else await input.fill(value);
+  }
+  await d.locator('#ask-ok').click();
+  await d.waitFor({ state: 'hidden' });
+}
+
+async function dropFile(page, name, type, bytes) {
+  const dt = await page.evaluateHandle(({ name, type, b64 }) => {
+    const dt = new DataTransfer();
+    dt.items.add(new File([Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))], name, { type }));
+    return dt;
+  }, { name, type, b64: bytes.toString('base64') });
+  await page.dispatchEvent('#main', 'dragenter', { dataTransfer: dt });
+  await page.dispatchEvent('#main', 'dragover', { dataTransfer: dt });
+  await page.dispatchEvent('#main', 'drop', { dataTransfer: dt });
+}
+
+async function statusSays(page, re) {
+  await page.waitForFunction((src) => new RegExp(src).test(document.getElementById('status').textContent), re.source);
+}
+
+/** Opens the preview of a video and seeks; returns the statuses its URL got. */
+async function videoSeeks(page, key) {
+  const statuses = [];
+  const watch = (r) => { if (decodeURIComponent(new URL(r.url()).pathname).endsWith('/' + key)) statuses.push(r.status()); };
+  page.on('response', watch);
+  await row(page, key).locator('button.file').click();
+  const video = page.locator('#pv-body video');
+  await video.waitFor();
+  await page.waitForFunction(() => document.querySelector('#pv-body video')?.readyState >= 1, null, { timeout: 20000 });
+  const duration = await video.evaluate((v) => v.duration);
+  assert.ok(duration > 7 && duration < 9, `the video lasts 8 s, the player says ${duration}`);
+  const at = await video.evaluate((v) => new Promise((resolve, reject) => {
+    v.addEventListener('seeked', () => resolve(v.currentTime), { once: true });
+    v.addEventListener('error', () => reject(new Error(`media error ${v.error && v.error.code}`)), { once: true });
+    v.currentTime = 6;
+  }));
+  assert.ok(Math.abs(at - 6) < 0.5, `seeked to ${at}`);
+  await page.waitForFunction(() => document.querySelector('#pv-body video').readyState >= 2, null, { timeout: 20000 });
+  page.off('response', watch);
+  assert.ok(statuses.includes(206), `the player got 206 Partial Content (statuses: ${statuses})`);
+  return statuses;
+}
+
+async function download(page, key) {
+  const [dl] = await Promise.all([page.waitForEvent('download'), row(page, key).getByRole('link', { name: `Download ${key.split('/').pop()}` }).click()]);
+  assert.equal(dl.suggestedFilename(), key.split('/').pop());
+  return fs.readFileSync(await dl.path());
+}
+
+const browser = await chromium.launch({
+  executablePath: '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+});
+try {
+  const ctx = await browser.newContext({ viewport: { width: 1200, height: 800 }, acceptDownloads: true });
+  const page = await ctx.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+
+  step('page weight');
+  let weight = 0;
+  for (const p of ['/', '/_/ui/app.js', '/_/ui/app.css']) {
+    const r = await fetch(OPEN + p, { headers: { Accept: 'text/html' } });
+    assert.equal(r.status, 200, p);
+    weight += (await r.arrayBuffer()).byteLength;
+    if (p !== '/') {
+      const again = await fetch(OPEN + p, { headers: { 'If-None-Match': r.headers.get('etag') } });
+      assert.equal(again.status, 304, `${p} revalidates with its ETag`);
+    }
+  }
+  console.log(`page weight: ${(weight / 1024).toFixed(1)} KiB (HTML + JS + CSS, uncompressed)`);
+
+  step('buckets, create a bucket');
+  await page.goto(OPEN + '/');
+  await page.waitForSelector('#rows tr[data-kind="bucket"]');
+  await screenshot(page, 'buckets');
+  await page.click('#new-bucket');
+  await ask(page, { name: 'photos' });
+  await page.waitForURL(OPEN + '/photos/');
+  await page.waitForSelector('#rows td.empty');
+
+  step('upload two files with the picker and one by drag and drop');
+  const bin = pattern(300_000, 7);
+  const binFile = path.join(ART, 'random.bin');
+  fs.writeFileSync(binFile, bin);
+  const clip = fs.readFileSync(path.join(FIXTURES, 'clip.webm'));
+  await page.setInputFiles('#files', [binFile, path.join(FIXTURES, 'clip.webm')]);
+  const notes = Buffer.from('Notes about depot: ünïcode and all.\n'.repeat(40));
+  await dropFile(page, 'notes.txt', 'text/plain', notes);
+  await page.waitForFunction(() => document.querySelectorAll('#uploads li[data-state="done"]').length === 3, null, { timeout: 30000 });
+  await screenshot(page, 'uploaded');
+  for (const [key, bytes, human] of [['random.bin', bin, '293 KiB'], ['clip.webm', clip, '65 KiB'], ['notes.txt', notes, '1.5 KiB']]) {
+    const size = row(page, key).locator('td.num');
+    await size.waitFor();
+    assert.equal(Number(await size.getAttribute('data-size')), bytes.length, `${key} size`);
+    assert.equal(await size.textContent(), human, `${key} size in human units`);
+  }
+  assert.equal(await row(page, 'clip.webm').locator('td').nth(3).textContent(), 'video/webm');
+
+  step('download one and compare bytes');
+  assert.ok((await download(page, 'random.bin')).equals(bin), 'downloaded bytes equal the uploaded ones');
+
+  step('sorting and search by prefix');
+  await page.click('button[data-sort="size"]');
+  assert.deepEqual(await page.locator('#rows tr').evaluateAll((rs) => rs.map((r) => r.dataset.key)), ['notes.txt', 'clip.webm', 'random.bin']);
+  await page.click('button[data-sort="size"]');
+  assert.equal(await page.locator('#rows tr').first().getAttribute('data-key'), 'random.bin');
+  await page.fill('#search', 'no');
+  await page.waitForFunction(() => document.body.dataset.listed === '1');
+  assert.equal(await page.locator('#rows tr').first().getAttribute('data-key'), 'notes.txt');
+  await page.fill('#search', '');
+  await page.waitForFunction(() => document.body.dataset.listed === '3');
+
+  step('preview a text file, with its digests; keyboard opens it');
+  await row(page, 'notes.txt').locator('button.file').focus();
+  await page.keyboard.press('Enter');
+  await page.waitForSelector('#pv-body pre');
+  assert.equal(await page.textContent('#pv-body pre'), notes.toString());
+  assert.equal(await page.textContent('[data-meta="SHA-256"]'), sha256(notes));
+  assert.equal(await page.textContent('[data-meta="Content type"]'), 'text/plain');
+  assert.match(await page.textContent('[data-meta="ETag"]'), /^[0-9a-f]{32}$/);
+  await screenshot(page, 'preview-text');
+  await page.keyboard.press('Escape');
+  await page.locator('#preview').waitFor({ state: 'hidden' });
+
+  step('play the video and seek');
+  const statuses = await videoSeeks(page, 'clip.webm');
+  console.log(`video responses: ${statuses.join(' ')}`);
+  await screenshot(page, 'preview-video');
+  await page.click('#pv-close');
+
+  step('copy link');
+  await row(page, 'notes.txt').getByRole('button', { name: 'Copy link to notes.txt' }).click();
+  await statusSays(page, /notes\.txt/);
+  const link = (await page.textContent('#status')).match(/(http\S+)/)[1];
+  assert.ok(Buffer.from(await (await fetch(link)).arrayBuffer()).equals(notes), 'the copied link serves the file');
+
+  step('delete with confirmation');
+  await row(page, 'random.bin').getByRole('button', { name: 'Delete random.bin' }).click();
+  await page.locator('#ask').waitFor({ state: 'visible' });
+  await screenshot(page, 'delete-confirm');
+  await page.click('#ask button[value="cancel"]');
+  assert.equal(await row(page, 'random.bin').count(), 1, 'cancel keeps the file');
+  await row(page, 'random.bin').getByRole('button', { name: 'Delete random.bin' }).click();
+  await page.click('#ask-ok');
+  await row(page, 'random.bin').waitFor({ state: 'detached' });
+  assert.equal((await fetch(OPEN + '/photos/random.bin', { method: 'HEAD' })).status, 404);
+
+  step('create a folder, upload into it, breadcrumbs');
+  await page.click('#new-folder');
+  await ask(page, { name: 'trips' });
+  await page.waitForURL(OPEN + '/photos/trips/');
+  await page.setInputFiles('#files', { name: 'day1.txt', mimeType: 'text/plain', buffer: Buffer.from('day one\n') });
+  await row(page, 'trips/day1.txt').waitFor();
+  assert.equal(await page.locator('#rows tr').count(), 1, 'the folder marker is not listed as a file');
+  const odd = '<img src=x onerror=alert(1)>&co.txt';
+  await page.setInputFiles('#files', { name: odd, mimeType: 'text/plain', buffer: Buffer.from('odd\n') });
+  await page.waitForFunction(() => document.body.dataset.listed === '2');
+  assert.equal(await row(page, `trips/${odd}`).locator('button.file').textContent(), odd, 'names are shown as text');
+  assert.equal(await page.locator('#rows img').count(), 0);
+  assert.deepEqual(await page.locator('#crumbs a, #crumbs [aria-current]').allTextContents(), ['Buckets', 'photos', 'trips']);
+  await screenshot(page, 'folder');
+  await page.click('#crumbs a:text("photos")');
+  await row(page, 'trips/').waitFor();
+  assert.equal(await row(page, 'trips/').getAttribute('data-kind'), 'dir');
+
+  step('errors are shown plainly');
+  await page.goto(OPEN + '/no-such-bucket/');
+  await statusSays(page, /Could not list: 404: .*no-such-bucket/);
+  assert.equal(await page.locator('#rows td.empty').count(), 0, 'a failed listing does not claim the folder is empty');
+  await page.setInputFiles('#files', { name: 'lost.txt', mimeType: 'text/plain', buffer: Buffer.from('lost\n') });
+  await page.waitForSelector('#uploads li[data-state="failed"]');
+  assert.match(await page.textContent('#uploads li[data-state="failed"]'), /failed: 404: .*no-such-bucket/);
+  await screenshot(page, 'errors');
+  await page.goto(OPEN + '/photos/');
+
+  step('stats panel');
+  const stats = await (await fetch(OPEN + '/_/stats')).json();
+  const objects = BIG + 2 + 3; // big, clip + notes, the folder marker + day1 + odd
+  assert.equal(stats.objects, objects);
+  await page.reload();
+  await page.waitForSelector('#stats:not([hidden]) [data-stat="objects"]');
+  for (const k of ['objects', 'logical_bytes', 'disk_bytes', 'dedup_saved_bytes', 'engine']) {
+    assert.equal(await page.getAttribute(`[data-stat="${k}"]`, 'title'), String(stats[k]), k);
+  }
+  assert.equal(await page.textContent('[data-stat="objects"]'), String(objects));
+  await screenshot(page, 'listing');
+  fs.copyFileSync(path.join(ART, `${String(shot).padStart(2, '0')}-listing.png`), path.join(ART, 'listing.png'));
+
+  step(`time to first listing of ${BIG} objects`);
+  const t0 = Date.now();
+  await page.goto(OPEN + '/big/');
+  await page.waitForSelector('#rows tr[data-kind="file"]');
+  const ms = Date.now() - t0;
+  console.log(`time to first listing (${BIG} objects): ${ms} ms`);
+  const first = await page.locator('#rows tr').evaluateAll((rs) => rs.map((r) => r.dataset.key));
+  assert.equal(first.length, 200);
+  await screenshot(page, 'big');
+  await page.click('#next');
+  await page.waitForFunction((k) => document.querySelector('#rows tr')?.dataset.key > k, first[first.length - 1]);
+  assert.equal(await page.textContent('#page'), 'Page 2');
+  await page.click('#prev');
+  await page.waitForFunction((k) => document.querySelector('#rows tr')?.dataset.key === k, first[0]);
+
+  step('phone width');
+  const phone = await browser.newContext({ viewport: { width: 375, height: 740 }, isMobile: true, hasTouch: true });
+  const small = await phone.newPage();
+  await small.goto(OPEN + '/photos/');
+  await small.waitForSelector('#rows tr[data-kind="file"]');
+  const overflow = await small.evaluate(() => document.documentElement.scrollWidth - 375);
+  assert.ok(overflow <= 0, `no sideways scrolling at phone width (${overflow}px too wide)`);
+  await screenshot(small, 'phone');
+  await phone.close();
+
+  step('credentials: sign in, public bucket, anonymous visitor');
+  const auth = await browser.newContext({ viewport: { width: 1200, height: 800 }, acceptDownloads: true });
+  const ap = await auth.newPage();
+  ap.on('pageerror', (e) => errors.push(e.message));
+  await ap.goto(AUTH + '/');
+  await ap.locator('#ask').waitFor({ state: 'visible' });
+  await screenshot(ap, 'sign-in');
+  // A wrong secret is refused and the dialog asks again.
+  await ap.fill('#ask input[name="ak"]', AK);
+  await ap.fill('#ask input[name="sk"]', 'wrong-secret');
+  await ap.click('#ask-ok');
+  await statusSays(ap, /refused/);
+  await ask(ap, { ak: AK, sk: SK });
+  await statusSays(ap, new RegExp(`Signed in as ${AK}`));
+  await ap.click('#new-bucket');
+  await ask(ap, { name: 'shared', public: true });
+  await ap.waitForURL(AUTH + '/shared/');
+  const hello = Buffer.from('hello from a public bucket\n');
+  await ap.setInputFiles('#files', [{ name: 'hello.txt', mimeType: 'text/plain', buffer: hello }, { name: 'clip.webm', mimeType: 'video/webm', buffer: clip }]);
+  await row(ap, 'clip.webm').waitFor();
+  await row(ap, 'hello.txt').waitFor();
+  assert.ok((await download(ap, 'hello.txt')).equals(hello), 'a presigned download serves the bytes');
+  const signed = await videoSeeks(ap, 'clip.webm');
+  console.log(`presigned video responses: ${signed.join(' ')}`);
+  await ap.click('#pv-close');
+  await ap.goto(AUTH + '/');
+  await ap.click('#new-bucket');
+  await ask(ap, { name: 'private' });
+  await ap.waitForURL(AUTH + '/private/');
+  await ap.goto(AUTH + '/');
+  await row(ap, 'private').waitFor();
+  await screenshot(ap, 'signed-in');
+  assert.ok([400, 403].includes((await fetch(AUTH + '/_/stats')).status), 'the API refuses requests without credentials');
+
+  const anon = await browser.newContext({ viewport: { width: 1200, height: 800 } });
+  const an = await anon.newPage();
+  an.on('pageerror', (e) => errors.push(e.message));
+  await an.goto(AUTH + '/');
+  await an.locator('#ask').waitFor({ state: 'visible' });
+  await an.click('#ask button[value="cancel"]');
+  await row(an, 'shared').waitFor();
+  assert.deepEqual(await an.locator('#rows tr').evaluateAll((rs) => rs.map((r) => r.dataset.key)), ['shared'], 'anonymous visitors see the public bucket only');
+  assert.equal(await an.locator('#new-bucket').isHidden(), true);
+  await row(an, 'shared').locator('a').click();
+  await row(an, 'hello.txt').waitFor();
+  assert.equal(Number(await row(an, 'hello.txt').locator('td.num').getAttribute('data-size')), hello.length);
+  assert.equal(await row(an, 'hello.txt').getByRole('button', { name: /Delete/ }).count(), 0);
+  await row(an, 'hello.txt').locator('button.file').click();
+  await an.waitForSelector('#pv-body pre');
+  assert.equal(await an.textContent('#pv-body pre'), hello.toString());
+  assert.equal(await an.textContent('[data-meta="SHA-256"]'), sha256(hello));
+  await screenshot(an, 'anonymous');
+  await an.keyboard.press('Escape');
+  assert.ok((await download(an, 'hello.txt')).equals(hello), 'an anonymous download serves the bytes');
+  assert.equal((await fetch(AUTH + '/private/?format=json')).status, 403);
+
+  assert.deepEqual(errors, [], 'no script errors');
+  console.log(`screenshots: ${ART}`);
+} finally {
+  await browser.close();
+}
