@@ -59,6 +59,8 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     assert!(report.contains(&format!("blob {}: its bytes hash to", sha256_hex(&damaged))), "{report}");
     assert!(report.contains(&format!("blob {}: its bytes are missing", sha256_hex(&lost))), "{report}");
     assert!(report.contains(&format!("blob {}: 1234 bytes in the engine", sha256_hex(&stray))), "{report}");
+    assert!(report.contains("lost or damaged: files/damaged"), "{report}");
+    assert!(report.contains("lost or damaged: files/lost"), "{report}");
 
     let repair = depot(&["verify", "--data", d, "--engine", "fs", "--repair"]);
     assert_eq!(repair.status.code(), Some(1), "lost bytes cannot be repaired: {}", text(&repair));

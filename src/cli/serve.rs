@@ -146,6 +146,9 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         for problem in &report.problems {
             println!("{problem}");
         }
+        for (bucket, key) in &report.damaged_objects {
+            println!("lost or damaged: {bucket}/{key} (upload it again)");
+        }
         println!(
             "{} objects, {} blobs, {} read and hashed: {} problem(s){}",
             report.objects,

@@ -5,7 +5,7 @@
 //! backup copies the blobs a catalog checkpoint points at, and the collector
 //! must not delete one of them in between.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use sha2::Digest as _;
 
 use super::{Result, Store, StoreError};
 use crate::catalog::rocks::RocksCatalog;
-use crate::catalog::{BlobRecord, Catalog, CatalogStats, ListQuery};
+use crate::catalog::{BlobRecord, Catalog, CatalogStats, ListQuery, ObjectRecord};
 use crate::engine::{self, BlobEngine, BlobRef, BlobWriter, ByteRange, Digest, DynEngine, EngineError, Locator};
 
 /// Records read per catalog call while scanning.
@@ -87,12 +87,50 @@ pub struct VerifyReport {
     pub problems: Vec<Problem>,
     /// Problems fixed (with `repair`).
     pub repaired: u64,
+    /// Objects (bucket, key) whose bytes are lost or damaged: they need
+    /// uploading again.
+    pub damaged_objects: Vec<(String, String)>,
 }
 
 impl VerifyReport {
     /// Problems still there after the run.
     pub fn unresolved(&self) -> usize {
         self.problems.len() - self.repaired as usize
+    }
+}
+
+/// Every object of every bucket, a page at a time; hidden buckets too
+/// (pending multipart parts hold references like any object).
+struct ObjectPages<'a> {
+    catalog: &'a dyn Catalog,
+    buckets: std::vec::IntoIter<String>,
+    current: Option<(String, ListQuery)>,
+}
+
+impl<'a> ObjectPages<'a> {
+    async fn new(catalog: &'a dyn Catalog) -> Result<ObjectPages<'a>> {
+        let buckets: Vec<String> = catalog.buckets().await?.into_iter().map(|b| b.name).collect();
+        Ok(ObjectPages { catalog, buckets: buckets.into_iter(), current: None })
+    }
+
+    /// The next page and its bucket; `None` after the last.
+    async fn next(&mut self) -> Result<Option<(String, Vec<ObjectRecord>)>> {
+        loop {
+            let (bucket, query) = match self.current.take() {
+                Some(current) => current,
+                None => match self.buckets.next() {
+                    Some(bucket) => (bucket, ListQuery { limit: PAGE, ..ListQuery::default() }),
+                    None => return Ok(None),
+                },
+            };
+            let page = self.catalog.list_objects(&bucket, &query).await?;
+            if let Some(next) = page.next {
+                self.current = Some((bucket.clone(), ListQuery { after: Some(next), ..query }));
+            }
+            if !page.objects.is_empty() {
+                return Ok(Some((bucket, page.objects)));
+            }
+        }
     }
 }
 
@@ -222,64 +260,77 @@ impl Store {
             report.problems.push(Problem::WrongTotals { recorded, counted: counted_totals });
         }
 
+        let damaged: HashSet<Digest> = report
+            .problems
+            .iter()
+            .filter_map(|p| match p {
+                Problem::MissingBytes { digest } | Problem::CorruptBytes { digest, .. } => Some(*digest),
+                _ => None,
+            })
+            .collect();
+        if !damaged.is_empty() {
+            report.damaged_objects = self.objects_using(&damaged).await?;
+        }
         if repair {
             report.repaired = self.repair(&report.problems, counted_totals, scan).await?;
         }
         Ok(report)
     }
 
-    /// Walks every object of every bucket (hidden ones included: pending
-    /// multipart parts hold references too), checking each against its
-    /// blob records; returns how many parts refer to each blob.
+    /// Walks every object, checking each against its blob records; returns
+    /// how many parts refer to each blob.
     async fn count_references(
         &self,
         report: &mut VerifyReport,
         totals: &mut CatalogStats,
     ) -> Result<HashMap<Digest, u64>> {
         let mut refs: HashMap<Digest, u64> = HashMap::new();
-        for bucket in self.catalog.buckets().await? {
-            let mut query = ListQuery { limit: PAGE, ..ListQuery::default() };
-            loop {
-                let page = self.catalog.list_objects(&bucket.name, &query).await?;
-                let mut digests: Vec<Digest> =
-                    page.objects.iter().flat_map(|o| o.parts.iter().map(|p| p.digest)).collect();
-                digests.sort_unstable();
-                digests.dedup();
-                let blobs: HashMap<Digest, BlobRecord> =
-                    self.catalog.get_blobs(&digests).await?.into_iter().flatten().map(|b| (b.digest, b)).collect();
-                for object in &page.objects {
-                    report.objects += 1;
-                    totals.objects += 1;
-                    totals.logical_bytes += object.size as i64;
-                    let (bucket, key) = (bucket.name.clone(), object.key.clone());
-                    let mut sizes_agree = object.parts.iter().map(|p| p.size).sum::<u64>() == object.size;
-                    for part in &object.parts {
-                        *refs.entry(part.digest).or_default() += 1;
-                        match blobs.get(&part.digest) {
-                            Some(blob) => sizes_agree &= blob.size == part.size,
-                            None => report.problems.push(Problem::DanglingPart {
-                                bucket: bucket.clone(),
-                                key: key.clone(),
-                                digest: part.digest,
-                            }),
-                        }
-                    }
-                    if !sizes_agree {
-                        report.problems.push(Problem::WrongSize { bucket: bucket.clone(), key: key.clone() });
-                    }
-                    if let [only] = object.parts.as_slice()
-                        && only.digest != object.sha256
-                    {
-                        report.problems.push(Problem::WrongDigest { bucket, key });
+        let mut pages = ObjectPages::new(self.catalog.as_ref()).await?;
+        while let Some((bucket, objects)) = pages.next().await? {
+            let mut digests: Vec<Digest> = objects.iter().flat_map(|o| o.parts.iter().map(|p| p.digest)).collect();
+            digests.sort_unstable();
+            digests.dedup();
+            let blobs: HashMap<Digest, BlobRecord> =
+                self.catalog.get_blobs(&digests).await?.into_iter().flatten().map(|b| (b.digest, b)).collect();
+            for object in objects {
+                report.objects += 1;
+                totals.objects += 1;
+                totals.logical_bytes += object.size as i64;
+                let (bucket, key) = (bucket.clone(), object.key);
+                let mut sizes_agree = object.parts.iter().map(|p| p.size).sum::<u64>() == object.size;
+                for part in &object.parts {
+                    *refs.entry(part.digest).or_default() += 1;
+                    match blobs.get(&part.digest) {
+                        Some(blob) => sizes_agree &= blob.size == part.size,
+                        None => report.problems.push(Problem::DanglingPart {
+                            bucket: bucket.clone(),
+                            key: key.clone(),
+                            digest: part.digest,
+                        }),
                     }
                 }
-                match page.next {
-                    Some(next) => query.after = Some(next),
-                    None => break,
+                if !sizes_agree {
+                    report.problems.push(Problem::WrongSize { bucket: bucket.clone(), key: key.clone() });
+                }
+                if let [only] = object.parts.as_slice()
+                    && only.digest != object.sha256
+                {
+                    report.problems.push(Problem::WrongDigest { bucket, key });
                 }
             }
         }
         Ok(refs)
+    }
+
+    /// The objects (bucket, key) with a part in `damaged`.
+    async fn objects_using(&self, damaged: &HashSet<Digest>) -> Result<Vec<(String, String)>> {
+        let mut found = Vec::new();
+        let mut pages = ObjectPages::new(self.catalog.as_ref()).await?;
+        while let Some((bucket, objects)) = pages.next().await? {
+            let hit = objects.into_iter().filter(|o| o.parts.iter().any(|p| damaged.contains(&p.digest)));
+            found.extend(hit.map(|o| (bucket.clone(), o.key)));
+        }
+        Ok(found)
     }
 
     /// Fixes what can be fixed; returns how many problems that was.
@@ -443,6 +494,7 @@ mod tests {
         let report = store.verify(true, &hidden()).await.unwrap();
         assert_eq!(report.problems, vec![Problem::MissingBytes { digest: lost }]);
         assert_eq!(report.unresolved(), 1);
+        assert_eq!(report.damaged_objects, vec![("files".to_string(), "a".to_string())]);
         // The record stays: the object's bytes may yet be restored.
         assert!(store.head("files", "a").await.is_ok());
     }
