@@ -10,7 +10,7 @@
 
 mod guards;
 #[cfg(test)]
-mod model_tests;
+pub(crate) mod model_tests;
 mod multipart;
 pub mod names;
 

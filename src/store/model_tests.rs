@@ -186,6 +186,35 @@ enum Outcome {
     Nothing,
 }
 
+/// A store over a RocksDB catalog and an engine of `kind` under `root`, both
+/// wrapped in fault injectors (all off), seeded with `seed`. Waits for a
+/// previous store on the same files to let them go.
+pub(crate) async fn open_faulty(
+    root: &std::path::Path,
+    kind: EngineKind,
+    seed: u64,
+    config: StoreConfig,
+) -> (Store, Arc<EngineFaults>, Arc<CatalogFaults>) {
+    let engine_config = EngineConfig { inline_threshold: INLINE, chunk_size: Some(1000), ..EngineConfig::default() };
+    let mut tries = 0;
+    let (catalog, engine) = loop {
+        let opened = match RocksCatalog::open(&root.join("catalog")) {
+            Ok(c) => engine::open(kind, &root.join("engine"), &engine_config).await.map(|e| (c, e)).ok(),
+            Err(_) => None,
+        };
+        if let Some(opened) = opened {
+            break opened;
+        }
+        tries += 1;
+        assert!(tries < 200, "the store's files stayed locked after it was dropped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let engine = Arc::new(FaultyEngine::new(engine, seed));
+    let catalog = Arc::new(FaultyCatalog::new(Arc::new(catalog) as Arc<dyn Catalog>, seed));
+    let (ef, cf) = (engine.faults.clone(), catalog.faults.clone());
+    (Store::open(catalog, engine, config).await.expect("opening the store without faults"), ef, cf)
+}
+
 struct Harness {
     dir: tempfile::TempDir,
     plan: Plan,
@@ -206,28 +235,11 @@ impl Harness {
     /// off. Opening waits for the previous instance's files to be let go.
     async fn open(&mut self, faults: bool) {
         self.store = None;
-        let root = self.dir.path();
-        let config = EngineConfig { inline_threshold: INLINE, chunk_size: Some(1000), ..EngineConfig::default() };
-        let mut tries = 0;
-        let (catalog, engine) = loop {
-            let opened = match RocksCatalog::open(&root.join("catalog")) {
-                Ok(c) => engine::open(self.plan.engine, &root.join("engine"), &config).await.map(|e| (c, e)).ok(),
-                Err(_) => None,
-            };
-            if let Some(opened) = opened {
-                break opened;
-            }
-            tries += 1;
-            assert!(tries < 200, "the store's files stayed locked after it was dropped");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
         self.opened += 1;
         let seed = self.plan.seed.wrapping_add(self.opened.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let engine = Arc::new(FaultyEngine::new(engine, seed));
-        let catalog = Arc::new(FaultyCatalog::new(Arc::new(catalog) as Arc<dyn Catalog>, seed));
-        let (ef, cf) = (engine.faults.clone(), catalog.faults.clone());
         let config = StoreConfig { gc_grace: Duration::ZERO, upload_expiry: Duration::from_secs(3600) };
-        self.store = Some(Store::open(catalog, engine, config).await.expect("opening the store without faults"));
+        let (store, ef, cf) = open_faulty(self.dir.path(), self.plan.engine, seed, config).await;
+        self.store = Some(store);
         if faults {
             let p = &self.plan;
             ef.reads.set(p.engine_reads);
