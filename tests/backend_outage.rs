@@ -135,12 +135,17 @@ impl Backend {
         }
     }
 
+    /// Sends `signal` (`TERM`, `STOP`, ...).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let ok = Command::new("kill").arg(format!("-{signal}")).arg(pid).status().unwrap();
+        assert!(ok.success());
+    }
+
     /// Sends `signal` (`TERM`, `KILL`) and waits for the process to end.
     fn stop(&mut self, signal: &str) {
-        let mut child = self.child.take().expect("running");
-        let ok = Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
-        assert!(ok.success());
-        child.wait().unwrap();
+        self.signal(signal);
+        self.child.take().expect("running").wait().unwrap();
     }
 }
 
@@ -196,6 +201,20 @@ fn writers(base: &str, ledger: &Ledger, stop: &Arc<AtomicBool>) -> Vec<tokio::ta
         .collect()
 }
 
+/// PUTs until one is accepted: the node recovered by itself.
+async fn put_until_accepted(server: &Server, name: &str) {
+    let started = Instant::now();
+    loop {
+        let r = client().put(server.object_url("files", "after")).body("back").send().await.unwrap();
+        if r.status().is_success() {
+            return;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(started.elapsed() < Duration::from_secs(30), "the node did not recover after {name} returned");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs the node over `backend` with `args`, stops the backend with
 /// `signal` under load, then down for good, and checks everything.
 async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
@@ -244,6 +263,9 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
     let present = ledger.assert_survivors(&server.url).await;
     let some_key = present.keys().next().expect("a key holds an object").clone();
 
+    let doomed = server.object_url("files", "doomed");
+    assert!(http.put(&doomed).body("bytes").send().await.unwrap().status().is_success());
+
     // Down for good: writes and reads fail fast with 503 and a message.
     backend = tokio::task::spawn_blocking(move || {
         backend.stop(signal);
@@ -264,6 +286,13 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
         eprintln!("{name} down: {what} answered 503 in {waited:?}: {}", body["message"]);
         assert!(waited < Duration::from_secs(20), "a dead {name} took {waited:?} to report");
     }
+    // What needs the catalog only goes on: unlike a catalog outage
+    // (tests/postgres_outage.rs), an engine outage leaves names readable,
+    // and deletes take effect (the bytes go at the next collection).
+    let head = http.head(server.object_url("files", &some_key)).send().await.unwrap();
+    assert_eq!(head.status(), 200, "a HEAD while {name} is down");
+    assert_eq!(http.get(format!("{}/files", server.url)).send().await.unwrap().status(), 200, "a listing");
+    assert!(http.delete(&doomed).send().await.unwrap().status().is_success(), "a delete while {name} is down");
     backend = tokio::task::spawn_blocking(move || {
         backend.start();
         backend
@@ -271,18 +300,28 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
     .await
     .unwrap();
     let back = Instant::now();
-    loop {
-        let r = http.put(server.object_url("files", "after")).body("back").send().await.unwrap();
-        if r.status().is_success() {
-            break;
-        }
-        assert_eq!(r.status(), 503);
-        assert!(back.elapsed() < Duration::from_secs(30), "the node did not recover after {name} returned");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    put_until_accepted(&server, name).await;
     eprintln!("{name} back: the first write succeeded {:?} after it answered again", back.elapsed());
     ledger.assert_survivors(&server.url).await;
     assert_eq!(http.get(server.object_url("files", "while-down")).send().await.unwrap().status(), 404);
+    assert_eq!(http.get(&doomed).send().await.unwrap().status(), 404);
+
+    // A hang: the process stopped (SIGSTOP), its connections open and
+    // silent. Requests wait for it a bounded time, then answer 503.
+    backend.signal("STOP");
+    let started = Instant::now();
+    let write = tokio::spawn(http.put(server.object_url("files", "hung")).body(pattern(70_000, 10)).send());
+    let read = tokio::spawn(http.get(server.object_url("files", &some_key)).send());
+    let (write, read) = (write.await.unwrap().unwrap(), read.await.unwrap().unwrap());
+    let waited = started.elapsed();
+    eprintln!("{name} hung: the write answered {}, the read {}, after {waited:?}", write.status(), read.status());
+    assert_eq!((write.status().as_u16(), read.status().as_u16()), (503, 503), "while {name} hangs");
+    assert!(waited < Duration::from_secs(45), "a hung {name} held requests for {waited:?}");
+    backend.signal("CONT");
+    let resumed = Instant::now();
+    put_until_accepted(&server, name).await;
+    eprintln!("{name} resumed: the first write succeeded {:?} after", resumed.elapsed());
+    ledger.assert_survivors(&server.url).await;
     server.assert_no_panic();
     backend.stop("TERM");
 }
