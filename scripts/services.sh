@@ -29,7 +29,10 @@ start_postgres() {
 # Starts the MongoDB test server (mongo-java-server in memory, launched by
 # scripts/mongo-server/MongoLauncher.java; built on first use into
 # DEPOT_MONGO_BUILD) when nothing listens on its port yet, and exports
-# DEPOT_TEST_MONGO. Its data lives in memory: a restart empties it.
+# DEPOT_TEST_MONGO. Its data lives in memory: a restart empties it. Also
+# exports DEPOT_MONGO_BUILD, from which tests launch private servers
+# (`java -cp "$DEPOT_MONGO_BUILD/classes:$DEPOT_MONGO_BUILD/lib/*"
+# MongoLauncher PORT [FILE]`; with a FILE the data survives a restart).
 DEPOT_MONGO_PORT=${DEPOT_MONGO_PORT:-27018}
 DEPOT_MONGO_BUILD=${DEPOT_MONGO_BUILD:-/var/cache/depot/mongo-server}
 
@@ -67,13 +70,15 @@ start_mongo() {
     fi
   fi
   export DEPOT_TEST_MONGO="mongodb://127.0.0.1:$port"
+  export DEPOT_MONGO_BUILD
   echo "MongoDB test server (mongo-java-server) on port $port" >&2
 }
 
 # Starts S3Proxy (https://github.com/gaul/s3proxy) over a local directory, a
 # real S3 API for the s3 engine's tests, and exports DEPOT_TEST_S3 (its
 # endpoint), DEPOT_TEST_S3_ACCESS_KEY and DEPOT_TEST_S3_SECRET_KEY. The jar
-# is fetched from Maven Central once and kept outside the repository.
+# is fetched from Maven Central once and kept outside the repository;
+# DEPOT_S3PROXY_JAR says where, for tests that run private instances.
 S3PROXY_VERSION=2.6.0
 S3PROXY_PORT=9100
 S3PROXY_HOME=/var/cache/depot/s3proxy
@@ -112,6 +117,7 @@ PROPERTIES
   export DEPOT_TEST_S3="$endpoint"
   export DEPOT_TEST_S3_ACCESS_KEY="$access_key"
   export DEPOT_TEST_S3_SECRET_KEY="$secret_key"
+  export DEPOT_S3PROXY_JAR="$jar"
   echo "s3proxy $S3PROXY_VERSION on port $S3PROXY_PORT (log $S3PROXY_HOME/s3proxy.log)" >&2
 }
 

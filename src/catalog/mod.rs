@@ -9,6 +9,8 @@
 
 #[cfg(test)]
 pub mod conformance;
+#[cfg(test)]
+pub mod faulty;
 pub mod postgres;
 pub mod rocks;
 

@@ -1,68 +1,148 @@
-//! A fault-injecting wrapper: any engine, with writes, syncs or reads made
-//! to fail on demand. Tests use it to check that a failure fails the request
-//! cleanly and that a failed sync stops writes.
+//! A fault-injecting wrapper: any engine, with its reads, writes or syncs
+//! made to fail always, after N operations, or with a probability drawn
+//! from a seeded generator (so a failing run can be replayed). Tests use it
+//! to check that a failure fails the request cleanly, that a failed sync
+//! stops writes, and that a full device leaves no partial object.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, DynEngine, EngineError, Result};
 
-/// Which operation fails next, until changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Fault {
-    None = 0,
-    /// `finish` reports a failed sync.
-    Sync = 1,
-    /// Writes report a full device.
-    NoSpace = 2,
-    /// Reads fail with an I/O error.
-    Read = 3,
+/// When a class of operations fails.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Trigger {
+    Never,
+    Always,
+    /// The next N operations succeed, every later one fails.
+    After(u64),
+    /// Each operation fails with this probability.
+    Chance(f64),
 }
 
-/// Wraps an engine; see [`Fault`].
+/// One class of operations' trigger, with the count and generator it
+/// draws from.
+pub struct Switch {
+    state: Mutex<SwitchState>,
+}
+
+struct SwitchState {
+    trigger: Trigger,
+    seen: u64,
+    rng: StdRng,
+}
+
+impl Switch {
+    pub fn new(seed: u64) -> Switch {
+        Switch { state: Mutex::new(SwitchState { trigger: Trigger::Never, seen: 0, rng: StdRng::seed_from_u64(seed) }) }
+    }
+
+    /// Sets the trigger and restarts the count of operations.
+    pub fn set(&self, trigger: Trigger) {
+        let mut s = self.state.lock();
+        s.trigger = trigger;
+        s.seen = 0;
+    }
+
+    /// Counts one operation; whether it is to fail.
+    pub fn fires(&self) -> bool {
+        let mut s = self.state.lock();
+        s.seen += 1;
+        match s.trigger {
+            Trigger::Never => false,
+            Trigger::Always => true,
+            Trigger::After(n) => s.seen > n,
+            Trigger::Chance(p) => s.rng.random_bool(p.clamp(0.0, 1.0)),
+        }
+    }
+
+    /// A coin from the same generator: which way a fault goes.
+    pub fn coin(&self) -> bool {
+        self.state.lock().rng.random_bool(0.5)
+    }
+}
+
+/// The fault switches of one [`FaultyEngine`].
+pub struct EngineFaults {
+    /// `read` (when opened and for every chunk), `read_small`, `stat`,
+    /// `list`, `disk_usage`: an I/O error.
+    pub reads: Switch,
+    /// `writer`, `write`: a full device; `delete`: an I/O error.
+    pub writes: Switch,
+    /// `finish`: a failed sync, before the inner engine finishes or after
+    /// (the blob stored, the sync of its directory failed), at random.
+    pub syncs: Switch,
+}
+
+impl EngineFaults {
+    /// Every switch off.
+    pub fn off(&self) {
+        for s in [&self.reads, &self.writes, &self.syncs] {
+            s.set(Trigger::Never);
+        }
+    }
+}
+
+/// Wraps an engine; see [`EngineFaults`].
 pub struct FaultyEngine {
     inner: DynEngine,
-    fault: Arc<AtomicU8>,
+    pub faults: Arc<EngineFaults>,
+}
+
+fn read_error() -> EngineError {
+    EngineError::io("faulty", std::io::Error::other("injected read failure"))
+}
+
+fn sync_error() -> EngineError {
+    EngineError::SyncFailed(std::io::Error::other("injected fsync failure"))
 }
 
 impl FaultyEngine {
-    pub fn new(inner: DynEngine) -> FaultyEngine {
-        FaultyEngine { inner, fault: Arc::new(AtomicU8::new(Fault::None as u8)) }
+    /// No faults until a switch is set; `seed` seeds the switches' draws.
+    pub fn new(inner: DynEngine, seed: u64) -> FaultyEngine {
+        let faults = EngineFaults {
+            reads: Switch::new(seed),
+            writes: Switch::new(seed ^ 0x5752_4954),
+            syncs: Switch::new(seed ^ 0x5359_4e43),
+        };
+        FaultyEngine { inner, faults: Arc::new(faults) }
     }
 
-    pub fn set(&self, fault: Fault) {
-        self.fault.store(fault as u8, Ordering::SeqCst);
-    }
-
-    fn is(fault: &AtomicU8, f: Fault) -> bool {
-        fault.load(Ordering::SeqCst) == f as u8
+    fn check_read(&self) -> Result<()> {
+        if self.faults.reads.fires() { Err(read_error()) } else { Ok(()) }
     }
 }
 
 struct FaultyWriter {
     inner: Box<dyn BlobWriter>,
-    fault: Arc<AtomicU8>,
+    faults: Arc<EngineFaults>,
 }
 
 #[async_trait]
 impl BlobWriter for FaultyWriter {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
-        if FaultyEngine::is(&self.fault, Fault::NoSpace) {
+        if self.faults.writes.fires() {
             return Err(EngineError::NoSpace);
         }
         self.inner.write(chunk).await
     }
 
     async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
-        if FaultyEngine::is(&self.fault, Fault::Sync) {
-            self.inner.abort().await;
-            return Err(EngineError::SyncFailed(std::io::Error::other("injected fsync failure")));
+        if !self.faults.syncs.fires() {
+            return self.inner.finish(digest).await;
         }
-        self.inner.finish(digest).await
+        if self.faults.syncs.coin() {
+            self.inner.finish(digest).await?;
+        } else {
+            self.inner.abort().await;
+        }
+        Err(sync_error())
     }
 
     async fn abort(self: Box<Self>) {
@@ -77,25 +157,44 @@ impl BlobEngine for FaultyEngine {
     }
 
     async fn writer(&self, size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
-        Ok(Box::new(FaultyWriter { inner: self.inner.writer(size_hint).await?, fault: self.fault.clone() }))
+        if self.faults.writes.fires() {
+            return Err(EngineError::NoSpace);
+        }
+        Ok(Box::new(FaultyWriter { inner: self.inner.writer(size_hint).await?, faults: self.faults.clone() }))
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
-        if Self::is(&self.fault, Fault::Read) {
-            return Err(EngineError::io("faulty", std::io::Error::other("injected read failure")));
-        }
-        self.inner.read(blob, range).await
+        self.check_read()?;
+        let faults = self.faults.clone();
+        let stream = self.inner.read(blob, range).await?;
+        // A failure in the middle of a body, after the first bytes went out.
+        Ok(Box::pin(stream.map(move |chunk| if faults.reads.fires() { Err(read_error()) } else { chunk })))
     }
 
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
+        if self.faults.writes.fires() {
+            return Err(EngineError::io("faulty", std::io::Error::other("injected delete failure")));
+        }
         self.inner.delete(blob).await
     }
 
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
+        self.check_read()?;
         self.inner.stat(blob).await
     }
 
     async fn list(&self) -> Result<Vec<BlobInfo>> {
+        self.check_read()?;
         self.inner.list().await
+    }
+
+    async fn disk_usage(&self) -> Result<Option<u64>> {
+        self.check_read()?;
+        self.inner.disk_usage().await
+    }
+
+    async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
+        self.check_read()?;
+        self.inner.read_small(blobs).await
     }
 }

@@ -268,8 +268,12 @@ impl S3Engine {
             .with_client_options(options)
             .build()
             .map_err(|e| EngineError::other(NAME, e))?;
+        // A server silent for READ_TIMEOUT is taken for hung, copies
+        // included (S3 keeps a long copy's answer alive with whitespace):
+        // without it a stopped server held every write for COPY_TIMEOUT.
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
             .timeout(COPY_TIMEOUT)
             .build()
             .map_err(|e| EngineError::other(NAME, e))?;

@@ -5,6 +5,8 @@
 mod batch;
 pub mod conditional;
 pub mod error;
+#[cfg(test)]
+mod fault_tests;
 mod listing;
 pub mod metrics;
 mod native;

@@ -10,6 +10,8 @@
 
 mod guards;
 pub mod maintenance;
+#[cfg(test)]
+pub(crate) mod model_tests;
 mod multipart;
 pub mod names;
 
@@ -379,6 +381,8 @@ impl Store {
             blobs: vec![written.blob.clone()],
             precondition: opts.precondition,
         };
+        // A sync may have failed elsewhere while the body streamed.
+        self.check_writable()?;
         let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
         self.put_time.catalog_ns.fetch_add(registering.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.drop_redundant(&outcome.redundant).await;
@@ -609,7 +613,12 @@ impl Store {
     /// bytes in the engine that the catalog does not know and that are
     /// older than the grace period (left by a crash between write and
     /// commit).
+    ///
+    /// Refused after a failed sync, like any write: the catalog's state in
+    /// memory may not be what a restart finds, and collecting by it could
+    /// delete bytes that the restarted catalog still refers to.
     pub async fn gc(&self) -> Result<GcReport> {
+        self.check_writable()?;
         let _maintenance = self.maintenance.lock().await;
         let mut report = GcReport::default();
         // Expired uploads first: the blobs they release join the dead ones.
@@ -688,6 +697,7 @@ impl PutBatch<'_> {
 
     /// Commits every entry, or none.
     pub async fn commit(self) -> Result<Vec<ObjectRecord>> {
+        self.store.check_writable()?;
         let puts = self
             .entries
             .iter()
@@ -716,7 +726,7 @@ pub fn guess_content_type(key: &str) -> String {
 mod tests {
     use super::*;
     use crate::catalog::rocks::RocksCatalog;
-    use crate::engine::faulty::{Fault, FaultyEngine};
+    use crate::engine::faulty::{FaultyEngine, Trigger};
     use crate::engine::memory::MemoryEngine;
 
     pub(super) fn body(bytes: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
@@ -741,14 +751,14 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_failed_sync_stops_writes_but_not_reads() {
-        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
         let (store, _dir) = store_over(faulty.clone()).await;
         store.put("files", "before", body(b"kept"), PutOptions::default()).await.unwrap();
-        faulty.set(Fault::Sync);
+        faulty.faults.syncs.set(Trigger::Always);
         let r = store.put("files", "during", body(b"lost"), PutOptions::default()).await;
         assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
         // Even once the device would work again, writes stay refused.
-        faulty.set(Fault::None);
+        faulty.faults.off();
         let r = store.put("files", "after", body(b"x"), PutOptions::default()).await;
         assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
         assert!(matches!(
@@ -761,15 +771,15 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_full_disk_fails_the_write_and_keeps_serving() {
-        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
         let (store, _dir) = store_over(faulty.clone()).await;
         store.put("files", "old", body(b"old"), PutOptions::default()).await.unwrap();
-        faulty.set(Fault::NoSpace);
+        faulty.faults.writes.set(Trigger::Always);
         let r = store.put("files", "new", body(b"new"), PutOptions::default()).await;
         assert!(matches!(r, Err(StoreError::NoSpace)), "{r:?}");
         assert!(matches!(store.head("files", "new").await, Err(StoreError::NoSuchKey(_))));
         assert_eq!(read_all(&store, "files", "old").await, b"old");
-        faulty.set(Fault::None);
+        faulty.faults.off();
         store.put("files", "new", body(b"new"), PutOptions::default()).await.unwrap();
     }
 
@@ -792,10 +802,10 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_read_failure_is_an_error_not_a_panic() {
-        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new())));
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
         let (store, _dir) = store_over(faulty.clone()).await;
         store.put("files", "k", body(b"bytes"), PutOptions::default()).await.unwrap();
-        faulty.set(Fault::Read);
+        faulty.faults.reads.set(Trigger::Always);
         let record = store.head("files", "k").await.unwrap();
         assert!(matches!(store.read(&record, ByteRange::full(5)).await, Err(StoreError::Internal(_))));
     }

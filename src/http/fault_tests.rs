@@ -1,0 +1,184 @@
+//! Injected faults seen through HTTP: a store over fault-injecting engine
+//! and catalog wrappers, served on a local port by [`serve`] as `depot
+//! serve` does, and asked over real connections.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{App, Limits, serve};
+use crate::catalog::faulty::CatalogFaults;
+use crate::engine::EngineKind;
+use crate::engine::faulty::{EngineFaults, Trigger};
+use crate::store::StoreConfig;
+use crate::store::model_tests::open_faulty;
+
+/// A node serving a faulty store on a local port.
+struct Node {
+    url: String,
+    engine: Arc<EngineFaults>,
+    catalog: Arc<CatalogFaults>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Node {
+    async fn start(data: &Path) -> Node {
+        let (store, engine, catalog) = open_faulty(data, EngineKind::Hybrid, 7, StoreConfig::default()).await;
+        let app = Arc::new(App::new(store, Limits::default(), &[], None).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(serve(
+            listener,
+            app,
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(5),
+        ));
+        Node { url, engine, catalog, stop, task }
+    }
+
+    /// Stops serving and lets go of the store: with [`Node::start`] on the
+    /// same directory, a restart.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+
+    fn object(&self, key: &str) -> String {
+        format!("{}/files/{key}", self.url)
+    }
+}
+
+/// A fresh client per call: no pooled connection outlives a node.
+async fn put(url: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new().put(url).body(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+async fn get(url: &str) -> (u16, Vec<u8>) {
+    let r = reqwest::Client::new().get(url).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.bytes().await.unwrap().to_vec())
+}
+
+fn big(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+}
+
+/// Files of the hybrid engine's file tier under `dir`, staging included.
+fn files(dir: &Path) -> usize {
+    walk(&dir.join("engine").join("files"))
+}
+
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum::<usize>())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_device_is_507_with_no_partial_object_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path()).await;
+    let old = big(300_000, 1);
+    assert_eq!(put(&node.object("old"), old.clone()).await.0, 201);
+    assert_eq!(put(&node.object("small"), b"tiny".to_vec()).await.0, 201);
+    let before = files(dir.path());
+    assert!(before > 0, "the large object is a file");
+
+    // Out of space at the first byte, then in the middle of a large body.
+    for trigger in [Trigger::Always, Trigger::After(2)] {
+        node.engine.writes.set(trigger);
+        let (status, body) = put(&node.object("new"), big(2_000_000, 2)).await;
+        assert_eq!(status, 507, "{trigger:?}: {body}");
+        assert_eq!(body["error"], "InsufficientStorage");
+        assert!(body["message"].as_str().unwrap().contains("no space"), "{body}");
+        assert_eq!(get(&node.object("new")).await.0, 404, "{trigger:?}: a partial object is visible");
+        assert_eq!(get(&node.object("old")).await, (200, old.clone()));
+        assert_eq!(get(&node.object("small")).await, (200, b"tiny".to_vec()));
+    }
+    // Overwriting fails the same way and keeps the old body.
+    node.engine.writes.set(Trigger::After(1));
+    assert_eq!(put(&node.object("old"), big(500_000, 3)).await.0, 507);
+    assert_eq!(get(&node.object("old")).await, (200, old));
+    assert_eq!(files(dir.path()), before, "a failed upload left bytes behind");
+
+    node.engine.writes.set(Trigger::Never);
+    assert_eq!(put(&node.object("new"), big(2_000_000, 2)).await.0, 201);
+    assert_eq!(get(&node.object("new")).await, (200, big(2_000_000, 2)));
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_fsync_is_503_and_writes_stay_refused_until_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path()).await;
+    assert_eq!(put(&node.object("kept"), b"kept".to_vec()).await.0, 201);
+    node.engine.syncs.set(Trigger::Always);
+    let (status, body) = put(&node.object("lost"), big(100_000, 1)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "ServiceUnavailable");
+    assert!(body["message"].as_str().unwrap().contains("fsync"), "{body}");
+
+    // The device works again, but the store does not retry: every write
+    // is refused, reads go on.
+    node.engine.syncs.set(Trigger::Never);
+    let (status, body) = put(&node.object("after"), b"x".to_vec()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("restart"), "{body}");
+    let deleted = reqwest::Client::new().delete(node.object("kept")).send().await.unwrap();
+    assert_eq!(deleted.status(), 503);
+    assert_eq!(get(&node.object("kept")).await, (200, b"kept".to_vec()));
+    assert_eq!(get(&node.object("lost")).await.0, 404);
+
+    node.stop().await;
+    let node = Node::start(dir.path()).await;
+    assert_eq!(put(&node.object("after"), b"x".to_vec()).await.0, 201);
+    assert_eq!(get(&node.object("kept")).await, (200, b"kept".to_vec()));
+    assert_eq!(get(&node.object("lost")).await.0, 404);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn io_errors_fail_the_request_with_a_500_and_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path()).await;
+    let body = big(400_000, 5);
+    assert_eq!(put(&node.object("k"), body.clone()).await.0, 201);
+
+    node.engine.reads.set(Trigger::Always);
+    let r = reqwest::Client::new().get(node.object("k")).send().await.unwrap();
+    assert_eq!(r.status(), 500);
+    let json: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(json["error"], "InternalError");
+    assert!(json["message"].as_str().unwrap().contains("injected read failure"), "{json}");
+
+    // Failing after the status went out: the connection is cut, the body
+    // never ends as if it were whole.
+    node.engine.reads.set(Trigger::After(2));
+    let r = reqwest::Client::new().get(node.object("k")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.is_err(), "a body cut by a read failure looked complete");
+    node.engine.reads.set(Trigger::Never);
+
+    node.catalog.reads.set(Trigger::Always);
+    let r = reqwest::Client::new().get(node.object("k")).send().await.unwrap();
+    assert_eq!(r.status(), 500);
+    let json: serde_json::Value = r.json().await.unwrap();
+    assert!(json["message"].as_str().unwrap().contains("injected catalog read failure"), "{json}");
+    node.catalog.reads.set(Trigger::Never);
+
+    node.catalog.commits.set(Trigger::Always);
+    let (status, json) = put(&node.object("k"), big(1000, 6)).await;
+    assert_eq!(status, 500, "{json}");
+    assert!(json["message"].as_str().unwrap().contains("injected catalog commit failure"), "{json}");
+    let deleted = reqwest::Client::new().delete(node.object("k")).send().await.unwrap();
+    assert_eq!(deleted.status(), 500);
+    node.catalog.commits.set(Trigger::Never);
+    assert_eq!(get(&node.object("k")).await, (200, body), "a failed write changed the object");
+    node.stop().await;
+}
