@@ -80,3 +80,20 @@ depot_install_ui_tests() {
     && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-audit --no-fund --loglevel=error "${UI_TEST_NPM[@]}")
   echo "$want" >"$stamp"
 }
+
+# cargo-fuzz, for the fuzz targets in fuzz/ (run by scripts/test.sh). It
+# is installed from crates.io into its own directory, once per version.
+CARGO_FUZZ_VERSION=0.13.2
+CARGO_FUZZ_ROOT=/var/cache/depot/cargo-fuzz
+
+depot_install_cargo_fuzz() {
+  local bin="$CARGO_FUZZ_ROOT/bin/cargo-fuzz"
+  if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -qF "$CARGO_FUZZ_VERSION"; then
+    return 0
+  fi
+  echo "installing cargo-fuzz $CARGO_FUZZ_VERSION into $CARGO_FUZZ_ROOT" >&2
+  # Its own target directory: the shared one is for depot's build.
+  CARGO_TARGET_DIR="$CARGO_FUZZ_ROOT/build" cargo install --quiet --locked --version "$CARGO_FUZZ_VERSION" \
+    --root "$CARGO_FUZZ_ROOT" cargo-fuzz
+  rm -rf "$CARGO_FUZZ_ROOT/build"
+}

@@ -22,3 +22,6 @@ cargo clippy --all-targets --locked -- -D warnings
 
 echo "== tests"
 cargo test --all-targets --locked
+
+echo "== fuzz targets"
+scripts/fuzz.sh "${DEPOT_FUZZ_SECONDS:-20}"

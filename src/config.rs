@@ -12,6 +12,8 @@ use serde::Deserialize;
 use crate::catalog::CatalogKind;
 use crate::engine::hybrid::DEFAULT_THRESHOLD;
 use crate::engine::{EngineConfig, EngineKind, S3Config};
+use crate::http::Limits;
+use crate::store::names::MAX_KEY_BYTES;
 
 /// One access key and its secret.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -92,6 +94,38 @@ pub struct ServeArgs {
     /// Allow a non-loopback address without credentials.
     #[arg(long, env = "DEPOT_ALLOW_ANONYMOUS_WRITE")]
     pub allow_anonymous_write: bool,
+    /// Largest request head (request line and headers), in bytes
+    /// [default: 65536].
+    #[arg(long, env = "DEPOT_MAX_HEADER_BYTES", value_name = "BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// Most header fields in one request [default: 100].
+    #[arg(long, env = "DEPOT_MAX_HEADERS", value_name = "N")]
+    pub max_headers: Option<usize>,
+    /// Longest key, in bytes [default: 1024, as S3].
+    #[arg(long, env = "DEPOT_MAX_KEY_BYTES", value_name = "BYTES")]
+    pub max_key_bytes: Option<usize>,
+    /// Most entries in one batch request [default: 1000000].
+    #[arg(long, env = "DEPOT_MAX_BATCH_ENTRIES", value_name = "N")]
+    pub max_batch_entries: Option<usize>,
+    /// Largest key list sent to /_/batch/get or /_/batch/delete, in bytes
+    /// [default: 67108864].
+    #[arg(long, env = "DEPOT_MAX_BATCH_KEYS_BYTES", value_name = "BYTES")]
+    pub max_batch_keys_bytes: Option<usize>,
+    /// Most request bodies read at once; more get 503 with Retry-After
+    /// [default: 1024].
+    #[arg(long, env = "DEPOT_MAX_UPLOADS", value_name = "N")]
+    pub max_uploads: Option<usize>,
+    /// Most ranges in one Range header; more get the whole object
+    /// [default: 64].
+    #[arg(long, env = "DEPOT_MAX_RANGES", value_name = "N")]
+    pub max_ranges: Option<usize>,
+    /// Seconds a client has to send a request head, and an idle connection
+    /// is kept open [default: 30].
+    #[arg(long, env = "DEPOT_HEADER_TIMEOUT", value_name = "SECS")]
+    pub header_timeout: Option<u64>,
+    /// Seconds a request body may go without sending a byte [default: 60].
+    #[arg(long, env = "DEPOT_BODY_TIMEOUT", value_name = "SECS")]
+    pub body_timeout: Option<u64>,
     /// Settings file (default: ./depot.toml when present).
     #[arg(long, env = "DEPOT_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -119,6 +153,15 @@ struct FileSettings {
     upload_expiry: Option<u64>,
     s3_domain: Option<String>,
     allow_anonymous_write: Option<bool>,
+    max_header_bytes: Option<usize>,
+    max_headers: Option<usize>,
+    max_key_bytes: Option<usize>,
+    max_batch_entries: Option<usize>,
+    max_batch_keys_bytes: Option<usize>,
+    max_uploads: Option<usize>,
+    max_ranges: Option<usize>,
+    header_timeout: Option<u64>,
+    body_timeout: Option<u64>,
     #[serde(default)]
     credentials: Vec<Credential>,
 }
@@ -138,6 +181,8 @@ pub struct Settings {
     pub s3_domain: Option<String>,
     pub credentials: Vec<Credential>,
     pub allow_anonymous_write: bool,
+    pub limits: Limits,
+    pub max_key_bytes: usize,
 }
 
 impl Settings {
@@ -148,6 +193,7 @@ impl Settings {
             None if Path::new("depot.toml").exists() => read_file(Path::new("depot.toml"))?,
             None => FileSettings::default(),
         };
+        let limits = limits(args, &file)?;
         let engine_name = args.engine.clone().or(file.engine).unwrap_or_else(|| "hybrid".into());
         let engine: EngineKind = engine_name.parse().map_err(anyhow::Error::msg)?;
         let mut credentials = file.credentials;
@@ -168,6 +214,10 @@ impl Settings {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         if threads == 0 {
             bail!("--threads must be at least 1");
+        }
+        let max_key_bytes = args.max_key_bytes.or(file.max_key_bytes).unwrap_or(MAX_KEY_BYTES);
+        if max_key_bytes == 0 {
+            bail!("--max-key-bytes must be at least 1");
         }
         let settings = Settings {
             data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
@@ -200,6 +250,8 @@ impl Settings {
             s3_domain: args.s3_domain.clone().or(file.s3_domain),
             credentials,
             allow_anonymous_write: args.allow_anonymous_write || file.allow_anonymous_write.unwrap_or(false),
+            limits,
+            max_key_bytes,
         };
         if !settings.listen.ip().is_loopback() && settings.credentials.is_empty() && !settings.allow_anonymous_write {
             bail!(
@@ -210,6 +262,40 @@ impl Settings {
         }
         Ok(settings)
     }
+}
+
+/// The request limits: flag or environment, then file, then default. A
+/// limit of zero would refuse everything, so it is an error.
+fn limits(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Limits> {
+    let d = Limits::default();
+    let count = |flag: &str, arg: Option<usize>, file: Option<usize>, default: usize| match arg.or(file) {
+        Some(0) => bail!("--{flag} must be at least 1"),
+        n => Ok(n.unwrap_or(default)),
+    };
+    let secs = |flag: &str, arg: Option<u64>, file: Option<u64>, default: Duration| match arg.or(file) {
+        Some(0) => bail!("--{flag} must be at least 1 second"),
+        n => Ok(n.map_or(default, Duration::from_secs)),
+    };
+    Ok(Limits {
+        max_header_bytes: count("max-header-bytes", args.max_header_bytes, file.max_header_bytes, d.max_header_bytes)?,
+        max_headers: count("max-headers", args.max_headers, file.max_headers, d.max_headers)?,
+        header_timeout: secs("header-timeout", args.header_timeout, file.header_timeout, d.header_timeout)?,
+        body_timeout: secs("body-timeout", args.body_timeout, file.body_timeout, d.body_timeout)?,
+        max_ranges: count("max-ranges", args.max_ranges, file.max_ranges, d.max_ranges)?,
+        max_batch_entries: count(
+            "max-batch-entries",
+            args.max_batch_entries,
+            file.max_batch_entries,
+            d.max_batch_entries,
+        )?,
+        max_batch_keys_bytes: count(
+            "max-batch-keys-bytes",
+            args.max_batch_keys_bytes,
+            file.max_batch_keys_bytes,
+            d.max_batch_keys_bytes,
+        )?,
+        max_uploads: count("max-uploads", args.max_uploads, file.max_uploads, d.max_uploads)?,
+    })
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
@@ -254,6 +340,20 @@ mod tests {
         assert!(Settings::resolve(&open).is_ok());
         let keyed = ServeArgs { access_key: Some("k".into()), secret_key: Some("secret-123".into()), ..args };
         assert!(Settings::resolve(&keyed).is_ok());
+    }
+
+    #[test]
+    fn limits_come_from_flags_then_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        std::fs::write(&path, "max_ranges = 3\nbody_timeout = 7\nmax_key_bytes = 200\nmax_uploads = 9\n").unwrap();
+        let args = ServeArgs { config: Some(path), max_uploads: Some(2), ..Default::default() };
+        let s = Settings::resolve(&args).unwrap();
+        assert_eq!((s.limits.max_ranges, s.limits.max_uploads, s.max_key_bytes), (3, 2, 200));
+        assert_eq!(s.limits.body_timeout, Duration::from_secs(7));
+        assert_eq!(s.limits.max_headers, Limits::default().max_headers);
+        let zero = ServeArgs { header_timeout: Some(0), ..Default::default() };
+        assert!(Settings::resolve(&zero).unwrap_err().to_string().contains("--header-timeout"));
     }
 
     #[test]

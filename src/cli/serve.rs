@@ -12,7 +12,7 @@ use crate::catalog::rocks::RocksCatalog;
 use crate::catalog::{Catalog, CatalogKind};
 use crate::config::{ServeArgs, Settings};
 use crate::engine::{self, ENGINE_MARKER, EngineKind};
-use crate::http::{self, App, Limits};
+use crate::http::{self, App};
 use crate::store::maintenance::BackupReport;
 use crate::store::{Store, StoreConfig};
 
@@ -57,6 +57,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         gc_grace: settings.gc_grace,
         upload_expiry: settings.upload_expiry,
         engine: Some((settings.engine, settings.engine_config.clone())),
+        max_key_bytes: settings.max_key_bytes,
     };
     Ok(Store::open(catalog, engine, config).await?)
 }
@@ -77,7 +78,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let app = Arc::new(App::new(store, Limits::default(), &settings.credentials, settings.s3_domain.as_deref())?);
+    let app = Arc::new(App::new(store, settings.limits.clone(), &settings.credentials, settings.s3_domain.as_deref())?);
     if settings.credentials.is_empty() {
         tracing::warn!("no credentials configured: anyone who can reach {addr} can read and write");
     }

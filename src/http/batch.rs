@@ -32,9 +32,13 @@ fn bucket_param(req: &Request) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::bad_request("the batch routes need ?bucket=NAME"))
 }
 
+fn bad_body(message: String) -> ApiError {
+    ApiError::bad_request(format!("batch body: {message}"))
+}
+
 /// Splits a body into keys: one per line, `\r\n` tolerated, blank lines
 /// skipped.
-fn keys_of(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
+pub(super) fn keys_of(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the key list is not UTF-8"))?;
     let keys: Vec<String> = text
         .split('\n')
@@ -135,22 +139,12 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
     app.store.bucket(&bucket).await?;
     let mut batch = app.store.batch(&bucket)?;
     let mut body = Framed::new(req.into_body().into_data_stream());
-    let bad = |m: String| ApiError::bad_request(format!("batch body: {m}"));
-    while let Some(key) = body.line(crate::store::names::MAX_KEY_BYTES).await? {
-        let key = String::from_utf8(key).map_err(|_| bad("a key is not UTF-8".into()))?;
-        let len_line =
-            body.line(24).await?.ok_or_else(|| bad(format!("the body ends before the length of {key:?}")))?;
-        let len: u64 = std::str::from_utf8(&len_line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| bad(format!("the length of {key:?} is not a number")))?;
+    while let Some((key, len)) = body.entry(app.store.max_key_bytes()).await? {
         if batch.len() >= app.limits.max_batch_entries {
             return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "TooManyKeys", "too many entries in one batch"));
         }
         batch.add(&key, len, body.take(len)).await?;
-        if !body.newline().await? {
-            return Err(bad(format!("the {len} bytes of {key:?} are not followed by a newline: is the length right?")));
-        }
+        body.end_of_entry(&key, len).await?;
     }
     let stored = batch.commit().await?;
     Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "stored": stored.len() })))
@@ -158,7 +152,7 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
 
 /// Reads the `key\nlength\nbytes\n` framing from a body stream, holding
 /// at most one network chunk at a time.
-struct Framed<S> {
+pub(super) struct Framed<S> {
     stream: S,
     buf: Bytes,
 }
@@ -168,8 +162,35 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin + Send,
     E: std::fmt::Display,
 {
-    fn new(stream: S) -> Self {
+    pub(super) fn new(stream: S) -> Self {
         Framed { stream, buf: Bytes::new() }
+    }
+
+    /// The key and length of the next entry, whose bytes follow (read
+    /// them with [`Framed::take`], then call [`Framed::end_of_entry`]);
+    /// `None` at the end of the body.
+    pub(super) async fn entry(&mut self, max_key: usize) -> Result<Option<(String, u64)>, ApiError> {
+        let Some(key) = self.line(max_key).await? else {
+            return Ok(None);
+        };
+        let key = String::from_utf8(key).map_err(|_| bad_body("a key is not UTF-8".into()))?;
+        let len_line =
+            self.line(24).await?.ok_or_else(|| bad_body(format!("the body ends before the length of {key:?}")))?;
+        let len: u64 = std::str::from_utf8(&len_line)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad_body(format!("the length of {key:?} is not a number")))?;
+        Ok(Some((key, len)))
+    }
+
+    /// Checks the newline that ends an entry's bytes.
+    pub(super) async fn end_of_entry(&mut self, key: &str, len: u64) -> Result<(), ApiError> {
+        if !self.newline().await? {
+            return Err(bad_body(format!(
+                "the {len} bytes of {key:?} are not followed by a newline: is the length right?"
+            )));
+        }
+        Ok(())
     }
 
     /// Makes `buf` non-empty; false at the end of the body.
@@ -227,7 +248,7 @@ where
 
     /// The next `n` bytes as a stream; it ends early (and the store then
     /// reports a short body) if the body does.
-    fn take(&mut self, n: u64) -> impl Stream<Item = Result<Bytes, ApiError>> + Send + Unpin + '_ {
+    pub(super) fn take(&mut self, n: u64) -> impl Stream<Item = Result<Bytes, ApiError>> + Send + Unpin + '_ {
         Box::pin(futures::stream::unfold((self, n), |(this, left)| async move {
             if left == 0 {
                 return None;

@@ -7,6 +7,9 @@ pub mod conditional;
 pub mod error;
 #[cfg(test)]
 mod fault_tests;
+#[doc(hidden)]
+pub mod fuzzing;
+mod limits;
 mod listing;
 pub mod metrics;
 mod native;
@@ -37,37 +40,9 @@ use metrics::Metrics;
 
 pub type Body = UnsyncBoxBody<Bytes, io::Error>;
 pub type Response = http::Response<Body>;
-pub type Request = http::Request<Incoming>;
+pub type Request = http::Request<RequestBody>;
 
-/// Limits on what a client may send.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    /// Largest request head (request line and headers), in bytes.
-    pub max_header_bytes: usize,
-    /// Most header fields in one request.
-    pub max_headers: usize,
-    /// Time allowed to send a request head.
-    pub header_timeout: Duration,
-    /// Most ranges honoured in one Range header.
-    pub max_ranges: usize,
-    /// Most entries in one batch request.
-    pub max_batch_entries: usize,
-    /// Largest list of keys sent to a batch route, in bytes.
-    pub max_batch_keys_bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_header_bytes: 64 * 1024,
-            max_headers: 100,
-            header_timeout: Duration::from_secs(30),
-            max_ranges: 64,
-            max_batch_entries: 1_000_000,
-            max_batch_keys_bytes: 64 * 1024 * 1024,
-        }
-    }
-}
+pub use limits::{BodyError, Limits, RequestBody};
 
 /// What every request handler shares.
 pub struct App {
@@ -78,6 +53,8 @@ pub struct App {
     /// authentication.
     secrets: Vec<String>,
     s3: s3s::service::S3Service,
+    /// One permit per request body being read: `limits.max_uploads`.
+    uploads: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {
@@ -91,7 +68,8 @@ impl App {
         let store = Arc::new(store);
         let s3 = s3::service(store.clone(), credentials, s3_domain)?;
         let secrets = credentials.iter().map(|c| c.secret_key.clone()).collect();
-        Ok(App { store, limits, metrics: Metrics::default(), secrets, s3 })
+        let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
+        Ok(App { store, limits, metrics: Metrics::default(), secrets, s3, uploads })
     }
 
     /// Whether requests need a secret or a signature.
@@ -101,7 +79,7 @@ impl App {
 
     /// Whether the request may proceed: always without configured secrets,
     /// and for the health check. Secrets are compared in constant time.
-    fn authorized(&self, req: &Request) -> bool {
+    fn authorized<B>(&self, req: &http::Request<B>) -> bool {
         use subtle::ConstantTimeEq;
         if self.secrets.is_empty() || req.uri().path() == "/_/health" {
             return true;
@@ -118,11 +96,11 @@ impl App {
     /// Answers one request; never fails (errors are responses). Every
     /// response carries the request's ID, and everything logged while
     /// answering it is in a span with that ID.
-    pub async fn handle(self: Arc<Self>, req: Request) -> Response {
+    pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response {
         let id = request_id(req.headers());
         let span = tracing::info_span!("request", id = %id);
         let (method, path) = (req.method().clone(), req.uri().path().to_string());
-        let mut response = self.answer(req).instrument(span.clone()).await;
+        let mut response = self.respond(req).instrument(span.clone()).await;
         let status = response.status();
         let _entered = span.enter();
         if status.is_server_error() {
@@ -137,7 +115,7 @@ impl App {
         response
     }
 
-    async fn answer(self: Arc<Self>, req: Request) -> Response {
+    async fn respond(self: Arc<Self>, req: http::Request<Incoming>) -> Response {
         let started = Instant::now();
         let method = req.method().clone();
         let expects_continue =
@@ -147,25 +125,77 @@ impl App {
         // anonymous S3 requests: the S3 policy lets them read public-read
         // buckets and answers everything else with AccessDenied.
         let authorized = self.authorized(&req);
-        let mut response = if let Some(r) = ui::answer(&self, &req, !authorized).await {
-            r
-        } else if s3::is_s3(&req) || !authorized {
+        let s3 = s3::is_s3(&req) || !authorized;
+        let timed_out = limits::TimedOut::default();
+        let req = req.map(|b| RequestBody::new(b, self.limits.body_timeout, timed_out.clone()));
+        let mut response = self.clone().answer(req, s3, !authorized).await;
+        let refused = response.status().is_client_error() || response.status().is_server_error();
+        // A body that stopped coming is a timeout, whatever the handler
+        // made of the failed read (native answers only: S3 clients get the
+        // S3 error s3s chose).
+        if timed_out.get() && refused && !s3 {
+            let e = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "RequestTimeout",
+                format!("no part of the request body came for {:?}", self.limits.body_timeout),
+            );
+            response = error_response(&e);
+        }
+        // A refusal sent before any 100 Continue, or before the body was
+        // read, leaves the body unsent or unread: the connection cannot
+        // carry another request (the server would read the next request as
+        // this one's body).
+        if refused && (expects_continue || timed_out.get() || response.status() == StatusCode::SERVICE_UNAVAILABLE) {
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        let bytes_out = content_length(response.headers()).unwrap_or(0);
+        self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
+        response
+    }
+
+    async fn answer(self: Arc<Self>, req: Request, s3: bool, anonymous: bool) -> Response {
+        // RFC 9112 section 3.2: an HTTP/1.1 request without a Host, or
+        // any request with more than one, is a 400.
+        let hosts = req.headers().get_all(header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
+            let e = ApiError::bad_request("a request needs one Host header (HTTP/1.0: at most one)");
+            let mut r = error_response(&e);
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+        if let Some(r) = ui::answer(&self, &req, anonymous).await {
+            return r;
+        }
+        // Held until the answer is made, which for uploads is after the
+        // body has been read.
+        let _permit = match limits::has_body(req.headers()) {
+            false => None,
+            true => match self.uploads.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return self.slow_down(s3),
+            },
+        };
+        if s3 {
             s3::handle(&self.s3, req).await
         } else {
             match native::route(&self, req).await {
                 Ok(r) => r,
                 Err(e) => error_response(&e),
             }
-        };
-        // A refusal sent before any 100 Continue leaves the body unsent or
-        // unread: the connection cannot carry another request (the server
-        // would read the next request as this one's body).
-        if expects_continue && (response.status().is_client_error() || response.status().is_server_error()) {
-            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        let bytes_out = content_length(response.headers()).unwrap_or(0);
-        self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
-        response
+    }
+
+    /// 503 with Retry-After, for an upload beyond `max_uploads` (S3's
+    /// SlowDown for S3 requests).
+    fn slow_down(&self, s3: bool) -> Response {
+        let message = format!("{} uploads are in progress; retry later", self.limits.max_uploads);
+        let mut r = if s3 {
+            s3::slow_down(message)
+        } else {
+            error_response(&ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "SlowDown", message))
+        };
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        r
     }
 }
 
@@ -278,7 +308,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: Request| {
+        let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(peer);
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }

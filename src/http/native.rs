@@ -43,6 +43,20 @@ pub enum Endpoint {
 }
 
 fn decode(raw: &str, what: &str) -> Result<String, ApiError> {
+    // A '%' not followed by two hexadecimal digits is no escape (RFC 3986
+    // section 2.1); taken literally, it would make two spellings of a key.
+    let b = raw.as_bytes();
+    let bad_escape = b.iter().enumerate().any(|(i, c)| {
+        *c == b'%'
+            && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit) && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if bad_escape {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "InvalidURI",
+            format!("the {what} has a '%' that is not followed by two hexadecimal digits"),
+        ));
+    }
     percent_decode_str(raw).decode_utf8().map(|s| s.into_owned()).map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -479,5 +493,14 @@ mod tests {
         let e = Endpoint::parse("/files/%FF%FE").unwrap_err();
         assert_eq!(e.status, http::StatusCode::BAD_REQUEST);
         assert!(Endpoint::parse("no-slash").is_err());
+    }
+
+    #[test]
+    fn broken_percent_escapes_are_a_400() {
+        for bad in ["/files/%", "/files/a%2", "/files/%zz", "/fi%g/x", "/files/%%41"] {
+            let e = Endpoint::parse(bad).unwrap_err();
+            assert_eq!((e.status, e.code), (http::StatusCode::BAD_REQUEST, "InvalidURI"), "{bad}");
+        }
+        assert_eq!(Endpoint::parse("/files/%25").unwrap(), object("files", "%"));
     }
 }

@@ -63,9 +63,11 @@ pub fn parse(value: &str) -> Option<Vec<RangeSpec>> {
     if specs.is_empty() { None } else { Some(specs) }
 }
 
-/// Resolves ranges against a length of `len` bytes. At most `max_ranges`
-/// are honoured: a request for more gets the whole representation, as a
-/// defence against many-range amplification.
+/// Resolves ranges against a length of `len` bytes. Against many-range
+/// amplification (CVE-2011-3192): a request for more than `max_ranges`
+/// gets the whole representation, and overlapping ranges are coalesced
+/// (RFC 9110 section 14.2 allows both), so an answer never carries more
+/// bytes of the object than it has.
 pub fn resolve(specs: &[RangeSpec], len: u64, max_ranges: usize) -> RangeAnswer {
     if specs.len() > max_ranges {
         return RangeAnswer::Full;
@@ -83,7 +85,23 @@ pub fn resolve(specs: &[RangeSpec], len: u64, max_ranges: usize) -> RangeAnswer 
             (start < end).then_some(ByteRange { start, end })
         })
         .collect();
-    if ranges.is_empty() { RangeAnswer::Unsatisfiable } else { RangeAnswer::Partial(ranges) }
+    if ranges.is_empty() {
+        return RangeAnswer::Unsatisfiable;
+    }
+    let mut sorted = ranges.clone();
+    sorted.sort_unstable_by_key(|r| r.start);
+    if sorted.windows(2).all(|w| w[0].end <= w[1].start) {
+        return RangeAnswer::Partial(ranges);
+    }
+    // Overlaps: ascending order, each byte once.
+    let mut merged: Vec<ByteRange> = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    RangeAnswer::Partial(merged)
 }
 
 #[cfg(test)]
@@ -138,5 +156,20 @@ mod tests {
         assert_eq!(resolve(&parse("bytes=0-").unwrap(), 0, 10), RangeAnswer::Unsatisfiable, "empty object");
         let many: Vec<_> = (0..11).map(|i| RangeSpec::Bounded(i, i)).collect();
         assert_eq!(resolve(&many, len, 10), RangeAnswer::Full);
+    }
+
+    #[test]
+    fn overlapping_ranges_are_coalesced_and_disjoint_ones_kept_in_order() {
+        let len = 1000;
+        let go = |v: &str| resolve(&parse(v).unwrap(), len, 100);
+        assert_eq!(go("bytes=500-599,0-99"), RangeAnswer::Partial(vec![r(500, 600), r(0, 100)]));
+        assert_eq!(go("bytes=0-,0-,0-"), RangeAnswer::Partial(vec![r(0, 1000)]));
+        assert_eq!(go("bytes=50-150,0-99,-900,900-"), RangeAnswer::Partial(vec![r(0, 1000)]));
+        assert_eq!(go("bytes=0-9,5-19,30-39"), RangeAnswer::Partial(vec![r(0, 20), r(30, 40)]));
+        assert_eq!(
+            go("bytes=0-9,10-19"),
+            RangeAnswer::Partial(vec![r(0, 10), r(10, 20)]),
+            "adjacent is not overlapping"
+        );
     }
 }

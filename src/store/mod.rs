@@ -119,11 +119,18 @@ pub struct StoreConfig {
     pub upload_expiry: Duration,
     /// How the engine was opened: a backup opens its copy the same way.
     pub engine: Option<(EngineKind, EngineConfig)>,
+    /// Longest key, in bytes.
+    pub max_key_bytes: usize,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { gc_grace: Duration::from_secs(3600), upload_expiry: Duration::from_secs(24 * 3600), engine: None }
+        StoreConfig {
+            gc_grace: Duration::from_secs(3600),
+            upload_expiry: Duration::from_secs(24 * 3600),
+            engine: None,
+            max_key_bytes: names::MAX_KEY_BYTES,
+        }
     }
 }
 
@@ -275,6 +282,17 @@ impl Store {
         self.engine.as_ref()
     }
 
+    /// Longest key this store accepts, in bytes.
+    pub fn max_key_bytes(&self) -> usize {
+        self.config.max_key_bytes
+    }
+
+    /// Checks a key against the rules of [`names::check_key`] and this
+    /// store's length limit.
+    pub fn check_key(&self, key: &str) -> Result<()> {
+        names::check_key(key, self.config.max_key_bytes).map_err(StoreError::InvalidKey)
+    }
+
     pub fn catalog(&self) -> &dyn Catalog {
         self.catalog.as_ref()
     }
@@ -353,7 +371,7 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
-        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_key(key)?;
         self.check_writable()?;
         if self.catalog.bucket(bucket).await?.is_none() {
             return Err(StoreError::NoSuchBucket(bucket.to_string()));
@@ -402,7 +420,7 @@ impl Store {
         precondition: Precondition,
     ) -> Result<PutResult> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
-        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_key(key)?;
         self.check_writable()?;
         let mut record = ObjectRecord { key: key.to_string(), modified: now_millis(), ..source.clone() };
         if let Some(new) = replace {
@@ -483,7 +501,7 @@ impl Store {
 
     /// The record of bucket/key.
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectRecord> {
-        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_key(key)?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.catalog.get_object(bucket, key).await?.ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
     }
@@ -531,7 +549,7 @@ impl Store {
     }
 
     pub async fn delete(&self, bucket: &str, key: &str, precondition: &Precondition) -> Result<ObjectRecord> {
-        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_key(key)?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
         let r = self.catalog.delete_object(bucket, key, precondition).await.map_err(Into::into);
@@ -591,7 +609,7 @@ impl Store {
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Result<Vec<bool>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         for key in keys {
-            names::check_key(key).map_err(StoreError::InvalidKey)?;
+            self.check_key(key)?;
         }
         self.check_writable()?;
         let r = self.catalog.delete_objects(bucket, keys, &Precondition::default()).await.map_err(Into::into);
@@ -679,7 +697,7 @@ impl PutBatch<'_> {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
-        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.store.check_key(key)?;
         let expected = Expected { len: Some(len), ..Expected::default() };
         let written = self.store.note(self.store.write_blob(body, expected).await)?;
         let record = written.record(key, None, Vec::new());

@@ -237,7 +237,11 @@ impl Harness {
         self.store = None;
         self.opened += 1;
         let seed = self.plan.seed.wrapping_add(self.opened.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let config = StoreConfig { gc_grace: Duration::ZERO, upload_expiry: Duration::from_secs(3600), engine: None };
+        let config = StoreConfig {
+            gc_grace: Duration::ZERO,
+            upload_expiry: Duration::from_secs(3600),
+            ..StoreConfig::default()
+        };
         let (store, ef, cf) = open_faulty(self.dir.path(), self.plan.engine, seed, config).await;
         self.store = Some(store);
         if faults {

@@ -92,7 +92,7 @@ impl Store {
         content_type: Option<String>,
         metadata: Vec<(String, String)>,
     ) -> Result<String> {
-        names::check_key(key).map_err(StoreError::InvalidKey)?;
+        self.check_key(key)?;
         self.bucket(bucket).await?;
         self.check_writable()?;
         let upload_id = hex::encode(rand::rng().random::<[u8; 16]>());

@@ -2,7 +2,7 @@
 //! only for length and NUL, and no component of the store ever turns it into
 //! a file name.
 
-/// Longest key, in bytes, as in S3.
+/// Longest key, in bytes, as in S3: the default of `--max-key-bytes`.
 pub const MAX_KEY_BYTES: usize = 1024;
 
 /// Checks a bucket name against S3's rules: 3-63 characters of lowercase
@@ -29,13 +29,13 @@ pub fn check_bucket(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a key: 1 to 1024 bytes of UTF-8 without NUL.
-pub fn check_key(key: &str) -> Result<(), String> {
+/// Checks a key: 1 to `max` bytes of UTF-8 without NUL.
+pub fn check_key(key: &str, max: usize) -> Result<(), String> {
     if key.is_empty() {
         return Err("the key is empty".into());
     }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(format!("the key is {} bytes long; at most {MAX_KEY_BYTES} are allowed", key.len()));
+    if key.len() > max {
+        return Err(format!("the key is {} bytes long; at most {max} are allowed", key.len()));
     }
     if key.contains('\0') {
         return Err("the key contains a NUL character".into());
@@ -60,10 +60,11 @@ mod tests {
     #[test]
     fn keys_are_text_with_two_limits() {
         for ok in ["../../etc/passwd", "a//b", "\\", "emoji 🦀", "%2e%2e/x", &"k".repeat(1024)] {
-            assert!(check_key(ok).is_ok(), "{ok:?} should be valid");
+            assert!(check_key(ok, MAX_KEY_BYTES).is_ok(), "{ok:?} should be valid");
         }
-        assert!(check_key("").is_err());
-        assert!(check_key("a\0b").is_err());
-        assert!(check_key(&"k".repeat(1025)).is_err());
+        assert!(check_key("", MAX_KEY_BYTES).is_err());
+        assert!(check_key("a\0b", MAX_KEY_BYTES).is_err());
+        assert!(check_key(&"k".repeat(1025), MAX_KEY_BYTES).is_err());
+        assert!(check_key("abcd", 3).is_err(), "the limit is a parameter");
     }
 }

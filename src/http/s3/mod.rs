@@ -11,7 +11,7 @@
 //! its own buckets and those created without credentials; an anonymous one
 //! may only read and list buckets marked public-read.
 
-mod body;
+pub(super) mod body;
 mod ops;
 
 use std::collections::HashMap;
@@ -37,7 +37,7 @@ const S3_QUERY: &[&str] =
     &["list-type", "encoding-type", "uploads", "uploadId", "delete", "location", "versions", "acl", "marker"];
 
 /// Whether a request is for the S3 API rather than the native one.
-pub fn is_s3(req: &Request) -> bool {
+pub fn is_s3<B>(req: &http::Request<B>) -> bool {
     if let Some(auth) = req.headers().get(http::header::AUTHORIZATION)
         && (auth.as_bytes().starts_with(b"AWS4-") || auth.as_bytes().starts_with(b"AWS "))
     {
@@ -69,7 +69,7 @@ const MAX_EXPIRES: u64 = 7 * 24 * 3600;
 
 /// A presigned URL whose `X-Amz-Expires` is outside 1 s to 7 days (which
 /// the protocol layer does not check).
-fn bad_expiry(req: &Request) -> Option<S3Error> {
+pub(super) fn bad_expiry<B>(req: &http::Request<B>) -> Option<S3Error> {
     let query = req.uri().query()?;
     let (_, expires) = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-Expires")?;
     match expires.parse::<u64>() {
@@ -85,7 +85,7 @@ fn bad_expiry(req: &Request) -> Option<S3Error> {
 pub async fn handle(service: &S3Service, req: Request) -> Response {
     let answer = match bad_expiry(&req) {
         Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
-        None => service.call(req.map(s3s::Body::from)).await,
+        None => service.call(req.map(s3s::Body::http_body)).await,
     };
     let response = match answer {
         Ok(r) => r,
@@ -101,12 +101,26 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
     response.map(|b| b.map_err(io::Error::other).boxed_unsync())
 }
 
+/// S3's SlowDown (503): too many requests at once.
+pub fn slow_down(message: String) -> Response {
+    let mut e = S3Error::new(S3ErrorCode::SlowDown);
+    e.set_message(message);
+    match e.to_http_response() {
+        Ok(r) => r.map(|b| b.map_err(io::Error::other).boxed_unsync()),
+        Err(_) => super::error_response(&ApiError::new(
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "SlowDown",
+            "too many requests at once",
+        )),
+    }
+}
+
 /// Virtual-host style addressing under one domain: `BUCKET.DOMAIN[:port]`
 /// names a bucket; any other host (the domain itself, an IP address,
 /// `localhost`) is path style. (s3s's own `SingleDomain` compares the Host
 /// header with its port and takes unknown hosts for bucket names, which
 /// would break path-style requests to `127.0.0.1:8080`.)
-struct Domain(String);
+pub(crate) struct Domain(pub(crate) String);
 
 impl S3Host for Domain {
     fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<VirtualHost<'a>> {

@@ -1,0 +1,124 @@
+//! What a client may send, and for how long: the limits `depot serve` takes
+//! as flags, the request body that gives up on a client gone quiet, and the
+//! gate that bounds how many upload bodies stream in at once.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+/// Limits on what a client may send.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request.
+    pub max_headers: usize,
+    /// Time allowed to send a request head; also how long an idle
+    /// connection is kept waiting for its next request.
+    pub header_timeout: Duration,
+    /// Longest wait for the next piece of a request body.
+    pub body_timeout: Duration,
+    /// Most ranges honoured in one Range header.
+    pub max_ranges: usize,
+    /// Most entries in one batch request.
+    pub max_batch_entries: usize,
+    /// Largest list of keys sent to a batch route, in bytes.
+    pub max_batch_keys_bytes: usize,
+    /// Most request bodies (uploads) read at the same time; more get 503.
+    pub max_uploads: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            max_ranges: 64,
+            max_batch_entries: 1_000_000,
+            max_batch_keys_bytes: 64 * 1024 * 1024,
+            max_uploads: 1024,
+        }
+    }
+}
+
+/// Why a request body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("no part of the body came for {0:?}")]
+    Idle(Duration),
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+/// Set on a request (as an extension) when its body timed out, so that the
+/// answer is 408 whatever the handler made of the failed read.
+#[derive(Clone, Default)]
+pub(crate) struct TimedOut(Arc<AtomicBool>);
+
+impl TimedOut {
+    pub(crate) fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A request body that fails when no frame arrives for `idle`: a client
+/// trickling its body, or gone silent, does not hold a request forever.
+/// (tower-http's `TimeoutBody` does the same but hides the size hint,
+/// which the S3 layer reads as the body's length.)
+pub struct RequestBody {
+    inner: Incoming,
+    idle: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    timed_out: TimedOut,
+}
+
+impl RequestBody {
+    pub(crate) fn new(inner: Incoming, idle: Duration, timed_out: TimedOut) -> RequestBody {
+        RequestBody { inner, idle, sleep: None, timed_out }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            this.sleep = None;
+            return Poll::Ready(frame.map(|f| f.map_err(BodyError::from)));
+        }
+        let idle = this.idle;
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                this.timed_out.0.store(true, Ordering::Relaxed);
+                Poll::Ready(Some(Err(BodyError::Idle(idle))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether a request carries a body to read: a length above zero, or
+/// chunked.
+pub(crate) fn has_body(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(http::header::TRANSFER_ENCODING) || super::content_length(headers).is_some_and(|n| n > 0)
+}

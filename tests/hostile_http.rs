@@ -1,0 +1,549 @@
+//! Hostile HTTP: malformed and abusive requests sent byte by byte over raw
+//! TCP to the real server. Each must get the right 4xx or a closed
+//! connection, never a panic, never unbounded memory, and never keep other
+//! clients waiting: a watchdog thread asks for `/_/health` all along.
+//! The limits involved are lowered by flags so the tests run in seconds.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Server, pattern, status_of};
+
+// ----- helpers -----
+
+/// What came back on one connection.
+struct Answer {
+    /// Everything read, all responses included.
+    raw: Vec<u8>,
+    /// Whether the server closed the connection (rather than went quiet).
+    closed: bool,
+}
+
+impl Answer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.raw).into_owned()
+    }
+
+    /// The first response's status; 0 when nothing came.
+    fn status(&self) -> u16 {
+        status_of(&self.text())
+    }
+
+    /// How many responses came.
+    fn responses(&self) -> usize {
+        self.text().matches("HTTP/1.1 ").count()
+    }
+
+    /// The first response's body (by its Content-Length).
+    fn body(&self) -> Vec<u8> {
+        let text = self.text().to_ascii_lowercase();
+        let end = text.find("\r\n\r\n").expect("a response head") + 4;
+        let len = text[..end]
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(self.raw.len() - end, |v| v.trim().parse().unwrap());
+        self.raw[end..end + len].to_vec()
+    }
+}
+
+fn connect(s: &Server) -> TcpStream {
+    let c = TcpStream::connect(&s.addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c
+}
+
+/// Reads until the server closes or is quiet for `quiet`.
+fn read_all(mut c: TcpStream, quiet: Duration) -> Answer {
+    c.set_read_timeout(Some(quiet)).unwrap();
+    let (mut raw, mut buf) = (Vec::new(), [0u8; 65536]);
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return Answer { raw, closed: true },
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // A reset after the answer (the server closed with unread
+            // input) is a close too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Answer { raw, closed: true },
+            Err(_) => return Answer { raw, closed: false },
+        }
+    }
+}
+
+/// Sends `request` as is (write errors tolerated: the server may answer
+/// and close before reading it all) and reads what comes back.
+fn exchange(s: &Server, request: &[u8]) -> Answer {
+    let mut c = connect(s);
+    let _ = c.write_all(request);
+    read_all(c, Duration::from_secs(5))
+}
+
+fn get(s: &Server, path: &str, extra: &str) -> Answer {
+    exchange(s, format!("GET {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n{extra}\r\n").as_bytes())
+}
+
+fn put(s: &Server, path: &str, body: &[u8]) -> Answer {
+    let head =
+        format!("PUT {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
+    exchange(s, &[head.as_bytes(), body].concat())
+}
+
+fn assert_absent(s: &Server, path: &str) {
+    assert_eq!(get(s, path, "").status(), 404, "{path} exists");
+}
+
+/// Asks for `/_/health` every 100 ms on new connections until dropped,
+/// and fails if an answer takes more than two seconds or is not a 200:
+/// the server must keep serving others while it is being attacked.
+struct Watchdog {
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<(usize, Duration)>>,
+}
+
+impl Watchdog {
+    fn start(s: &Server) -> Watchdog {
+        let (addr, stop) = (s.addr.clone(), Arc::new(AtomicBool::new(false)));
+        let flag = stop.clone();
+        let thread = thread::spawn(move || {
+            let (mut checks, mut slowest) = (0, Duration::ZERO);
+            while !flag.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let answer = common::raw(
+                    &addr,
+                    b"GET /_/health HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n\r\n",
+                    Duration::from_secs(2),
+                );
+                assert_eq!(status_of(&answer), 200, "a bystander was not served: {answer:?}");
+                slowest = slowest.max(started.elapsed());
+                checks += 1;
+                thread::sleep(Duration::from_millis(100));
+            }
+            (checks, slowest)
+        });
+        Watchdog { stop, thread: Some(thread) }
+    }
+
+    /// Stops; asserts every check passed in time.
+    fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (checks, slowest) = self.thread.take().unwrap().join().expect("the watchdog failed");
+        assert!(checks > 0, "the watchdog never ran");
+        assert!(slowest < Duration::from_secs(2), "a bystander waited {slowest:?}");
+    }
+}
+
+/// The server is alive, answers, did not panic, and stayed under `mib`.
+fn assert_unharmed(s: &mut Server, mib: u64) {
+    assert!(s.alive(), "the server died");
+    assert_eq!(get(s, "/_/health", "").status(), 200);
+    s.assert_no_panic();
+    let peak = s.peak_rss() >> 20;
+    assert!(peak < mib, "peak RSS {peak} MiB (limit {mib} MiB)");
+}
+
+/// Peak RSS allowed in these tests, in MiB: a debug build idles near 50.
+const RSS_MIB: u64 = 200;
+
+// ----- request heads -----
+
+#[test]
+fn malformed_request_heads_get_400_and_a_closed_connection() {
+    let mut s = Server::start(&[]);
+    let dog = Watchdog::start(&s);
+    let cases: &[(&str, &[u8])] = &[
+        ("garbage request line", b"GARBAGE\r\n\r\n"),
+        ("no version", b"GET /_/health\r\nHost: x\r\n\r\n"),
+        ("unknown version", b"GET /_/health HTTP/9.9\r\nHost: x\r\n\r\n"),
+        ("two spaces", b"GET  /_/health HTTP/1.1\r\nHost: x\r\n\r\n"),
+        ("binary request line", b"\x00\x01\x02\xff\r\n\r\n"),
+        ("invalid UTF-8 in the target", b"GET /files/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n"),
+        ("header without colon", b"GET /_/health HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n"),
+        ("space before colon", b"GET /_/health HTTP/1.1\r\nHost: x\r\nContent-Length : 0\r\n\r\n"),
+        ("obsolete line folding", b"GET /_/health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n"),
+        ("NUL in a header value", b"GET /_/health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n"),
+        (
+            "two different lengths",
+            b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nhello",
+        ),
+        ("length list", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3, 5\r\n\r\nhello"),
+        ("negative length", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"),
+        ("length past u64", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n"),
+        ("length with a sign", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\nhello"),
+        ("hex length", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\nhello"),
+        ("unknown transfer coding", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nhello"),
+        ("chunked not last", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"),
+        ("two Host headers", b"GET /_/health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+        ("no Host header", b"GET /_/health HTTP/1.1\r\n\r\n"),
+    ];
+    for (what, request) in cases {
+        let a = exchange(&s, request);
+        assert_eq!(a.status(), 400, "{what}: {}", a.text());
+        assert!(a.closed, "{what}: the connection stays open after a 400");
+    }
+    assert_absent(&s, "/files/k");
+    // Raw UTF-8 in a target is not valid URI syntax, but unambiguous:
+    // taken as the key it spells, as nginx does.
+    assert_eq!(put(&s, "/files/\u{e9}", b"e").status(), 201);
+    assert_eq!(get(&s, "/files/%C3%A9", "").body(), b"e");
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn oversized_or_too_many_headers_get_431_and_memory_stays_bounded() {
+    let mut s = Server::start(&[]);
+    let dog = Watchdog::start(&s);
+    let many = |n: usize, line: &str| format!("GET /_/health HTTP/1.1\r\nHost: x\r\n{}\r\n", line.repeat(n));
+    // Just inside the defaults (100 headers, 64 KiB) is served.
+    assert_eq!(exchange(&s, many(98, "X-A: b\r\n").as_bytes()).status(), 200);
+    assert_eq!(exchange(&s, many(101, "X-A: b\r\n").as_bytes()).status(), 431, "101 headers");
+    assert_eq!(exchange(&s, many(5000, "X-A: b\r\n").as_bytes()).status(), 431, "5000 duplicated headers");
+    let long_line = format!("X-Big: {}\r\n", "a".repeat(70 * 1024));
+    assert_eq!(exchange(&s, many(1, &long_line).as_bytes()).status(), 431, "one 70 KiB header");
+    // Many oversized heads, megabytes each: refused early, never buffered
+    // whole (a closed connection without an answer is fine too).
+    let huge = many(1, &format!("X-Huge: {}\r\n", "h".repeat(4 << 20)));
+    for _ in 0..50 {
+        let a = exchange(&s, huge.as_bytes());
+        assert!(a.closed && [0, 431].contains(&a.status()), "{}", a.text());
+    }
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn lowered_header_limits_are_enforced() {
+    let mut s = Server::start(&["--max-headers", "10", "--max-header-bytes", "2048"]);
+    let head = |extra: &str| format!("GET /_/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n");
+    assert_eq!(exchange(&s, head(&"X-A: b\r\n".repeat(5)).as_bytes()).status(), 200);
+    assert_eq!(exchange(&s, head(&"X-A: b\r\n".repeat(11)).as_bytes()).status(), 431, "11 headers");
+    let big = format!("X-Big: {}\r\n", "a".repeat(3000));
+    assert_eq!(exchange(&s, head(&big).as_bytes()).status(), 431, "a 3 KB head");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+// ----- bodies -----
+
+#[test]
+fn content_length_with_transfer_encoding_is_read_chunked_and_the_connection_closed() {
+    // RFC 9112 section 6.3: Transfer-Encoding overrides Content-Length, and
+    // the connection must close after the answer, so that a request hidden
+    // behind the body (request smuggling) is never read.
+    let mut s = Server::start(&[]);
+    let smuggled = "GET /files/smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+    let request = format!(
+        "PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+         5\r\nhello\r\n0\r\n\r\n{smuggled}"
+    );
+    let a = exchange(&s, request.as_bytes());
+    assert_eq!((a.status(), a.responses()), (201, 1), "{}", a.text());
+    assert!(a.closed, "the connection stays open");
+    assert_eq!(get(&s, "/files/k", "").body(), b"hello");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn a_body_longer_than_declared_stores_only_the_declared_bytes() {
+    let mut s = Server::start(&[]);
+    let a = exchange(&s, b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello, and more bytes\r\n\r\n");
+    assert_eq!(a.status(), 201, "{}", a.text());
+    // What follows the declared bytes is read as the next request: not
+    // HTTP, so a 400 and a closed connection.
+    assert_eq!(a.responses(), 2, "{}", a.text());
+    assert!(a.text().contains("HTTP/1.1 400"), "{}", a.text());
+    assert!(a.closed);
+    assert_eq!(get(&s, "/files/k", "").body(), b"hello");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn broken_chunked_bodies_are_400_and_store_nothing() {
+    let mut s = Server::start(&[]);
+    let dog = Watchdog::start(&s);
+    let head = "PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let bodies: &[(&str, &str)] = &[
+        ("size not hexadecimal", "zz\r\nhello\r\n0\r\n\r\n"),
+        ("size past u64", "fffffffffffffffffffff\r\nhello\r\n0\r\n\r\n"),
+        ("negative size", "-5\r\nhello\r\n0\r\n\r\n"),
+        ("data longer than its size", "3\r\nhello\r\n0\r\n\r\n"),
+        ("no CRLF after the data", "5\r\nhelloX0\r\n\r\n"),
+        ("bare LF in the size line", "5\nhello\r\n0\r\n\r\n"),
+    ];
+    for (what, body) in bodies {
+        let a = exchange(&s, format!("{head}{body}").as_bytes());
+        assert_eq!(a.status(), 400, "{what}: {}", a.text());
+        assert!(a.closed, "{what}: the connection stays open");
+    }
+    // Cut off before the last chunk: the client half-closes.
+    let mut c = connect(&s);
+    c.write_all(format!("{head}5\r\nhello\r\n").as_bytes()).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let a = read_all(c, Duration::from_secs(5));
+    assert_eq!(a.status(), 400, "cut-off chunked body: {}", a.text());
+    assert_absent(&s, "/files/k");
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+// ----- ranges -----
+
+#[test]
+fn many_or_overlapping_ranges_never_amplify_the_answer() {
+    // CVE-2011-3192 ("Apache killer"): `bytes=0-,0-,...` made servers send
+    // an object once per range. More than --max-ranges gets a plain 200;
+    // overlapping ranges are coalesced.
+    let mut s = Server::start(&[]);
+    let len = 100_000;
+    let object = pattern(len, 7);
+    assert_eq!(put(&s, "/files/obj", &object).status(), 201);
+    let dog = Watchdog::start(&s);
+    let ranged = |spec: &str| get(&s, "/files/obj", &format!("Range: bytes={spec}\r\n"));
+    let list = |n: usize, f: &dyn Fn(usize) -> String| (0..n).map(f).collect::<Vec<_>>().join(",");
+
+    let a = ranged(&list(5000, &|_| "0-".into()));
+    assert_eq!((a.status(), a.body().len()), (200, len), "5000 ranges: the whole object, once");
+    let a = ranged(&list(65, &|i| format!("{i}-{i}")));
+    assert_eq!((a.status(), a.body()), (200, object.clone()), "65 ranges are over the default of 64");
+
+    let a = ranged(&list(64, &|_| "0-".into()));
+    assert_eq!((a.status(), a.body()), (206, object.clone()), "64 times the whole object: coalesced to one");
+    assert!(a.text().contains(&format!("content-range: bytes 0-{}/{len}", len - 1)), "{}", a.text());
+    let a = ranged(&list(60, &|i| format!("{}-{}", i * 10, i * 10 + 50_000)));
+    assert_eq!(a.status(), 206);
+    assert_eq!(a.body(), &object[..50_591], "60 overlapping windows: their union, once");
+    let a = ranged("-10,0-9,5-14");
+    let body = a.body();
+    assert_eq!(a.status(), 206);
+    assert!(body.len() < 25 + 400, "two parts (0-14 and the last 10 bytes), not three: {} bytes", body.len());
+    assert!(a.text().contains("Content-Range: bytes 0-14/") && a.text().contains(&format!("bytes {}-", len - 10)));
+
+    // Many small disjoint ranges, as many times as a client likes: each
+    // answer costs at most the object plus part headers.
+    for _ in 0..20 {
+        let a = ranged(&list(64, &|i| format!("{}-{}", i * 1000, i * 1000 + 1)));
+        assert_eq!(a.status(), 206);
+        assert!(a.body().len() < 64 * 150, "{} bytes for 128 bytes of ranges", a.body().len());
+    }
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn a_lowered_range_limit_is_enforced() {
+    let mut s = Server::start(&["--max-ranges", "2"]);
+    assert_eq!(put(&s, "/files/obj", &pattern(1000, 1)).status(), 201);
+    let ranged = |spec: &str| get(&s, "/files/obj", &format!("Range: bytes={spec}\r\n"));
+    let two = ranged("0-1,10-11");
+    assert_eq!(two.status(), 206);
+    assert!(two.text().contains("multipart/byteranges"));
+    assert_eq!((ranged("0-1,10-11,20-21").status(), ranged("0-1,10-11,20-21").body().len()), (200, 1000));
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+// ----- keys in URLs -----
+
+#[test]
+fn hostile_keys_in_the_url_are_refused_with_400() {
+    let mut s = Server::start(&[]);
+    let dog = Watchdog::start(&s);
+    let cases: &[(&str, &str)] = &[
+        ("/files/%FF%FE", "InvalidKey"),
+        ("/files/a%C3", "InvalidKey"),
+        ("/files/%ED%A0%80", "InvalidKey"),
+        ("/files/%zz", "InvalidURI"),
+        ("/files/a%2", "InvalidURI"),
+        ("/files/100%", "InvalidURI"),
+        ("/files/%00", "InvalidKey"),
+        ("/files/a%00/../b", "InvalidKey"),
+        ("/%FF/k", "InvalidKey"),
+        ("/Files/k", "InvalidBucketName"),
+        ("/fi%00es/k", "InvalidBucketName"),
+    ];
+    for (path, code) in cases {
+        for a in [put(&s, path, b"x"), get(&s, path, "")] {
+            assert_eq!(a.status(), 400, "{path}: {}", a.text());
+            assert!(a.text().contains(code), "{path}: want {code}: {}", a.text());
+        }
+    }
+    // A 60 KiB key fits in the head but not the key limit; a 100 KiB one
+    // does not fit in the head.
+    let long = format!("/files/{}", "k".repeat(60 * 1024));
+    assert!(put(&s, &long, b"x").text().contains("InvalidKey"));
+    let longer = format!("/files/{}", "k".repeat(100 * 1024));
+    assert_eq!(put(&s, &longer, b"x").status(), 431);
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn a_lowered_key_limit_is_enforced_everywhere_keys_come_in() {
+    let mut s = Server::start(&["--max-key-bytes", "16"]);
+    assert_eq!(put(&s, &format!("/files/{}", "k".repeat(16)), b"x").status(), 201);
+    let a = put(&s, &format!("/files/{}", "k".repeat(17)), b"x");
+    assert!(a.status() == 400 && a.text().contains("at most 16"), "{}", a.text());
+    let batch = format!("{}\n1\nx\n", "b".repeat(17));
+    let a = exchange(
+        &s,
+        format!(
+            "POST /_/batch/put?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{batch}",
+            batch.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(a.status(), 400, "batch put with a long key: {}", a.text());
+    let listing = get(&s, "/files/", "Accept: application/json\r\n");
+    assert_eq!(listing.status(), 200);
+    assert!(!listing.text().contains("bbbb"), "the batch stored its long key: {}", listing.text());
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn lowered_batch_limits_are_enforced() {
+    let mut s = Server::start(&["--max-batch-entries", "2", "--max-batch-keys-bytes", "64"]);
+    let post = |route: &str, body: &str| {
+        let head = format!(
+            "POST /_/batch/{route}?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        exchange(&s, format!("{head}{body}").as_bytes())
+    };
+    assert_eq!(post("put", "a\n1\nx\nb\n1\ny\n").status(), 200);
+    let a = post("put", "c\n1\nx\nd\n1\ny\ne\n1\nz\n");
+    assert!(a.status() == 413 && a.text().contains("TooManyKeys"), "{}", a.text());
+    assert_absent(&s, "/files/c");
+    assert_eq!(post("get", "a\nb\nc\n").status(), 413, "three keys");
+    let a = post("delete", &"k".repeat(65));
+    assert!(a.status() == 413 && a.text().contains("EntityTooLarge"), "{}", a.text());
+    assert_eq!(get(&s, "/files/a", "").body(), b"x", "nothing deleted");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+// ----- slow clients -----
+
+#[test]
+fn trickled_headers_are_cut_off_after_the_header_timeout() {
+    let mut s = Server::start(&["--header-timeout", "2"]);
+    let dog = Watchdog::start(&s);
+    let started = Instant::now();
+    let slow: Vec<_> = (0..20)
+        .map(|i| {
+            let mut c = connect(&s);
+            thread::spawn(move || {
+                c.write_all(b"GET /_/health HTTP/1.1\r\nHost: x\r\n").unwrap();
+                // A header line every 300 ms, for up to 20 s.
+                for n in 0..66 {
+                    if c.write_all(format!("X-Slow-{i}-{n}: y\r\n").as_bytes()).is_err() {
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(300));
+                }
+                (read_all(c, Duration::from_secs(1)), started.elapsed())
+            })
+        })
+        .collect();
+    for t in slow {
+        let (a, after) = t.join().unwrap();
+        assert_eq!(a.status(), 0, "a trickled head was answered: {}", a.text());
+        assert!(a.closed, "not closed");
+        assert!(after > Duration::from_millis(1500) && after < Duration::from_secs(6), "closed after {after:?}");
+    }
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn a_stalled_body_gets_408_after_the_body_timeout_and_a_slow_one_completes() {
+    let mut s = Server::start(&["--body-timeout", "2"]);
+    let dog = Watchdog::start(&s);
+    // Stalls after 3 of 100 bytes.
+    let mut stalled = connect(&s);
+    stalled.write_all(b"PUT /files/stalled HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc").unwrap();
+    // Sends a byte every 500 ms, for 5 s in all: slow, never idle for 2 s.
+    let mut slow = connect(&s);
+    slow.write_all(b"PUT /files/slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 10\r\n\r\n").unwrap();
+    let started = Instant::now();
+    let trickler = thread::spawn(move || {
+        for b in b"0123456789" {
+            thread::sleep(Duration::from_millis(500));
+            slow.write_all(&[*b]).unwrap();
+        }
+        read_all(slow, Duration::from_secs(5))
+    });
+    let a = read_all(stalled, Duration::from_secs(10));
+    let waited = started.elapsed();
+    assert_eq!(a.status(), 408, "{}", a.text());
+    assert!(a.text().contains("RequestTimeout") && a.closed, "{}", a.text());
+    assert!(waited > Duration::from_millis(1500) && waited < Duration::from_secs(6), "408 after {waited:?}");
+    let a = trickler.join().unwrap();
+    assert_eq!(a.status(), 201, "a slow but steady body: {}", a.text());
+    assert_absent(&s, "/files/stalled");
+    assert_eq!(get(&s, "/files/slow", "").body(), b"0123456789");
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn a_thousand_idle_connections_neither_block_others_nor_stay_open() {
+    let mut s = Server::start(&["--header-timeout", "2"]);
+    let dog = Watchdog::start(&s);
+    let idle: Vec<TcpStream> = (0..1000).map(|_| connect(&s)).collect();
+    // Half of them send part of a head, then nothing.
+    for c in idle.iter().step_by(2) {
+        let mut c = c;
+        c.write_all(b"GET /_/health HTTP/1.1\r\nHo").unwrap();
+    }
+    assert_eq!(get(&s, "/_/health", "").status(), 200, "served while 1000 connections idle");
+    thread::sleep(Duration::from_secs(4));
+    let mut open = 0;
+    for mut c in idle {
+        c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let timed_out =
+            |e: &std::io::Error| matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
+        if c.read(&mut [0u8; 16]).is_err_and(|e| timed_out(&e)) {
+            open += 1;
+        }
+    }
+    assert_eq!(open, 0, "idle connections still open after the header timeout");
+    dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+// ----- concurrent uploads -----
+
+#[test]
+fn uploads_beyond_the_limit_get_503_with_retry_after() {
+    let mut s = Server::start(&["--max-uploads", "2"]);
+    // Two uploads in progress: head and half their bodies sent.
+    let mut open: Vec<TcpStream> = (0..2)
+        .map(|i| {
+            let mut c = connect(&s);
+            let head =
+                format!("PUT /files/u{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 10\r\n\r\n");
+            c.write_all(head.as_bytes()).unwrap();
+            c.write_all(b"01234").unwrap();
+            c
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let a = put(&s, "/files/third", b"abc");
+    assert_eq!(a.status(), 503, "{}", a.text());
+    let text = a.text().to_ascii_lowercase();
+    assert!(text.contains("retry-after: 1") && text.contains("slowdown"), "{}", a.text());
+    // The S3 API says SlowDown its own way (an anonymous S3 request).
+    let a = put(&s, "/files/third?acl", b"<x/>");
+    assert_eq!(a.status(), 503, "{}", a.text());
+    assert!(a.text().contains("<Code>SlowDown</Code>"), "{}", a.text());
+    // Reads are not uploads.
+    assert_eq!(get(&s, "/_/health", "").status(), 200);
+    for (i, c) in open.iter_mut().enumerate() {
+        c.write_all(b"56789").unwrap();
+        let a = read_all(c.try_clone().unwrap(), Duration::from_secs(5));
+        assert_eq!(a.status(), 201, "upload {i}: {}", a.text());
+    }
+    assert_eq!(put(&s, "/files/third", b"abc").status(), 201, "a permit is free again");
+    assert_unharmed(&mut s, RSS_MIB);
+}
