@@ -30,10 +30,6 @@ use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Di
 const NAME: &str = "rocksdb";
 /// Size of one stored value of a blob.
 pub const CHUNK: usize = 1024 * 1024;
-/// Largest blob read on the calling thread instead of the blocking pool:
-/// RocksDB answers a cached read of this size in microseconds, less than
-/// two thread wake-ups.
-const INLINE_READ: u64 = 64 * 1024;
 const LOCK_STRIPES: usize = 64;
 
 /// RocksDB options shared by every database depot opens.
@@ -254,7 +250,7 @@ impl BlobEngine for RocksEngine {
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         let digest = blob.digest;
-        // The head is a few bytes: read on this thread (see `INLINE_READ`).
+        // The head is a few bytes: read on this thread.
         let head = {
             let v = self.inner.db.get_pinned(head_key(&digest)).map_err(db_err)?;
             Head::decode(&v.ok_or(EngineError::NotFound(digest))?)?
@@ -268,20 +264,15 @@ impl BlobEngine for RocksEngine {
         let first = (range.start / CHUNK as u64) as u32;
         let last = ((range.end - 1) / CHUNK as u64) as u32;
         if first == last {
-            // One value: read it here, no streaming machinery; small ones
-            // on this thread, where a cached read costs less than the
-            // hand-off to the blocking pool.
-            let inner = self.inner.clone();
-            let read = move || {
-                let v = inner.db.get_pinned(chunk_key(&head.id, first)).map_err(db_err)?;
-                let v = v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?;
-                let at = (range.start % CHUNK as u64) as usize;
-                let len = range.len() as usize;
-                v.get(at..at + len)
-                    .map(Bytes::copy_from_slice)
-                    .ok_or_else(|| EngineError::other(NAME, "blob chunk short"))
-            };
-            let bytes = if head.size <= INLINE_READ { read()? } else { blocking(read).await? };
+            // One value (at most a chunk): read it on this thread, where a
+            // cached read costs less than a hand-off to the blocking pool.
+            let v = self.inner.db.get_pinned(chunk_key(&head.id, first)).map_err(db_err)?;
+            let v = v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?;
+            let at = (range.start % CHUNK as u64) as usize;
+            let bytes = v
+                .get(at..at + range.len() as usize)
+                .map(Bytes::copy_from_slice)
+                .ok_or_else(|| EngineError::other(NAME, "blob chunk short"))?;
             return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
         }
         let inner = self.inner.clone();
