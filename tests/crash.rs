@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{BIN, Server, client, files_under, sha256_hex, sqlite_count};
+use common::{Server, client, depot, files_under, sha256_hex, sqlite_count};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
@@ -212,10 +212,6 @@ async fn writer(base: String, w: usize, seed: u64, model: Model) {
             return;
         }
     }
-}
-
-fn depot(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(BIN).args(args).output().unwrap()
 }
 
 /// `depot gc --gc-grace 0` then `depot verify` on the stopped store: both

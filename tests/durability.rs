@@ -9,7 +9,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Server, client, files_under, pattern, sha256_hex, sqlite_count};
+use common::{Server, client, depot, files_under, pattern, sha256_hex, sqlite_count};
 use futures::StreamExt;
 
 fn generated_body(len: u64, seed: u64) -> reqwest::Body {
@@ -105,10 +105,6 @@ async fn a_client_that_disconnects_mid_upload_leaves_nothing() {
         assert!(files_under(&server.data).len() <= before + 8, "{engine}: stray files after an abandoned upload");
         server.assert_no_panic();
     }
-}
-
-fn depot(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(common::BIN).args(args).env_remove("DEPOT_DATA").output().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,11 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{BIN, Server, client, files_under, pattern, sha256_hex};
-
-fn depot(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(BIN).args(args).env_remove("DEPOT_DATA").output().unwrap()
-}
+use common::{Server, client, depot, files_under, pattern, sha256_hex};
 
 fn text(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

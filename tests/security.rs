@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{BIN, Server, client, files_under, raw, status_of};
+use common::{Server, client, depot, files_under, raw, status_of};
 
 /// This machine's first address that is not loopback, if it has one.
 fn outside_address() -> Option<String> {
@@ -19,8 +19,7 @@ fn outside_address() -> Option<String> {
 fn a_public_address_needs_credentials_or_an_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
-    let out =
-        std::process::Command::new(BIN).args(["serve", "--data", data, "--listen", "0.0.0.0:0"]).output().unwrap();
+    let out = depot(&["serve", "--data", data, "--listen", "0.0.0.0:0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("without credentials"));
     let mut open = Server::start(&["--listen", "0.0.0.0:0", "--allow-anonymous-write"]);

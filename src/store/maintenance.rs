@@ -390,8 +390,9 @@ impl Store {
         self.catalog.checkpoint(&dir.join("catalog")).await?;
         let copy: Arc<dyn Catalog> = Arc::new(RocksCatalog::open(&dir.join("catalog"))?);
         let target = engine::open(kind, &dir.join(kind.name()), &config).await?;
-        let mut report = BackupReport { objects: copy.stats().await?.objects, ..BackupReport::default() };
-        progress.set_length(copy.stats().await?.blob_bytes.max(0) as u64);
+        let totals = copy.stats().await?;
+        let mut report = BackupReport { objects: totals.objects, ..BackupReport::default() };
+        progress.set_length(totals.blob_bytes.max(0) as u64);
         let mut after = None;
         loop {
             let page = copy.list_blobs(after, PAGE).await?;

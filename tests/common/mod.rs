@@ -44,11 +44,7 @@ impl Server {
         if !extra.contains(&"--gc-interval") {
             cmd.args(["--gc-interval", "0"]);
         }
-        for (k, _) in std::env::vars() {
-            if k.starts_with("DEPOT_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_depot_settings(&mut cmd);
         cmd.env("DEPOT_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning depot");
         let stderr = child.stderr.take().expect("stderr piped");
@@ -133,6 +129,23 @@ impl Drop for Server {
 
 fn unsafe_kill(pid: u32, signal: i32) {
     let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+}
+
+/// Clears the caller's `DEPOT_*` variables, so only the given flags count.
+fn without_depot_settings(cmd: &mut Command) {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEPOT_") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+/// Runs `depot ARGS` to its end, without the caller's `DEPOT_*` settings.
+pub fn depot(args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    without_depot_settings(&mut cmd);
+    cmd.output().expect("running depot")
 }
 
 /// Percent-encodes a key for a URL path, keeping `/`.
