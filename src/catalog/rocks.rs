@@ -13,8 +13,9 @@
 //! Bucket names cannot hold `0x00` and keys cannot hold NUL, so one bucket's
 //! keys are contiguous and in byte order. A transaction takes striped locks
 //! on the object keys and blob digests it touches (in one global order, so
-//! transactions never deadlock), reads, and commits one synced write batch.
-//! Concurrent commits share a WAL sync (RocksDB's group commit).
+//! transactions never deadlock), reads, and writes one batch; it is answered
+//! once a sync of the write-ahead log, shared by every transaction written
+//! before it, has made the batch durable.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
@@ -23,22 +24,21 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard, RwLock};
-use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, MergeOperands, WriteBatch, WriteOptions,
-};
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, MergeOperands, WriteBatch};
 
 use super::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
     ObjectRecord, Precondition, PutOutcome, Result, now_millis,
 };
 use super::{decode, encode};
+use crate::engine::group_commit::GroupCommit;
 use crate::engine::{BlobRef, Digest, Locator};
 
 const STRIPES: usize = 1024;
 const STATS_KEY: &[u8] = b"stats";
-/// Most point reads done on the calling thread rather than the blocking
-/// pool.
-const INLINE_READS: usize = 8;
+/// Most point reads (or records of a transaction) handled on the calling
+/// thread rather than the blocking pool.
+const INLINE_WORK: usize = 8;
 
 fn err(e: impl std::fmt::Display) -> CatalogError {
     CatalogError::Internal(e.to_string())
@@ -96,7 +96,10 @@ pub struct RocksCatalog {
 }
 
 struct Inner {
-    db: DB,
+    db: Arc<DB>,
+    /// Makes transactions durable; dropped after `db`, it holds the database
+    /// open until its last sync.
+    group: GroupCommit,
     key_stripes: Box<[Mutex<()>]>,
     digest_stripes: Box<[Mutex<()>]>,
     hasher: std::collections::hash_map::RandomState,
@@ -118,10 +121,12 @@ impl RocksCatalog {
             ColumnFamilyDescriptor::new("dead", opts.clone()),
             ColumnFamilyDescriptor::new("meta", meta),
         ];
-        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(err)?;
+        let db = Arc::new(DB::open_cf_descriptors(&opts, path, cfs).map_err(err)?);
+        let group = GroupCommit::start(db.clone(), "catalog").map_err(err)?;
         Ok(RocksCatalog {
             inner: Arc::new(Inner {
                 db,
+                group,
                 key_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 digest_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 hasher: Default::default(),
@@ -144,7 +149,22 @@ impl RocksCatalog {
         reads: usize,
         f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        if reads <= INLINE_READS { f(&self.inner) } else { self.blocking(f).await }
+        if reads <= INLINE_WORK { f(&self.inner) } else { self.blocking(f).await }
+    }
+
+    /// Runs a transaction touching `records` records (on this thread when
+    /// they are few, as for point reads), then waits until its unsynced
+    /// write is durable. The wait is shared: one sync of the write-ahead log
+    /// answers every transaction written before it (see `GroupCommit`), and
+    /// no thread is parked per transaction meanwhile.
+    async fn transact<T: Send + 'static>(
+        &self,
+        records: usize,
+        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let out = self.point_reads(records, f).await?;
+        self.inner.group.durable().await.map_err(CatalogError::SyncFailed)?;
+        Ok(out)
     }
 }
 
@@ -167,10 +187,10 @@ impl Inner {
         idx.into_iter().map(|i| stripes[i].lock()).collect()
     }
 
+    /// Writes a transaction's batch, unsynced: [`RocksCatalog::transact`]
+    /// waits for the shared sync that makes it durable.
     fn commit(&self, batch: WriteBatch) -> Result<()> {
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db.write_opt(batch, &wo).map_err(|e| CatalogError::SyncFailed(e.to_string()))
+        self.db.write(batch).map_err(|e| CatalogError::SyncFailed(e.to_string()))
     }
 
     fn bucket_exists(&self, name: &str) -> Result<bool> {
@@ -320,7 +340,7 @@ impl<'a> Txn<'a> {
 impl Catalog for RocksCatalog {
     async fn create_bucket(&self, bucket: &BucketRecord) -> Result<()> {
         let record = bucket.clone();
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let _w = inner.buckets.write();
             if inner.bucket_exists(&record.name)? {
                 return Err(CatalogError::BucketExists(record.name));
@@ -334,7 +354,7 @@ impl Catalog for RocksCatalog {
 
     async fn set_bucket_public(&self, name: &str, public_read: bool) -> Result<()> {
         let name = name.to_string();
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let _w = inner.buckets.write();
             let raw = inner.db.get_pinned_cf(inner.cf("buckets"), &name).map_err(err)?;
             let Some(raw) = raw else {
@@ -350,7 +370,7 @@ impl Catalog for RocksCatalog {
 
     async fn delete_bucket(&self, name: &str) -> Result<()> {
         let name = name.to_string();
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let _w = inner.buckets.write();
             if !inner.bucket_exists(&name)? {
                 return Err(CatalogError::NoSuchBucket(name));
@@ -414,7 +434,7 @@ impl Catalog for RocksCatalog {
     }
 
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
-        self.blocking(move |inner| {
+        self.transact(puts.len(), move |inner| {
             let _r = inner.buckets.read();
             let keys: Vec<_> = puts.iter().map(|p| object_key(&p.bucket, &p.record.key)).collect();
             let _keys = inner.lock(&inner.key_stripes, &keys);
@@ -474,7 +494,7 @@ impl Catalog for RocksCatalog {
         let bucket = bucket.to_string();
         let keys = keys.to_vec();
         let precondition = precondition.clone();
-        self.blocking(move |inner| {
+        self.transact(keys.len(), move |inner| {
             let _r = inner.buckets.read();
             if !inner.bucket_exists(&bucket)? {
                 return Err(CatalogError::NoSuchBucket(bucket));
@@ -551,7 +571,7 @@ impl Catalog for RocksCatalog {
 
     async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
         let digest = *digest;
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let _lock = inner.lock(&inner.digest_stripes, &[digest]);
             let Some(b) = inner.read_blob(&digest)? else {
                 return Ok(false);
@@ -597,7 +617,7 @@ impl Catalog for RocksCatalog {
 
     async fn set_locators(&self, moved: &[(Digest, Locator)]) -> Result<()> {
         let moved = moved.to_vec();
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let digests: Vec<Digest> = moved.iter().map(|(d, _)| *d).collect();
             let _lock = inner.lock(&inner.digest_stripes, &digests);
             let mut batch = WriteBatch::default();
@@ -613,7 +633,7 @@ impl Catalog for RocksCatalog {
 
     async fn set_refs(&self, counted: &[(Digest, u64)]) -> Result<()> {
         let counted = counted.to_vec();
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let digests: Vec<Digest> = counted.iter().map(|(d, _)| *d).collect();
             let _lock = inner.lock(&inner.digest_stripes, &digests);
             let mut txn = Txn::new(inner);
@@ -630,7 +650,7 @@ impl Catalog for RocksCatalog {
     }
 
     async fn set_stats(&self, stats: CatalogStats) -> Result<()> {
-        self.blocking(move |inner| {
+        self.transact(usize::MAX, move |inner| {
             let mut batch = WriteBatch::default();
             batch.put_cf(inner.cf("meta"), STATS_KEY, stats_bytes(&stats));
             inner.commit(batch)

@@ -22,6 +22,7 @@ pub mod conformance;
 pub mod faulty;
 pub mod fs;
 pub mod gridfs;
+pub(crate) mod group_commit;
 pub mod hybrid;
 pub mod memory;
 pub mod postgres;

@@ -5,14 +5,16 @@
 //!
 //! | key | value |
 //! |---|---|
-//! | `h` digest(32) | head: id(16) size(8) modified-ns(8) |
+//! | `h` digest(32) | head: id(16) size(8) modified-ns(8), then the bytes of a blob of at most [`INLINE`] |
 //! | `c` id(16) chunk-no(4, big-endian) | up to [`CHUNK`] bytes |
 //! | `p` id(16) | empty: the blob `id` is still being written |
 //!
 //! A blob's chunks are written as they stream in under a fresh random id; the
-//! head that names them by digest is written last, in a synced batch, so a
-//! reader never finds a head without all its chunks. Blobs of one chunk (the
-//! common case behind `hybrid`) are a single synced batch. A crash while
+//! head that names them by digest is written last, in one batch, so a reader
+//! never finds a head without all its chunks. Blobs of one chunk (the common
+//! case behind `hybrid`) are that batch alone; the smallest live in their
+//! head, so reading one is a single lookup. The writer returns once a sync
+//! of the write-ahead log, shared with concurrent writers, covers the batch. A crash while
 //! chunks stream leaves a `p` marker; opening the database removes those
 //! chunks.
 
@@ -23,14 +25,21 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use rocksdb::{DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
+use rocksdb::{BlockBasedOptions, DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 
+use super::group_commit::GroupCommit;
 use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
 
 const NAME: &str = "rocksdb";
 /// Size of one stored value of a blob.
 pub const CHUNK: usize = 1024 * 1024;
 const LOCK_STRIPES: usize = 64;
+/// Largest single-chunk blob written on the calling thread rather than the
+/// blocking pool: an unsynced write of this much takes microseconds.
+const INLINE_WRITE: u64 = 64 * 1024;
+/// Largest blob kept in its head rather than in a chunk: a head under
+/// `min_blob_size` (4 KiB) stays in the LSM tree, beside its key.
+pub const INLINE: u64 = 4096 - HEAD as u64;
 
 /// RocksDB options shared by every database depot opens.
 pub(crate) fn base_options() -> Options {
@@ -42,6 +51,13 @@ pub(crate) fn base_options() -> Options {
     opts.set_write_buffer_size(16 * 1024 * 1024);
     opts.set_max_write_buffer_number(2);
     opts.set_keep_log_file_num(4);
+    // Most lookups on a write miss (a new key, new content): bloom filters,
+    // in the tables and in the memtable, answer those without searching.
+    let mut table = BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    opts.set_block_based_table_factory(&table);
+    opts.set_memtable_whole_key_filtering(true);
+    opts.set_memtable_prefix_bloom_ratio(0.1);
     opts
 }
 
@@ -81,30 +97,41 @@ fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
+#[derive(Clone, Copy)]
 struct Head {
     id: [u8; 16],
     size: u64,
     modified_ns: u64,
 }
 
+/// Length of a head without bytes.
+const HEAD: usize = 32;
+
 impl Head {
-    fn encode(&self) -> [u8; 32] {
-        let mut v = [0u8; 32];
-        v[..16].copy_from_slice(&self.id);
-        v[16..24].copy_from_slice(&self.size.to_be_bytes());
-        v[24..].copy_from_slice(&self.modified_ns.to_be_bytes());
+    /// The head's value, holding `inline` (the whole blob) when given.
+    fn encode(&self, inline: Option<&[u8]>) -> Vec<u8> {
+        let mut v = Vec::with_capacity(HEAD + inline.map_or(0, <[u8]>::len));
+        v.extend_from_slice(&self.id);
+        v.extend_from_slice(&self.size.to_be_bytes());
+        v.extend_from_slice(&self.modified_ns.to_be_bytes());
+        v.extend_from_slice(inline.unwrap_or_default());
         v
     }
 
-    fn decode(v: &[u8]) -> Result<Head> {
-        if v.len() != 32 {
-            return Err(EngineError::other(NAME, "corrupt blob head"));
+    /// The head and, when the blob lives in it, its bytes.
+    fn decode(v: &[u8]) -> Result<(Head, Option<&[u8]>)> {
+        let (fixed, rest) = v.split_at_checked(HEAD).ok_or_else(|| EngineError::other(NAME, "corrupt blob head"))?;
+        let head = Head {
+            id: fixed[..16].try_into().expect("16 bytes"),
+            size: u64::from_be_bytes(fixed[16..24].try_into().expect("8 bytes")),
+            modified_ns: u64::from_be_bytes(fixed[24..].try_into().expect("8 bytes")),
+        };
+        // A blob in chunks has a bare head (an empty one too, either way).
+        match rest.len() as u64 {
+            0 => Ok((head, (head.size == 0).then_some(rest))),
+            n if n == head.size => Ok((head, Some(rest))),
+            _ => Err(EngineError::other(NAME, "corrupt blob head")),
         }
-        Ok(Head {
-            id: v[..16].try_into().expect("16 bytes"),
-            size: u64::from_be_bytes(v[16..24].try_into().expect("8 bytes")),
-            modified_ns: u64::from_be_bytes(v[24..].try_into().expect("8 bytes")),
-        })
     }
 }
 
@@ -115,7 +142,10 @@ pub struct RocksEngine {
 }
 
 struct Inner {
-    db: DB,
+    db: Arc<DB>,
+    /// Makes the final write of each blob durable; dropped after `db`, it
+    /// holds the database open until its last sync.
+    group: GroupCommit,
     /// Serialises the check-then-write of a head per digest, so two writers
     /// of the same content agree on one set of chunks.
     heads: [Mutex<()>; LOCK_STRIPES],
@@ -143,7 +173,47 @@ impl RocksEngine {
         if !batch.is_empty() {
             db.write_opt(batch, &synced()).map_err(db_err)?;
         }
-        Ok(RocksEngine { inner: Arc::new(Inner { db, heads: std::array::from_fn(|_| Mutex::new(())) }) })
+        let db = Arc::new(db);
+        let group = GroupCommit::start(db.clone(), NAME).map_err(|e| EngineError::other(NAME, e))?;
+        Ok(RocksEngine { inner: Arc::new(Inner { db, group, heads: std::array::from_fn(|_| Mutex::new(())) }) })
+    }
+}
+
+impl Inner {
+    /// Writes, unsynced, the head naming blob `id` by `digest` after its
+    /// `written` chunks and the `last` one; when the content is stored
+    /// already, keeps that copy (refreshing its age) and drops these chunks.
+    fn commit_head(&self, digest: Digest, id: [u8; 16], written: u32, last: &[u8], size: u64) -> Result<Head> {
+        let _guard = self.heads[digest.0[0] as usize % LOCK_STRIPES].lock();
+        let mut batch = WriteBatch::default();
+        let head = match self.db.get_pinned(head_key(&digest)).map_err(db_err)? {
+            Some(existing) => {
+                if written > 0 {
+                    batch.delete_range(chunk_key(&id, 0), chunk_key(&id, u32::MAX));
+                }
+                let (old, inline) = Head::decode(&existing)?;
+                let head = Head { modified_ns: now_ns(), ..old };
+                batch.put(head_key(&digest), head.encode(inline));
+                head
+            }
+            None => {
+                let head = Head { id, size, modified_ns: now_ns() };
+                if written == 0 && size <= INLINE {
+                    batch.put(head_key(&digest), head.encode(Some(last)));
+                } else {
+                    if !last.is_empty() || written == 0 {
+                        batch.put(chunk_key(&id, written), last);
+                    }
+                    batch.put(head_key(&digest), head.encode(None));
+                }
+                head
+            }
+        };
+        if written > 0 {
+            batch.delete(pending_key(&id));
+        }
+        self.db.write(batch).map_err(db_err)?;
+        Ok(head)
     }
 }
 
@@ -194,33 +264,12 @@ impl BlobWriter for RocksWriter {
         let (inner, id, written) = (self.inner.clone(), self.id, self.written);
         self.written = 0; // from here on, finish owns the chunks
         let size = written as u64 * CHUNK as u64 + last.len() as u64;
-        blocking(move || {
-            let _guard = inner.heads[digest.0[0] as usize % LOCK_STRIPES].lock();
-            let mut batch = WriteBatch::default();
-            let head = match inner.db.get(head_key(&digest)).map_err(db_err)? {
-                Some(existing) => {
-                    // Same content already stored: keep it, refresh its age,
-                    // and drop the chunks this writer staged.
-                    if written > 0 {
-                        batch.delete_range(chunk_key(&id, 0), chunk_key(&id, u32::MAX));
-                    }
-                    Head { modified_ns: now_ns(), ..Head::decode(&existing)? }
-                }
-                None => {
-                    if !last.is_empty() || written == 0 {
-                        batch.put(chunk_key(&id, written), &last);
-                    }
-                    Head { id, size, modified_ns: now_ns() }
-                }
-            };
-            if written > 0 {
-                batch.delete(pending_key(&id));
-            }
-            batch.put(head_key(&digest), head.encode());
-            inner.db.write_opt(batch, &synced()).map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))?;
-            Ok(BlobRef { digest, size: head.size, locator: Vec::new() })
-        })
-        .await
+        let commit = move || inner.commit_head(digest, id, written, &last, size);
+        // A small blob is one unsynced write: done on this thread. The
+        // sync is shared with every other writer (see `GroupCommit`).
+        let head = if written == 0 && size <= INLINE_WRITE { commit()? } else { blocking(commit).await? };
+        self.inner.group.durable().await.map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))?;
+        Ok(BlobRef { digest, size: head.size, locator: Vec::new() })
     }
 
     async fn abort(self: Box<Self>) {}
@@ -250,14 +299,20 @@ impl BlobEngine for RocksEngine {
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         let digest = blob.digest;
-        // The head is a few bytes: read on this thread.
+        // The head is a few bytes (or a small blob whole): read on this thread.
         let head = {
             let v = self.inner.db.get_pinned(head_key(&digest)).map_err(db_err)?;
-            Head::decode(&v.ok_or(EngineError::NotFound(digest))?)?
+            let v = v.ok_or(EngineError::NotFound(digest))?;
+            let (head, inline) = Head::decode(&v)?;
+            if range.end > head.size {
+                return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+            }
+            if let Some(bytes) = inline {
+                let bytes = Bytes::copy_from_slice(&bytes[range.start as usize..range.end as usize]);
+                return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
+            }
+            head
         };
-        if range.end > head.size {
-            return Err(EngineError::other(NAME, "range beyond the end of the blob"));
-        }
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
         }
@@ -294,7 +349,7 @@ impl BlobEngine for RocksEngine {
             let Some(v) = inner.db.get(head_key(&digest)).map_err(db_err)? else {
                 return Ok(());
             };
-            let head = Head::decode(&v)?;
+            let (head, _) = Head::decode(&v)?;
             let mut batch = WriteBatch::default();
             batch.delete_range(chunk_key(&head.id, 0), chunk_key(&head.id, u32::MAX));
             batch.delete(head_key(&digest));
@@ -307,7 +362,7 @@ impl BlobEngine for RocksEngine {
         let inner = self.inner.clone();
         let digest = blob.digest;
         blocking(move || match inner.db.get_pinned(head_key(&digest)).map_err(db_err)? {
-            Some(v) => Ok(Some(Head::decode(&v)?.size)),
+            Some(v) => Ok(Some(Head::decode(&v)?.0.size)),
             None => Ok(None),
         })
         .await
@@ -323,7 +378,7 @@ impl BlobEngine for RocksEngine {
                     break;
                 }
                 let digest = Digest(key[1..].try_into().map_err(|_| EngineError::other(NAME, "corrupt head key"))?);
-                let head = Head::decode(&value)?;
+                let (head, _) = Head::decode(&value)?;
                 out.push(BlobInfo {
                     digest,
                     size: head.size,
@@ -343,23 +398,28 @@ impl BlobEngine for RocksEngine {
         let digests: Vec<Digest> = blobs.iter().map(|b| b.digest).collect();
         blocking(move || {
             let heads = inner.db.multi_get(digests.iter().map(head_key));
-            let mut keys = Vec::new();
-            for (digest, head) in digests.iter().zip(heads) {
-                let head = Head::decode(&head.map_err(db_err)?.ok_or(EngineError::NotFound(*digest))?)?;
-                let chunks = head.size.div_ceil(CHUNK as u64).max(1) as u32;
-                keys.push((0..chunks).map(|n| chunk_key(&head.id, n)).collect::<Vec<_>>());
+            // Blobs in their heads are done; the others need their chunks.
+            let mut out = Vec::with_capacity(digests.len());
+            let mut chunked = Vec::new();
+            for (i, (digest, head)) in digests.iter().zip(heads).enumerate() {
+                let v = head.map_err(db_err)?.ok_or(EngineError::NotFound(*digest))?;
+                let (head, inline) = Head::decode(&v)?;
+                out.push(inline.map(Bytes::copy_from_slice).unwrap_or_default());
+                if inline.is_none() {
+                    let chunks = head.size.div_ceil(CHUNK as u64) as u32;
+                    chunked.push((i, (0..chunks).map(|n| chunk_key(&head.id, n)).collect::<Vec<_>>()));
+                }
             }
-            let values = inner.db.multi_get(keys.iter().flatten());
+            let values = inner.db.multi_get(chunked.iter().flat_map(|(_, keys)| keys));
             let mut values = values.into_iter();
-            let mut out = Vec::with_capacity(keys.len());
-            for chunk_keys in &keys {
+            for (i, keys) in &chunked {
                 let mut blob = BytesMut::new();
-                for value in values.by_ref().take(chunk_keys.len()) {
+                for value in values.by_ref().take(keys.len()) {
                     blob.extend_from_slice(
                         &value.map_err(db_err)?.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?,
                     );
                 }
-                out.push(blob.freeze());
+                out[*i] = blob.freeze();
             }
             Ok(out)
         })
@@ -377,12 +437,52 @@ impl BlobEngine for RocksEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::conformance;
+    use crate::engine::{BlobEngineExt, conformance};
 
     #[tokio::test(flavor = "multi_thread")]
     async fn conformance() {
         let dir = tempfile::tempdir().unwrap();
         conformance::run_all(&RocksEngine::open(dir.path()).unwrap()).await;
+    }
+
+    fn chunk_count(engine: &RocksEngine) -> usize {
+        engine.inner.db.iterator(IteratorMode::Start).filter(|i| i.as_ref().unwrap().0[0] == b'c').count()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn small_blobs_live_in_their_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        let data = conformance::pattern(INLINE as usize, 1);
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        // Stored again: the copy in the head is kept.
+        engine.put_bytes(data.clone()).await.unwrap();
+        assert_eq!(chunk_count(&engine), 0, "no chunk for a blob of {INLINE} bytes");
+        let part = engine.read_to_vec(&blob, ByteRange { start: 10, end: 20 }).await.unwrap();
+        assert_eq!(part, data[10..20]);
+        assert_eq!(engine.read_small(std::slice::from_ref(&blob)).await.unwrap(), vec![data]);
+        // One byte more takes a chunk.
+        engine.put_bytes(conformance::pattern(INLINE as usize + 1, 2)).await.unwrap();
+        assert_eq!(chunk_count(&engine), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn small_blobs_stored_in_a_chunk_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        // A bare head and one chunk: how small blobs were once stored.
+        let data = conformance::pattern(50, 3);
+        let digest = Digest(crate::engine::sha2_digest(&data));
+        let head = Head { id: [9; 16], size: 50, modified_ns: now_ns() };
+        let mut batch = WriteBatch::default();
+        batch.put(chunk_key(&head.id, 0), &data);
+        batch.put(head_key(&digest), head.encode(None));
+        engine.inner.db.write(batch).unwrap();
+        let blob = BlobRef { digest, size: 50, locator: Vec::new() };
+        assert_eq!(engine.read_to_vec(&blob, ByteRange::full(50)).await.unwrap(), data);
+        assert_eq!(engine.read_small(std::slice::from_ref(&blob)).await.unwrap(), vec![data]);
+        engine.delete(&blob).await.unwrap();
+        assert_eq!(chunk_count(&engine), 0);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -397,12 +497,9 @@ mod tests {
             batch.put(chunk_key(&id, n), conformance::pattern(CHUNK, n as u8));
         }
         engine.inner.db.write(batch).unwrap();
-        let chunks = |e: &RocksEngine| {
-            e.inner.db.iterator(IteratorMode::Start).filter(|i| i.as_ref().unwrap().0[0] == b'c').count()
-        };
-        assert_eq!(chunks(&engine), 3);
+        assert_eq!(chunk_count(&engine), 3);
         drop(engine);
         let reopened = RocksEngine::open(dir.path()).unwrap();
-        assert_eq!(chunks(&reopened), 0);
+        assert_eq!(chunk_count(&reopened), 0);
     }
 }
