@@ -24,6 +24,7 @@ pub mod mget;
 pub mod nginx;
 pub mod report;
 pub mod rss;
+pub mod scale;
 pub mod smallfiles;
 pub mod stats;
 
@@ -60,13 +61,22 @@ pub enum Experiment {
     /// Many files of 1-30 KB: ingest, disk use, listing and random reads,
     /// depot with each engine vs plain files on the scratch disk.
     Smallfiles,
+    /// The server's memory idle, while streaming a 10 GB upload and
+    /// download, and per million objects; start-up with 10,000,000 objects.
+    Scale,
     /// Every experiment above.
     All,
 }
 
 impl Experiment {
-    const EACH: [Experiment; 5] =
-        [Experiment::Files, Experiment::Http, Experiment::Mget, Experiment::Chunks, Experiment::Smallfiles];
+    const EACH: [Experiment; 6] = [
+        Experiment::Files,
+        Experiment::Http,
+        Experiment::Mget,
+        Experiment::Chunks,
+        Experiment::Smallfiles,
+        Experiment::Scale,
+    ];
 
     fn expand(self) -> Vec<Experiment> {
         match self {
@@ -594,6 +604,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                 Experiment::Mget => mget::run(&settings).await,
                 Experiment::Chunks => chunks::run(&settings).await,
                 Experiment::Smallfiles => smallfiles::run(&settings).await,
+                Experiment::Scale => scale::run(&settings).await,
                 Experiment::All => unreachable!("expanded above"),
             }
         })?;

@@ -145,6 +145,10 @@ impl BlobWriter for FaultyWriter {
         Err(sync_error())
     }
 
+    async fn finish_unsynced(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        self.inner.finish_unsynced(digest).await
+    }
+
     async fn abort(self: Box<Self>) {
         self.inner.abort().await
     }
@@ -161,6 +165,17 @@ impl BlobEngine for FaultyEngine {
             return Err(EngineError::NoSpace);
         }
         Ok(Box::new(FaultyWriter { inner: self.inner.writer(size_hint).await?, faults: self.faults.clone() }))
+    }
+
+    async fn sync(&self) -> Result<()> {
+        if !self.faults.syncs.fires() {
+            return self.inner.sync().await;
+        }
+        // Failed before, or after, the bytes reached the disk.
+        if self.faults.syncs.coin() {
+            self.inner.sync().await?;
+        }
+        Err(sync_error())
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {

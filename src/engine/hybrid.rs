@@ -64,6 +64,24 @@ struct HybridWriter {
     tier: Tier,
 }
 
+impl HybridWriter {
+    /// Finishes in the chosen tier; a large blob is always synced (the file
+    /// system has no shared sync to wait for).
+    async fn end(self: Box<Self>, digest: Digest, synced: bool) -> Result<BlobRef> {
+        let (mut blob, locator) = match self.tier {
+            Tier::Buffered(buf) => {
+                let mut w = self.engine.small.writer(Some(buf.len() as u64)).await?;
+                w.write(buf.freeze()).await?;
+                let blob = if synced { w.finish(digest).await? } else { w.finish_unsynced(digest).await? };
+                (blob, SMALL)
+            }
+            Tier::Large(w) => (w.finish(digest).await?, LARGE),
+        };
+        blob.locator = locator.to_vec();
+        Ok(blob)
+    }
+}
+
 #[async_trait]
 impl BlobWriter for HybridWriter {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
@@ -83,16 +101,11 @@ impl BlobWriter for HybridWriter {
     }
 
     async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
-        let (mut blob, locator) = match self.tier {
-            Tier::Buffered(buf) => {
-                let mut w = self.engine.small.writer(Some(buf.len() as u64)).await?;
-                w.write(buf.freeze()).await?;
-                (w.finish(digest).await?, SMALL)
-            }
-            Tier::Large(w) => (w.finish(digest).await?, LARGE),
-        };
-        blob.locator = locator.to_vec();
-        Ok(blob)
+        self.end(digest, true).await
+    }
+
+    async fn finish_unsynced(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        self.end(digest, false).await
     }
 
     async fn abort(self: Box<Self>) {
@@ -115,6 +128,10 @@ impl BlobEngine for HybridEngine {
             None => Tier::Buffered(BytesMut::new()),
         };
         Ok(Box::new(HybridWriter { engine: self.clone(), tier }))
+    }
+
+    async fn sync(&self) -> Result<()> {
+        self.small.sync().await
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {

@@ -173,6 +173,13 @@ pub trait BlobWriter: Send {
     /// for the garbage collector's grace period.
     async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef>;
 
+    /// [`BlobWriter::finish`], except that the blob may become durable only
+    /// at the engine's next [`BlobEngine::sync`]: a batch of blobs then
+    /// waits for one sync rather than one each.
+    async fn finish_unsynced(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        self.finish(digest).await
+    }
+
     /// Abandons the blob and removes whatever was staged for it.
     async fn abort(self: Box<Self>);
 }
@@ -186,6 +193,12 @@ pub trait BlobEngine: Send + Sync + 'static {
     /// Starts a new blob. `size_hint` is the expected length when known,
     /// which lets a tiered engine choose a tier before the first byte.
     async fn writer(&self, size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>>;
+
+    /// Makes every blob finished so far durable, those of
+    /// [`BlobWriter::finish_unsynced`] included.
+    async fn sync(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// Reads `range` of a blob as a stream, without reading the bytes
     /// before `range.start`.

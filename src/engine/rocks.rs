@@ -180,6 +180,11 @@ impl RocksEngine {
 }
 
 impl Inner {
+    /// Waits until every write so far is durable.
+    async fn durable(&self) -> Result<()> {
+        self.group.durable().await.map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))
+    }
+
     /// Writes, unsynced, the head naming blob `id` by `digest` after its
     /// `written` chunks and the `last` one; when the content is stored
     /// already, keeps that copy (refreshing its age) and drops these chunks.
@@ -259,16 +264,22 @@ impl BlobWriter for RocksWriter {
         Ok(())
     }
 
-    async fn finish(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+    async fn finish(self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        let inner = self.inner.clone();
+        let blob = self.finish_unsynced(digest).await?;
+        // One sync, shared with every other writer (see `GroupCommit`).
+        inner.durable().await?;
+        Ok(blob)
+    }
+
+    async fn finish_unsynced(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
         let last = self.buf.split().freeze();
         let (inner, id, written) = (self.inner.clone(), self.id, self.written);
         self.written = 0; // from here on, finish owns the chunks
         let size = written as u64 * CHUNK as u64 + last.len() as u64;
         let commit = move || inner.commit_head(digest, id, written, &last, size);
-        // A small blob is one unsynced write: done on this thread. The
-        // sync is shared with every other writer (see `GroupCommit`).
+        // A small blob is one unsynced write: done on this thread.
         let head = if written == 0 && size <= INLINE_WRITE { commit()? } else { blocking(commit).await? };
-        self.inner.group.durable().await.map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))?;
         Ok(BlobRef { digest, size: head.size, locator: Vec::new() })
     }
 
@@ -295,6 +306,10 @@ impl BlobEngine for RocksEngine {
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
         Ok(Box::new(RocksWriter { inner: self.inner.clone(), id: rand::random(), buf: BytesMut::new(), written: 0 }))
+    }
+
+    async fn sync(&self) -> Result<()> {
+        self.inner.durable().await
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {

@@ -386,7 +386,7 @@ impl Store {
         }
         let started = Instant::now();
         let expected = Expected { len: opts.content_length, sha256: opts.expected_sha256, md5: opts.expected_md5 };
-        let written = self.note(self.write_blob(body, expected).await)?;
+        let written = self.note(self.write_blob(body, expected, true).await)?;
         let registering = Instant::now();
         self.put_time.bytes_ns.fetch_add((registering - started).as_nanos() as u64, Ordering::Relaxed);
         let mut record = written.record(key, opts.content_type, opts.metadata);
@@ -445,8 +445,9 @@ impl Store {
         digests.iter().zip(blobs).map(|(d, b)| b.map(|b| b.blob_ref()).ok_or_else(|| missing(*d))).collect()
     }
 
-    /// Streams a body into a new blob, hashing as it goes.
-    async fn write_blob<S, E>(&self, mut body: S, expected: Expected) -> Result<Written>
+    /// Streams a body into a new blob, hashing as it goes; `synced` false
+    /// leaves the blob's durability to the engine's next sync.
+    async fn write_blob<S, E>(&self, mut body: S, expected: Expected, synced: bool) -> Result<Written>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
@@ -486,7 +487,7 @@ impl Store {
             return Err(e);
         }
         let guard = self.guards.writing(digest).await;
-        let blob = writer.finish(digest).await?;
+        let blob = if synced { writer.finish(digest).await? } else { writer.finish_unsynced(digest).await? };
         Ok(Written { blob, md5, guard })
     }
 
@@ -699,7 +700,8 @@ impl PutBatch<'_> {
     {
         self.store.check_key(key)?;
         let expected = Expected { len: Some(len), ..Expected::default() };
-        let written = self.store.note(self.store.write_blob(body, expected).await)?;
+        // The blobs of a batch share one sync, at commit.
+        let written = self.store.note(self.store.write_blob(body, expected, false).await)?;
         let record = written.record(key, None, Vec::new());
         self.entries.push((record, written));
         Ok(())
@@ -716,6 +718,7 @@ impl PutBatch<'_> {
     /// Commits every entry, or none.
     pub async fn commit(self) -> Result<Vec<ObjectRecord>> {
         self.store.check_writable()?;
+        self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
         let puts = self
             .entries
             .iter()
@@ -785,6 +788,30 @@ mod tests {
         ));
         assert_eq!(read_all(&store, "files", "before").await, b"kept");
         assert!(matches!(store.head("files", "during").await, Err(StoreError::NoSuchKey(_))));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_syncs_its_blobs_once_and_commits_nothing_when_that_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let hybrid = crate::engine::hybrid::HybridEngine::open(dir.path(), 1024).unwrap();
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(hybrid), 0));
+        let (store, _catalog_dir) = store_over(faulty.clone()).await;
+        let mut batch = store.batch("files").unwrap();
+        batch.add("a", 1, body(b"a")).await.unwrap();
+        batch.add("b", 1, body(b"b")).await.unwrap();
+        assert_eq!(batch.commit().await.unwrap().len(), 2);
+        assert_eq!(read_all(&store, "files", "b").await, b"b");
+        // Adding never syncs; the commit does, and fails as a whole.
+        faulty.faults.syncs.set(Trigger::Always);
+        let mut batch = store.batch("files").unwrap();
+        batch.add("c", 1, body(b"c")).await.unwrap();
+        batch.add("d", 2000, body(&[7; 2000])).await.unwrap();
+        assert!(batch.commit().await.is_err());
+        for key in ["c", "d"] {
+            assert!(matches!(store.head("files", key).await, Err(StoreError::NoSuchKey(_))), "{key} is visible");
+        }
+        let r = store.put("files", "e", body(b"e"), PutOptions::default()).await;
+        assert!(matches!(r, Err(StoreError::WritesDisabled(_))), "{r:?}");
     }
 
     #[tokio::test(flavor = "multi_thread")]
