@@ -9,6 +9,13 @@
 //!
 //! The tier is kept in the blob's locator (`r` or `f`), so changing the
 //! threshold later leaves existing blobs readable where they are.
+//!
+//! A blob of at most [`IN_LOCATOR`] bytes (and within the threshold) goes in its locator itself (`i`
+//! and the bytes), which the catalog keeps in the blob's record: storing it
+//! is part of the catalog's commit (no write or sync of its own), and
+//! reading it needs no lookup beyond the catalog's. It is still one blob
+//! per content. Deleting such a blob frees nothing here: its bytes go with
+//! the catalog's record.
 
 use std::path::Path;
 
@@ -22,6 +29,10 @@ use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Di
 const NAME: &str = "hybrid";
 const SMALL: &[u8] = b"r";
 const LARGE: &[u8] = b"f";
+const IN_LOCATOR_TAG: u8 = b'i';
+
+/// Largest blob carried in its locator: a page.
+pub const IN_LOCATOR: u64 = 4096;
 
 /// Default largest blob kept in RocksDB.
 pub const DEFAULT_THRESHOLD: u64 = 256 * 1024;
@@ -48,8 +59,20 @@ impl HybridEngine {
         match blob.locator.as_slice() {
             SMALL => Ok(&self.small),
             LARGE => Ok(&self.large),
-            other => Err(EngineError::other(NAME, format!("unknown tier {other:?}"))),
+            _ => Err(unknown_tier(blob)),
         }
+    }
+}
+
+fn unknown_tier(blob: &BlobRef) -> EngineError {
+    EngineError::other(NAME, format!("unknown tier {:?}", blob.locator.first()))
+}
+
+/// The bytes of a blob carried in its locator.
+fn in_locator(blob: &BlobRef) -> Option<Bytes> {
+    match blob.locator.split_first() {
+        Some((&IN_LOCATOR_TAG, bytes)) if bytes.len() as u64 == blob.size => Some(Bytes::copy_from_slice(bytes)),
+        _ => None,
     }
 }
 
@@ -69,6 +92,13 @@ impl HybridWriter {
     /// system has no shared sync to wait for).
     async fn end(self: Box<Self>, digest: Digest, synced: bool) -> Result<BlobRef> {
         let (mut blob, locator) = match self.tier {
+            Tier::Buffered(buf) if buf.len() as u64 <= IN_LOCATOR.min(self.engine.threshold) => {
+                let size = buf.len() as u64;
+                let mut locator = Vec::with_capacity(1 + buf.len());
+                locator.push(IN_LOCATOR_TAG);
+                locator.extend_from_slice(&buf);
+                return Ok(BlobRef { digest, size, locator });
+            }
             Tier::Buffered(buf) => {
                 let mut w = self.engine.small.writer(Some(buf.len() as u64)).await?;
                 w.write(buf.freeze()).await?;
@@ -135,14 +165,27 @@ impl BlobEngine for HybridEngine {
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        if let Some(bytes) = in_locator(blob) {
+            if range.end > blob.size {
+                return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+            }
+            let bytes = bytes.slice(range.start as usize..range.end as usize);
+            return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
+        }
         self.tier(blob)?.read(blob, range).await
     }
 
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
+        if in_locator(blob).is_some() {
+            return Ok(());
+        }
         self.tier(blob)?.delete(blob).await
     }
 
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
+        if in_locator(blob).is_some() {
+            return Ok(Some(blob.size));
+        }
         self.tier(blob)?.stat(blob).await
     }
 
@@ -156,9 +199,16 @@ impl BlobEngine for HybridEngine {
     }
 
     async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
-        let (small, large): (Vec<usize>, Vec<usize>) = (0..blobs.len()).partition(|i| blobs[*i].locator == SMALL);
-        let picked = |idx: &[usize]| idx.iter().map(|i| blobs[*i].clone()).collect::<Vec<_>>();
         let mut out = vec![Bytes::new(); blobs.len()];
+        let (mut small, mut large) = (Vec::new(), Vec::new());
+        for (i, blob) in blobs.iter().enumerate() {
+            match blob.locator.as_slice() {
+                SMALL => small.push(i),
+                LARGE => large.push(i),
+                _ => out[i] = in_locator(blob).ok_or_else(|| unknown_tier(blob))?,
+            }
+        }
+        let picked = |idx: &[usize]| idx.iter().map(|i| blobs[*i].clone()).collect::<Vec<_>>();
         for (i, bytes) in small.iter().zip(self.small.read_small(&picked(&small)).await?) {
             out[*i] = bytes;
         }
@@ -190,16 +240,24 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn size_picks_the_tier() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = HybridEngine::open(dir.path(), 1000).unwrap();
-        let small = engine.put_bytes(conformance::pattern(1000, 1)).await.unwrap();
-        let large = engine.put_bytes(conformance::pattern(1001, 2)).await.unwrap();
+        let engine = HybridEngine::open(dir.path(), 10_000).unwrap();
+        let small = engine.put_bytes(conformance::pattern(10_000, 1)).await.unwrap();
+        let large = engine.put_bytes(conformance::pattern(10_001, 2)).await.unwrap();
         assert_eq!((small.locator.as_slice(), large.locator.as_slice()), (SMALL, LARGE));
+        // At most a page travels in its locator, in neither tier.
+        let tiny = engine.put_bytes(conformance::pattern(300, 4)).await.unwrap();
+        assert_eq!(tiny.locator[0], IN_LOCATOR_TAG);
+        assert_eq!(
+            engine.read_to_vec(&tiny, ByteRange { start: 10, end: 20 }).await.unwrap(),
+            conformance::pattern(300, 4)[10..20]
+        );
+        assert!(!engine.list().await.unwrap().iter().any(|b| b.digest == tiny.digest));
         assert!(engine.large.blob_path(&large.digest).is_file());
         assert!(!engine.large.blob_path(&small.digest).exists());
         // A size declared up front also picks the file tier, unbuffered.
-        let mut w = engine.writer(Some(5000)).await.unwrap();
-        w.write(conformance::pattern(5000, 3)).await.unwrap();
-        let hinted = w.finish(Digest(crate::engine::sha2_digest(&conformance::pattern(5000, 3)))).await.unwrap();
+        let mut w = engine.writer(Some(50_000)).await.unwrap();
+        w.write(conformance::pattern(50_000, 3)).await.unwrap();
+        let hinted = w.finish(Digest(crate::engine::sha2_digest(&conformance::pattern(50_000, 3)))).await.unwrap();
         assert_eq!(hinted.locator, LARGE);
     }
 }

@@ -205,12 +205,15 @@ pub trait BlobEngine: Send + Sync + 'static {
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream>;
 
     /// Deletes a blob. Deleting a blob that is not there is not an error.
+    /// A blob an engine carries in its locator (`hybrid`'s smallest) lives
+    /// as long as the catalog's record of it: deleting it frees nothing.
     async fn delete(&self, blob: &BlobRef) -> Result<()>;
 
     /// Whether a blob is stored, and its size.
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>>;
 
-    /// Every stored blob, in no particular order. Used by garbage
+    /// Every stored blob, in no particular order (those carried in their
+    /// locators are the catalog's, and not listed). Used by garbage
     /// collection and verification, never on a request path.
     async fn list(&self) -> Result<Vec<BlobInfo>>;
 

@@ -213,7 +213,8 @@ impl Store {
         let mut counted_totals = CatalogStats::default();
         let refs = self.count_references(&mut report, &mut counted_totals).await?;
 
-        let mut known: HashMap<Digest, Locator> = HashMap::new();
+        // By a hash of the locator: a locator may carry a small blob's bytes.
+        let mut known: HashMap<Digest, u64> = HashMap::new();
         let mut scan = Scan::default();
         let mut after = None;
         loop {
@@ -244,12 +245,12 @@ impl Store {
                 }
                 counted_totals.blobs += 1;
                 counted_totals.blob_bytes += blob.size as i64;
-                known.insert(blob.digest, blob.locator);
+                known.insert(blob.digest, hash_of(&blob.locator));
             }
         }
 
         for info in self.engine.list().await? {
-            if known.get(&info.digest) != Some(&info.locator) {
+            if known.get(&info.digest) != Some(&hash_of(&info.locator)) {
                 report.problems.push(Problem::Orphan { digest: info.digest, size: info.size });
                 scan.orphans.push(BlobRef { digest: info.digest, size: info.size, locator: info.locator });
             }
@@ -423,6 +424,11 @@ impl Store {
             .map_err(|e| StoreError::Internal(format!("writing the engine marker: {e}")))?;
         Ok(report)
     }
+}
+
+fn hash_of(locator: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(locator)
 }
 
 #[cfg(test)]
