@@ -167,3 +167,23 @@ fn bench_smallfiles_quick_measures_depot_and_plain_files() {
     assert_eq!(positive(&rows, "depot hybrid", "server peak RSS MB"), 1);
     assert!(skip_reason(&rows, "depot postgres").contains("--postgres-url"));
 }
+
+#[test]
+fn bench_scale_quick_measures_memory_while_streaming_and_start_up() {
+    let rows = quick_rows("scale", "hybrid", &["depot hybrid"]);
+    let value = |case: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["case"].as_str().is_some_and(|c| c.starts_with(case)) && r["metric"] == metric)
+            .and_then(|r| r["value"].as_f64())
+            .unwrap_or_else(|| panic!("no {metric} figure for {case}: {rows:?}"))
+    };
+    assert!(value("idle", "MB") > 1.0);
+    for phase in ["upload", "download"] {
+        assert!(value(phase, "MB/s") > 0.0);
+        let peak = value(phase, "MB");
+        assert!(peak < 200.0, "{phase} of 200 MB held {peak} MB: a body is buffered somewhere");
+    }
+    assert!(value("write 50,000 objects", "objects/s") > 0.0);
+    assert!(value("start-up with 50,000 objects, warm", "s") > 0.0);
+    assert!(value("after 10,000 GETs", "MB") > 1.0);
+}

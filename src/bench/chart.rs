@@ -131,9 +131,16 @@ pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
     Ok(vec![svg, png])
 }
 
-/// How to read the bars: rates (per second) grow with speed, times shrink.
+/// How to read the bars: rates (per second) grow with speed, times shrink,
+/// and memory is better small.
 fn reading(metric: &str) -> &'static str {
-    if metric.contains("/s") { "taller is faster" } else { "shorter is faster" }
+    if metric.contains("/s") {
+        "taller is faster"
+    } else if metric == "MB" {
+        "shorter is leaner"
+    } else {
+        "shorter is faster"
+    }
 }
 
 fn render<DB: DrawingBackend>(
@@ -217,6 +224,7 @@ mod tests {
         assert_eq!(reading("ms/request"), "shorter is faster");
         assert_eq!(reading("files/s"), "taller is faster");
         assert_eq!(reading("write MB/s"), "taller is faster");
+        assert_eq!(reading("MB"), "shorter is leaner");
     }
 
     #[test]
