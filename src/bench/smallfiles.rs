@@ -131,7 +131,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 thousands(logical / 1_000_000),
             ),
             "disk bytes per byte: the data directory's allocated blocks (catalog included; for an engine on its \
-             own server, plus its /_/stats disk_bytes), or the plain tree's, over the bytes written. listing: \
+             own server, plus its /_/stats disk_bytes), or the plain tree's, over the bytes written, at rest: \
+             once it has not changed for a second (at most 30 s after the writes), so that a compaction or \
+             memtable flush under way, with its output file allocated ahead, is not counted. listing: \
              every key, walking the tree folder by folder (depot: GET /files/small/…/ with Accept: \
              application/json, 10,000 entries per page; plain: read_dir)."
                 .into(),
@@ -236,7 +238,7 @@ async fn measure_depot(
         w.await??;
     }
     let ingest = scale.files as f64 / started.elapsed().as_secs_f64();
-    let disk_per_byte = super::stored_bytes(&server, &engine.name).await? as f64 / logical as f64;
+    let disk_per_byte = at_rest(|| super::stored_bytes(&server, &engine.name)).await? as f64 / logical as f64;
 
     progress.doing(&format!("{subject}: listing"));
     let started = Instant::now();
@@ -301,7 +303,7 @@ async fn list_depot(addr: std::net::SocketAddr) -> anyhow::Result<usize> {
 async fn measure_plain(dir: PathBuf, scale: Scale, logical: u64, progress: &Progress) -> anyhow::Result<Measured> {
     let root = dir.clone();
     let ingest = tokio::task::spawn_blocking(move || write_plain(&root, scale.files)).await??;
-    let disk_per_byte = disk_usage(&dir) as f64 / logical as f64;
+    let disk_per_byte = at_rest(|| async { Ok(disk_usage(&dir)) }).await? as f64 / logical as f64;
     progress.doing("plain files: listing");
     let root = dir.clone();
     let (listed, listing) = tokio::task::spawn_blocking(move || {
@@ -399,6 +401,27 @@ fn read_plain(root: &Path, scale: Scale) -> anyhow::Result<Summary> {
     let secs = plan.round.as_secs_f64();
     let rates: Vec<f64> = per_round.iter().map(|n| n.load(Ordering::Relaxed) as f64 / secs).collect();
     Summary::of(&rates).context("no read rounds")
+}
+
+/// The size `measure` gives once it has held still for a second (at most
+/// 30 s): the writes are acknowledged, but the server may still be
+/// flushing or compacting, with new files allocated ahead of their bytes.
+async fn at_rest<F, Fut>(measure: F) -> anyhow::Result<u64>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    const STILL: Duration = Duration::from_secs(1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = measure().await?;
+    loop {
+        tokio::time::sleep(STILL).await;
+        let now = measure().await?;
+        if now == last || Instant::now() >= deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,10 @@ pub(crate) fn base_options() -> Options {
     opts.set_write_buffer_size(16 * 1024 * 1024);
     opts.set_max_write_buffer_number(2);
     opts.set_keep_log_file_num(4);
+    // A column family that rarely fills its memtable (the catalog's totals)
+    // would keep every log file alive, up to four times all the memtables:
+    // past 64 MiB of logs it is flushed, so the logs can go.
+    opts.set_max_total_wal_size(64 << 20);
     // Most lookups on a write miss (a new key, new content): bloom filters,
     // in the tables and in the memtable, answer those without searching.
     let mut table = BlockBasedOptions::default();
