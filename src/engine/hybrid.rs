@@ -10,12 +10,12 @@
 //! The tier is kept in the blob's locator (`r` or `f`), so changing the
 //! threshold later leaves existing blobs readable where they are.
 //!
-//! A blob of at most [`IN_LOCATOR`] bytes (and within the threshold) goes in its locator itself (`i`
-//! and the bytes), which the catalog keeps in the blob's record: storing it
-//! is part of the catalog's commit (no write or sync of its own), and
-//! reading it needs no lookup beyond the catalog's. It is still one blob
-//! per content. Deleting such a blob frees nothing here: its bytes go with
-//! the catalog's record.
+//! A blob of at most [`IN_LOCATOR`] bytes (and within the threshold) goes
+//! in its locator itself (`i` and the bytes), which the catalog keeps in the
+//! blob's record: storing it is part of the catalog's commit (no write or
+//! sync of its own), and reading it needs no lookup beyond the catalog's.
+//! It is still one blob per content. Deleting such a blob frees nothing
+//! here: its bytes go with the catalog's record.
 
 use std::path::Path;
 
@@ -69,9 +69,9 @@ fn unknown_tier(blob: &BlobRef) -> EngineError {
 }
 
 /// The bytes of a blob carried in its locator.
-fn in_locator(blob: &BlobRef) -> Option<Bytes> {
+fn in_locator(blob: &BlobRef) -> Option<&[u8]> {
     match blob.locator.split_first() {
-        Some((&IN_LOCATOR_TAG, bytes)) if bytes.len() as u64 == blob.size => Some(Bytes::copy_from_slice(bytes)),
+        Some((&IN_LOCATOR_TAG, bytes)) if bytes.len() as u64 == blob.size => Some(bytes),
         _ => None,
     }
 }
@@ -169,7 +169,7 @@ impl BlobEngine for HybridEngine {
             if range.end > blob.size {
                 return Err(EngineError::other(NAME, "range beyond the end of the blob"));
             }
-            let bytes = bytes.slice(range.start as usize..range.end as usize);
+            let bytes = Bytes::copy_from_slice(&bytes[range.start as usize..range.end as usize]);
             return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
         }
         self.tier(blob)?.read(blob, range).await
@@ -205,7 +205,7 @@ impl BlobEngine for HybridEngine {
             match blob.locator.as_slice() {
                 SMALL => small.push(i),
                 LARGE => large.push(i),
-                _ => out[i] = in_locator(blob).ok_or_else(|| unknown_tier(blob))?,
+                _ => out[i] = Bytes::copy_from_slice(in_locator(blob).ok_or_else(|| unknown_tier(blob))?),
             }
         }
         let picked = |idx: &[usize]| idx.iter().map(|i| blobs[*i].clone()).collect::<Vec<_>>();
