@@ -33,6 +33,23 @@ pub fn request(method: http::Method, addr: SocketAddr, path: &str, body: Bytes) 
     req
 }
 
+/// A new HTTP/1.1 connection to `addr` for bodies of type `B`, driven by
+/// a task of its own.
+pub async fn handshake<B>(addr: SocketAddr) -> anyhow::Result<SendRequest<B>>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
 /// One keep-alive HTTP/1.1 connection.
 pub struct Connection {
     sender: SendRequest<Full<Bytes>>,
@@ -40,13 +57,7 @@ pub struct Connection {
 
 impl Connection {
     pub async fn open(addr: SocketAddr) -> anyhow::Result<Connection> {
-        let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-        stream.set_nodelay(true)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(Connection { sender })
+        Ok(Connection { sender: handshake(addr).await? })
     }
 
     /// Sends `req` and reads the whole answer.
