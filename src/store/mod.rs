@@ -9,6 +9,7 @@
 //! pointing at missing bytes.
 
 mod guards;
+mod hashes;
 pub mod maintenance;
 #[cfg(test)]
 pub(crate) mod model_tests;
@@ -21,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use md5::Digest as _;
 
 use crate::catalog::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
@@ -453,25 +453,20 @@ impl Store {
         E: std::fmt::Display,
     {
         let mut writer = self.engine.writer(expected.len).await?;
-        let mut sha = sha2::Sha256::new();
-        let mut md5 = md5::Md5::new();
-        let mut size = 0u64;
+        let mut hashes = hashes::BodyHashes::new();
         let failure = loop {
             match body.next().await {
                 None => break None,
                 Some(Err(e)) => break Some(StoreError::Body(e.to_string())),
                 Some(Ok(chunk)) => {
-                    sha.update(&chunk);
-                    md5.update(&chunk);
-                    size += chunk.len() as u64;
+                    hashes.update(&chunk).await;
                     if let Err(e) = writer.write(chunk).await {
                         break Some(e.into());
                     }
                 }
             }
         };
-        let digest = Digest(sha.finalize().into());
-        let md5: [u8; 16] = md5.finalize().into();
+        let (digest, md5, size) = hashes.finish().await?;
         let failure = failure.or_else(|| match expected {
             Expected { len: Some(n), .. } if n != size => Some(StoreError::IncompleteBody { expected: n, got: size }),
             Expected { sha256: Some(e), .. } if e != digest => {
