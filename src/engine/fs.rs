@@ -100,7 +100,11 @@ impl Inner {
 
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(task_failed)?
+}
+
+fn task_failed(e: tokio::task::JoinError) -> EngineError {
+    EngineError::other(NAME, format!("blocking task failed: {e}"))
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
@@ -146,7 +150,7 @@ impl FsWriter {
     /// Waits for the last piece's write.
     async fn settle(&mut self) -> Result<()> {
         match self.pending.take() {
-            Some(write) => write.await.map_err(|e| EngineError::other(NAME, format!("blocking task failed: {e}")))?,
+            Some(write) => write.await.map_err(task_failed)?,
             None => Ok(()),
         }
     }
@@ -183,13 +187,11 @@ impl BlobWriter for FsWriter {
     async fn finish(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
         self.flush().await?;
         self.settle().await?;
-        let file = self.file.clone();
+        let (file, size) = (self.file.clone(), self.written);
         let tmp = std::mem::take(&mut self.path);
         let inner = self.inner.clone();
         blocking(move || {
-            let size = file.metadata().map_err(|e| EngineError::io(NAME, e))?.len();
             file.sync_data().map_err(EngineError::SyncFailed)?;
-            drop(file);
             let dest = inner.blob_path(&digest);
             let leaf = dest.parent().expect("blob path has a directory");
             ensure_dir(leaf.parent().expect("two levels"))?;
