@@ -81,6 +81,19 @@ fn bench_http_quick_writes_a_complete_report() {
         .filter(|r| r["subject"] == "depot hybrid" && r["metric"] == "ms/request" && r["value"].is_number())
         .count();
     assert_eq!(measured, 4, "GET 1 KB, 100 KB, 1 MB and PUT 1 KB for depot hybrid");
+    // With nginx there, each of those cases also gives depot's rate as a
+    // multiple of nginx's, round by round.
+    let rows = json["experiments"][0]["rows"].as_array().unwrap();
+    let nginx_measured = rows.iter().any(|r| r["subject"] == "nginx" && r["value"].is_number());
+    let ratios: Vec<f64> = rows
+        .iter()
+        .filter(|r| r["subject"] == "depot hybrid" && r["metric"] == "× nginx")
+        .filter_map(|r| r["value"].as_f64())
+        .collect();
+    if nginx_measured {
+        assert_eq!(ratios.len(), 4, "a ratio to nginx per case");
+        assert!(ratios.iter().all(|r| r.is_finite() && *r > 0.0), "{ratios:?}");
+    }
 }
 
 #[test]
@@ -88,6 +101,25 @@ fn bench_mget_quick_writes_a_complete_report() {
     let dir = tempfile::tempdir().unwrap();
     bench("mget", dir.path());
     check_report(dir.path(), "mget", &["depot hybrid (warm)", "depot hybrid (cold)", "rocksdb multi_get (warm)"]);
+    // Every request to depot was paired with the floor's of the same keys:
+    // a ratio per batch size, within what the two sides' extremes allow.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    let rows = json["experiments"][0]["rows"].as_array().unwrap();
+    let find = |case: &str, subject: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["case"] == case && r["subject"] == subject && r["metric"] == metric)
+            .map(|r| (r["value"].as_f64().unwrap(), r["min"].as_f64().unwrap(), r["max"].as_f64().unwrap()))
+            .unwrap_or_else(|| panic!("no {metric} for {subject} {case}"))
+    };
+    for case in ["50 keys", "300 keys", "1,000 keys", "10,000 keys"] {
+        let (ratio, low, high) = find(case, "depot hybrid (warm)", "× multi_get");
+        let (_, depot_min, depot_max) = find(case, "depot hybrid (warm)", "ms/request");
+        let (_, floor_min, floor_max) = find(case, "rocksdb multi_get (warm)", "ms/request");
+        assert!(low <= ratio && ratio <= high, "{case}: {ratio} outside {low}..{high}");
+        let (floor, ceiling) = (depot_min / floor_max, depot_max / floor_min);
+        assert!(floor * 0.999 <= low && high <= ceiling * 1.001, "{case}: {low}..{high} outside {floor}..{ceiling}");
+    }
 }
 
 #[test]
@@ -99,19 +131,41 @@ fn bench_files_quick_measures_every_phase_beside_plain_files() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
     let rows = json["experiments"][0]["rows"].as_array().unwrap();
-    let value = |subject: &str, case: &str, metric: &str| {
+    let row = |subject: &str, case: &str, metric: &str| {
         rows.iter()
             .find(|r| {
                 r["subject"].as_str().is_some_and(|s| s.starts_with(subject))
                     && r["case"] == case
                     && r["metric"] == metric
             })
-            .and_then(|r| r["value"].as_f64())
             .unwrap_or_else(|| panic!("no {metric} for {subject} {case}"))
     };
-    for case in ["write, 1 client", "write, 20 clients", "read, 1 client in order", "read, 20 clients at random"] {
-        assert!(value("depot hybrid", case, "MB/s") > 0.0);
-        assert!(value("plain files", case, "MB/s") > 0.0);
+    let value = |subject: &str, case: &str, metric: &str| {
+        row(subject, case, metric)["value"].as_f64().unwrap_or_else(|| panic!("no {metric} for {subject} {case}"))
+    };
+    // (median, min, max); a single figure has no spread.
+    let spread = |subject: &str, case: &str, metric: &str| {
+        let r = row(subject, case, metric);
+        let v = r["value"].as_f64().unwrap();
+        (v, r["min"].as_f64().unwrap_or(v), r["max"].as_f64().unwrap_or(v))
+    };
+    for case in ["write, 1 client", "write, 20 clients"] {
+        let (depot, plain) = (value("depot hybrid", case, "MB/s"), value("plain files", case, "MB/s"));
+        assert!(depot > 0.0 && plain > 0.0);
+        // Written once, plain files right after depot.
+        let ratio = value("depot hybrid", case, "× plain files");
+        assert!((ratio - depot / plain).abs() < 1e-6 * ratio, "{case}: {ratio} against {depot} / {plain}");
+    }
+    for case in ["read, 1 client in order", "read, 20 clients at random"] {
+        // Read in rounds: each ratio pairs one run of each, so the median
+        // lies within what the runs' extremes allow.
+        let (_, depot_min, depot_max) = spread("depot hybrid", case, "MB/s");
+        let (_, plain_min, plain_max) = spread("plain files", case, "MB/s");
+        assert!(depot_min > 0.0 && plain_min > 0.0);
+        let (ratio, low, high) = spread("depot hybrid", case, "× plain files");
+        assert!(low <= ratio && ratio <= high, "{case}: {ratio} outside {low}..{high}");
+        let (floor, ceiling) = (depot_min / plain_max, depot_max / plain_min);
+        assert!(floor * 0.999 <= low && high <= ceiling * 1.001, "{case}: {low}..{high} outside {floor}..{ceiling}");
     }
     let share = value("depot hybrid", "all phases", "% of upload time in the catalog");
     assert!(share > 0.0 && share < 100.0, "{share}");

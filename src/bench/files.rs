@@ -6,7 +6,8 @@
 //! streaming bytes (the split the seed measured), the server's and the
 //! backend server's peak memory, and bytes on disk per byte stored. The
 //! physical reference is plain files written and fsynced by this process
-//! the same way (`cp` plus `fsync`), and read back the same way.
+//! the same way (`cp` plus `fsync`), and read back the same way, each phase
+//! right after the same phase through depot.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection};
+use super::stats::Summary;
 use super::{
     DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, drop_caches, is_root, purge, rss,
     server_stats, stored_bytes, stores_on_a_server,
@@ -29,7 +31,10 @@ const NAME: &str = "files";
 const MBS: &str = "MB/s";
 const DISK: &str = "disk bytes per byte";
 const CLIENTS: usize = 20;
+/// Runs of each read phase per subject.
+const READ_ROUNDS: usize = 3;
 const PLAIN: &str = "plain files (write + fsync)";
+const RATIO: &str = "× plain files";
 
 /// The seed's MB/s for NTFS, SQL Server and GridFS by phase: 10,000 MB
 /// over its published seconds (165, 998, 921 by one thread; 170, 840, 668
@@ -55,6 +60,20 @@ impl Phase {
             Phase::ReadSeq => "read, 1 client in order",
             Phase::Read20 => "read, 20 clients at random",
         }
+    }
+
+    fn reads(self) -> bool {
+        matches!(self, Phase::ReadSeq | Phase::Read20)
+    }
+
+    /// Runs per subject: reads leave nothing behind, so they repeat (each
+    /// from a cold cache); writes run once.
+    fn rounds(self) -> usize {
+        if self.reads() { READ_ROUNDS } else { 1 }
+    }
+
+    fn round_label(self, round: usize) -> String {
+        if self.rounds() > 1 { format!(", round {} of {}", round + 1, self.rounds()) } else { String::new() }
     }
 
     /// The seed's figure for a subject like the one measured.
@@ -122,10 +141,16 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         SmallRng::seed_from_u64(11).fill(&mut b[..]);
         b.into()
     };
-    let subjects = settings.engines.len() + 1;
-    let progress = Progress::new(NAME, (subjects * Phase::ALL.len()) as u64);
+    let runs: usize = Phase::ALL.iter().map(|p| p.rounds()).sum();
+    let progress = Progress::new(NAME, (2 * settings.engines.len().max(1) * runs) as u64);
     let mut rows = Vec::new();
     let logical = (2 * scale.files * scale.size) as f64;
+    let plain = Plain::new(&settings.scratch.join("files-plain"), scale, base.clone());
+    // Every phase of plain files runs right after the same phase through
+    // depot, so both see the machine in the same state: runs of one engine
+    // drift far apart on a shared machine.
+    let mut plain_secs: [Vec<f64>; 4] = Default::default();
+    let mut plain_failure = None;
     for (i, engine) in settings.engines.iter().enumerate() {
         let subject = engine.subject();
         let skip_all = |rows: &mut Vec<Row>, why: &str| {
@@ -134,7 +159,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                     Row::skipped(NAME, phase.case(), &subject, MBS, why).with_seed(phase.seed(seed_like(&engine.name))),
                 );
             }
-            progress.done(Phase::ALL.len() as u64);
+            progress.done(2 * runs as u64);
         };
         let flags = match &engine.serve_flags {
             Ok(f) => f,
@@ -153,10 +178,19 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         };
         let backend = engine.backend_port.and_then(rss::listener_pid).map(rss::Sampler::start);
-        match engine_phases(&mut server, engine, scale, &base, &progress).await {
-            Ok((secs, extra)) => {
-                for (phase, s) in Phase::ALL.into_iter().zip(secs) {
-                    phase_rows(&mut rows, phase, &subject, s, scale, phase.seed(seed_like(&engine.name)));
+        match engine_phases(&mut server, engine, scale, &base, &plain, &progress).await {
+            Ok((secs, beside, extra)) => {
+                for (slot, phase) in Phase::ALL.into_iter().enumerate() {
+                    let seed = phase.seed(seed_like(&engine.name));
+                    phase_rows(&mut rows, phase, &subject, &secs[slot], scale, seed);
+                    match &beside {
+                        Ok(plain) => {
+                            plain_secs[slot].extend(&plain[slot]);
+                            let ratios: Vec<f64> = plain[slot].iter().zip(&secs[slot]).map(|(p, d)| p / d).collect();
+                            rows.push(summary_row(phase, &subject, RATIO, &ratios));
+                        }
+                        Err(e) => plain_failure = Some(e.clone()),
+                    }
                 }
                 let case = "all phases";
                 let upload = extra.catalog_secs + extra.bytes_secs;
@@ -192,19 +226,29 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         // At --full each engine's files take 20 GB: one engine's at a time.
         let _ = std::fs::remove_dir_all(&data);
     }
-    progress.doing(&format!("{PLAIN}: writing"));
-    let dir = settings.scratch.join("files-plain");
-    let plain = plain_phases(&dir, scale, base.clone(), &progress).await;
-    match plain {
-        Ok(secs) => {
-            for (phase, s) in Phase::ALL.into_iter().zip(secs) {
-                phase_rows(&mut rows, phase, PLAIN, s, scale, phase.seed(seed_like(PLAIN)));
+    if plain_secs[0].is_empty() && plain_failure.is_none() {
+        // No engine ran: plain files alone.
+        for (slot, phase) in Phase::ALL.into_iter().enumerate() {
+            for round in 0..phase.rounds() {
+                progress.doing(&format!("{PLAIN}: {}{}", phase.case(), phase.round_label(round)));
+                match plain.phase(phase).await {
+                    Ok(s) => plain_secs[slot].push(s),
+                    Err(e) => plain_failure = Some(format!("{e:#}")),
+                }
+                progress.done(2);
             }
-            rows.push(Row::single(NAME, "all phases", PLAIN, DISK, disk_usage(&dir) as f64 / logical));
         }
-        Err(e) => rows.push(Row::skipped(NAME, "all phases", PLAIN, MBS, &format!("{e:#}"))),
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    match plain_failure {
+        None => {
+            for (phase, secs) in Phase::ALL.into_iter().zip(&plain_secs) {
+                phase_rows(&mut rows, phase, PLAIN, secs, scale, phase.seed(seed_like(PLAIN)));
+            }
+            rows.push(Row::single(NAME, "all phases", PLAIN, DISK, disk_usage(&plain.dir) as f64 / logical));
+        }
+        Some(e) => rows.push(Row::skipped(NAME, "all phases", PLAIN, MBS, &e)),
+    }
+    plain.remove();
     progress.finish();
     Ok(ExperimentReport {
         name: NAME.into(),
@@ -236,88 +280,124 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
              32% (NTFS), 3% (SQL Server) and 7% (GridFS) of its time registering. Disk bytes per byte: the data \
              directory (and the backend's own figure for server engines) / bytes written."
                 .into(),
-            "Plain files: the same bytes written with write + fsync per file by 1 and 20 threads, read back \
-             with the same pattern."
-                .into(),
+            format!(
+                "Plain files: the same bytes written with write + fsync per file by 1 and 20 threads, read back \
+                 with the same pattern. Each run of a phase through depot is followed by the same phase on plain \
+                 files (beside every engine). Writes run once; each read phase runs {READ_ROUNDS} times, every \
+                 time from a cold cache: median and spread of the runs. × plain files: depot's MB/s over that of \
+                 the plain files' run right after it."
+            ),
         ],
         chart_metric: MBS.into(),
         rows,
     })
 }
 
-fn phase_rows(rows: &mut Vec<Row>, phase: Phase, subject: &str, secs: f64, scale: Scale, seed: Option<(f64, &str)>) {
+/// The MB/s and seconds of a subject's runs of a phase: median and spread.
+fn phase_rows(rows: &mut Vec<Row>, phase: Phase, subject: &str, secs: &[f64], scale: Scale, seed: Option<(f64, &str)>) {
     let bytes = (scale.files * scale.size) as f64;
-    rows.push(Row::single(NAME, phase.case(), subject, MBS, bytes / 1e6 / secs).with_seed(seed));
-    rows.push(Row::single(NAME, phase.case(), subject, "s", secs));
+    let rates: Vec<f64> = secs.iter().map(|s| bytes / 1e6 / s).collect();
+    rows.push(summary_row(phase, subject, MBS, &rates).with_seed(seed));
+    rows.push(summary_row(phase, subject, "s", secs));
 }
 
-/// The four phases against one server: seconds of each, and the rest.
+/// One figure as it is, several as median and spread.
+fn summary_row(phase: Phase, subject: &str, metric: &str, values: &[f64]) -> Row {
+    match (values, Summary::of(values)) {
+        ([one], _) => Row::single(NAME, phase.case(), subject, metric, *one),
+        (_, Some(s)) => Row::measured(NAME, phase.case(), subject, metric, s),
+        (_, None) => Row::skipped(NAME, phase.case(), subject, metric, "not measured"),
+    }
+}
+
+/// Seconds of each run of each phase, in [`Phase::ALL`] order.
+type PhaseSecs = [Vec<f64>; 4];
+
+/// The four phases against one server, each run followed by the same phase
+/// on plain files: the seconds of depot's runs, of plain files' (or why they
+/// failed), and the rest.
 async fn engine_phases(
     server: &mut DepotServer,
     engine: &EngineChoice,
     scale: Scale,
     base: &Bytes,
+    plain: &Plain,
     progress: &Progress,
-) -> anyhow::Result<([f64; 4], Extra)> {
+) -> anyhow::Result<(PhaseSecs, Result<PhaseSecs, String>, Extra)> {
     let subject = engine.subject();
-    let mut secs = [0.0; 4];
+    let mut secs = PhaseSecs::default();
+    let mut beside = Ok(PhaseSecs::default());
     let mut extra = Extra::default();
-    let n = scale.files;
     for (slot, phase) in Phase::ALL.into_iter().enumerate() {
-        progress.doing(&format!("{subject}: {}", phase.case()));
-        if matches!(phase, Phase::ReadSeq | Phase::Read20) && is_root() {
-            extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
-            server.restart_cold()?;
-        }
-        let addr = server.addr;
-        let started = Instant::now();
-        match phase {
-            Phase::Write1 => {
-                let mut c = Connection::open(addr).await?;
-                for f in 0..n {
-                    c.expect_ok(load::request(Method::PUT, addr, &key(f), file_bytes(base, f))).await?;
+        for round in 0..phase.rounds() {
+            progress.doing(&format!("{subject}: {}{}", phase.case(), phase.round_label(round)));
+            if phase.reads() && is_root() {
+                extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
+                server.restart_cold()?;
+            }
+            secs[slot].push(depot_phase(server.addr, phase, scale, base).await?);
+            if phase == Phase::Write20 {
+                let put = &server_stats(server.addr).await?["put_seconds"];
+                extra.catalog_secs = put["catalog"].as_f64().unwrap_or(0.0);
+                extra.bytes_secs = put["bytes"].as_f64().unwrap_or(0.0);
+            }
+            progress.done(1);
+            if let Ok(plain_secs) = &mut beside {
+                progress.doing(&format!("{PLAIN}: {}{}", phase.case(), phase.round_label(round)));
+                match plain.phase(phase).await {
+                    Ok(s) => plain_secs[slot].push(s),
+                    Err(e) => beside = Err(format!("{e:#}")),
                 }
             }
-            Phase::Write20 => {
-                clients(addr, move |client, mut c| {
-                    let base = base.clone();
-                    async move {
-                        for j in 0..n / CLIENTS {
-                            let f = n + client * (n / CLIENTS) + j;
-                            c.expect_ok(load::request(Method::PUT, addr, &key(f), file_bytes(&base, f))).await?;
-                        }
-                        anyhow::Ok(())
-                    }
-                })
-                .await?;
-            }
-            Phase::ReadSeq => {
-                let mut c = Connection::open(addr).await?;
-                for f in 0..n {
-                    read_one(&mut c, addr, f, scale.size).await?;
-                }
-            }
-            Phase::Read20 => {
-                clients(addr, move |client, mut c| async move {
-                    let mut rng = SmallRng::seed_from_u64(client as u64);
-                    for _ in 0..n / CLIENTS {
-                        read_one(&mut c, addr, rng.random_range(0..2 * n), scale.size).await?;
-                    }
-                    anyhow::Ok(())
-                })
-                .await?;
-            }
+            progress.done(1);
         }
-        secs[slot] = started.elapsed().as_secs_f64();
-        if phase == Phase::Write20 {
-            let put = &server_stats(addr).await?["put_seconds"];
-            extra.catalog_secs = put["catalog"].as_f64().unwrap_or(0.0);
-            extra.bytes_secs = put["bytes"].as_f64().unwrap_or(0.0);
-        }
-        progress.done(1);
     }
     extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
-    Ok((secs, extra))
+    Ok((secs, beside, extra))
+}
+
+/// One run of a phase through depot at `addr`: its seconds.
+async fn depot_phase(addr: SocketAddr, phase: Phase, scale: Scale, base: &Bytes) -> anyhow::Result<f64> {
+    let n = scale.files;
+    let started = Instant::now();
+    match phase {
+        Phase::Write1 => {
+            let mut c = Connection::open(addr).await?;
+            for f in 0..n {
+                c.expect_ok(load::request(Method::PUT, addr, &key(f), file_bytes(base, f))).await?;
+            }
+        }
+        Phase::Write20 => {
+            clients(addr, move |client, mut c| {
+                let base = base.clone();
+                async move {
+                    for j in 0..n / CLIENTS {
+                        let f = n + client * (n / CLIENTS) + j;
+                        c.expect_ok(load::request(Method::PUT, addr, &key(f), file_bytes(&base, f))).await?;
+                    }
+                    anyhow::Ok(())
+                }
+            })
+            .await?;
+        }
+        Phase::ReadSeq => {
+            let mut c = Connection::open(addr).await?;
+            for f in 0..n {
+                read_one(&mut c, addr, f, scale.size).await?;
+            }
+        }
+        Phase::Read20 => {
+            clients(addr, move |client, mut c| async move {
+                let mut rng = SmallRng::seed_from_u64(client as u64);
+                for _ in 0..n / CLIENTS {
+                    read_one(&mut c, addr, rng.random_range(0..2 * n), scale.size).await?;
+                }
+                anyhow::Ok(())
+            })
+            .await?;
+        }
+    }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 async fn read_one(c: &mut Connection, addr: SocketAddr, f: usize, size: usize) -> anyhow::Result<()> {
@@ -343,19 +423,28 @@ where
     Ok(())
 }
 
-/// The same phases on plain files in `dir`, by threads of this process.
-async fn plain_phases(dir: &Path, scale: Scale, base: Bytes, progress: &Progress) -> anyhow::Result<[f64; 4]> {
-    std::fs::create_dir_all(dir)?;
-    let path = |f: usize| dir.join(format!("f{f:06}"));
-    let paths: Arc<Vec<PathBuf>> = Arc::new((0..2 * scale.files).map(path).collect());
-    let n = scale.files;
-    let mut secs = [0.0; 4];
-    for (slot, phase) in Phase::ALL.into_iter().enumerate() {
-        progress.doing(&format!("{PLAIN}: {}", phase.case()));
+/// The same phases on plain files, by threads of this process.
+struct Plain {
+    dir: PathBuf,
+    paths: Arc<Vec<PathBuf>>,
+    files: usize,
+    base: Bytes,
+}
+
+impl Plain {
+    fn new(dir: &Path, scale: Scale, base: Bytes) -> Plain {
+        let paths = (0..2 * scale.files).map(|f| dir.join(format!("f{f:06}"))).collect();
+        Plain { dir: dir.to_path_buf(), paths: Arc::new(paths), files: scale.files, base }
+    }
+
+    /// Runs one phase: its seconds. Writes replace the files of an earlier
+    /// run; reads start from a dropped page cache.
+    async fn phase(&self, phase: Phase) -> anyhow::Result<f64> {
+        std::fs::create_dir_all(&self.dir)?;
         if matches!(phase, Phase::ReadSeq | Phase::Read20) {
             let _ = drop_caches();
         }
-        let (paths, base) = (paths.clone(), base.clone());
+        let (paths, base, n) = (self.paths.clone(), self.base.clone(), self.files);
         let started = Instant::now();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let threads = if matches!(phase, Phase::Write1 | Phase::ReadSeq) { 1 } else { CLIENTS };
@@ -384,10 +473,12 @@ async fn plain_phases(dir: &Path, scale: Scale, base: Bytes, progress: &Progress
             })
         })
         .await??;
-        secs[slot] = started.elapsed().as_secs_f64();
-        progress.done(1);
+        Ok(started.elapsed().as_secs_f64())
     }
-    Ok(secs)
+
+    fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

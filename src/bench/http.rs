@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection, Plan};
 use super::nginx::Nginx;
+use super::stats::Summary;
 use super::{
     DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program, remote_disk_bytes,
     stores_on_a_server,
@@ -32,6 +33,7 @@ const CONCURRENCY: usize = 100;
 const PUT_SIZE: usize = 1024;
 const PUT_CASE: &str = "PUT 1 KB, new keys";
 const MS: &str = "ms/request";
+const RATIO: &str = "× nginx";
 
 /// The files served: label, size, and the seed's ms/request for nginx from
 /// disk and for nginx-gridfs.
@@ -99,6 +101,10 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         rows.push(Row::skipped(NAME, PUT_CASE, subject, MS, why));
         progress.done((FILES.len() + 1) as u64);
     };
+    // Every server runs for the whole experiment: the rounds of a case
+    // alternate between them, so a slow spell of the machine falls on all.
+    let mut servers = Vec::new();
+    let mut targets = Vec::new();
     for (i, engine) in settings.engines.iter().enumerate() {
         let subject = engine.subject();
         progress.doing(&format!("{subject}: starting"));
@@ -129,7 +135,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             skip_all(&mut rows, &subject, &format!("{e:#}"));
             continue;
         }
-        let target = Target {
+        servers.push(server);
+        targets.push(Target {
             subject,
             addr,
             get_prefix: "/files/bench/",
@@ -137,29 +144,78 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             written: data,
             on_a_server: stores_on_a_server(&engine.name),
             from_disk: false,
-        };
-        measure(&target, &files, plan, settings, wrk.as_deref(), &progress, &mut rows).await;
-        drop(server);
+        });
     }
     progress.doing("nginx: starting");
-    let started = Nginx::start(&settings.scratch.join("nginx"), settings.threads)
+    let nginx = Nginx::start(&settings.scratch.join("nginx"), settings.threads)
         .and_then(|n| files.iter().try_for_each(|(name, bytes)| n.publish(name, bytes)).map(|()| n));
-    match started {
-        Ok(nginx) => {
-            let target = Target {
-                subject: "nginx".into(),
-                addr: nginx.addr,
-                get_prefix: "/",
-                put_prefix: "/dav/",
-                written: nginx.dav.clone(),
-                on_a_server: false,
-                from_disk: true,
-            };
-            measure(&target, &files, plan, settings, wrk.as_deref(), &progress, &mut rows).await;
-            drop(nginx);
-        }
+    match &nginx {
+        Ok(nginx) => targets.push(Target {
+            subject: "nginx".into(),
+            addr: nginx.addr,
+            get_prefix: "/",
+            put_prefix: "/dav/",
+            written: nginx.dav.clone(),
+            on_a_server: false,
+            from_disk: true,
+        }),
         Err(e) => skip_all(&mut rows, "nginx", &format!("{e:#}")),
     }
+    for ((name, _), (label, _, seed_disk, seed_gridfs)) in files.iter().zip(FILES) {
+        let case = get_case(label);
+        let outcomes = measure(&targets, &case, plan, &progress, |target, _| {
+            let (addr, path) = (target.addr, format!("{}{name}", target.get_prefix));
+            Arc::new(move |_, _| load::request(Method::GET, addr, &path, Bytes::new()))
+        })
+        .await;
+        for (target, outcome) in targets.iter().zip(&outcomes) {
+            let seed = if target.from_disk { (seed_disk, "nginx+disk") } else { (seed_gridfs, "nginx-gridfs") };
+            rows.extend(rate_rows(&case, &target.subject, outcome, Some(seed)));
+        }
+        rows.extend(ratio_rows(&case, &targets, &outcomes));
+        if let Some(wrk) = &wrk {
+            let secs = (plan.round * plan.rounds as u32).as_secs().max(1);
+            let metric = "req/s (wrk)";
+            for target in &targets {
+                let path = format!("{}{name}", target.get_prefix);
+                match run_wrk(wrk, target.addr, &path, settings.threads, secs).await {
+                    Ok(rate) => rows.push(Row::single(NAME, &case, &target.subject, metric, rate)),
+                    Err(e) => rows.push(Row::skipped(NAME, &case, &target.subject, metric, &format!("{e:#}"))),
+                }
+            }
+        }
+        progress.done(targets.len() as u64);
+    }
+    let mut before = Vec::new();
+    for target in &targets {
+        before.push(occupied(target).await);
+    }
+    let outcomes = measure(&targets, PUT_CASE, plan, &progress, |target, round| {
+        let (addr, prefix) = (target.addr, target.put_prefix);
+        Arc::new(move |w, seq| {
+            // Random content per request: no write is a dedup hit, and no
+            // engine's compression finds anything to squeeze.
+            let mut body = vec![0u8; PUT_SIZE];
+            SmallRng::seed_from_u64(((round as u64) << 56) ^ ((w as u64) << 40) ^ seq).fill(&mut body[..]);
+            load::request(Method::PUT, addr, &format!("{prefix}{round}-{w}-{seq}"), body.into())
+        })
+    })
+    .await;
+    for ((target, outcome), before) in targets.iter().zip(&outcomes).zip(before) {
+        rows.extend(rate_rows(PUT_CASE, &target.subject, outcome, None));
+        if let Ok(outcome) = outcome {
+            let logical = outcome.ok_total * PUT_SIZE as u64;
+            let grown = occupied(target).await.saturating_sub(before);
+            if logical > 0 {
+                let metric = "disk bytes per byte";
+                rows.push(Row::single(NAME, PUT_CASE, &target.subject, metric, grown as f64 / logical as f64));
+            }
+        }
+    }
+    rows.extend(ratio_rows(PUT_CASE, &targets, &outcomes));
+    progress.done(targets.len() as u64);
+    drop(servers);
+    drop(nginx);
     progress.finish();
     Ok(ExperimentReport {
         name: NAME.into(),
@@ -167,11 +223,14 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         method: vec![
             format!(
                 "{CONCURRENCY} keep-alive connections, each sending its next request when the last answer is read; \
-                 {:.1} s warm-up, then {} rounds of {} s; median and spread (min..max) of the rounds' rates, \
-                 p50/p99 over every request measured.",
-                plan.warmup.as_secs_f64(),
+                 {} rounds of {} s per server, the rounds of the servers taking turns, each after a warm-up \
+                 ({:.1} s before the first, {:.1} s before the others); median and spread (min..max) of the \
+                 rounds' rates, p50/p99 over every request measured. \"× nginx\": the ratio of each round's rate to \
+                 the rate of nginx's round that followed it, median and spread.",
                 plan.rounds,
-                plan.round.as_secs_f64()
+                plan.round.as_secs_f64(),
+                plan.warmup.as_secs_f64(),
+                rewarm(plan).as_secs_f64(),
             ),
             "ms/request is the seed's unit (ab's time per request across all concurrent requests): 1000 / req/s. \
              The seed column gives nginx from disk for nginx, nginx-gridfs (a database-backed server) for depot; \
@@ -190,63 +249,56 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     })
 }
 
-/// Runs every case against one target, adding its rows.
+/// The warm-up before every round but the first: the connections are new.
+fn rewarm(plan: Plan) -> Duration {
+    plan.warmup.min(Duration::from_millis(500))
+}
+
+/// Runs one case against every target, their rounds taking turns; `make`
+/// builds the requests of a target's round.
 async fn measure(
-    target: &Target,
-    files: &[(String, Bytes)],
+    targets: &[Target],
+    case: &str,
     plan: Plan,
-    settings: &Settings,
-    wrk: Option<&std::path::Path>,
     progress: &Progress,
-    rows: &mut Vec<Row>,
-) {
-    let subject = target.subject.as_str();
-    let addr = target.addr;
-    for ((name, _), (label, _, seed_disk, seed_gridfs)) in files.iter().zip(FILES) {
-        let case = get_case(label);
-        progress.doing(&format!("{subject}: {case}"));
-        let path = format!("{}{name}", target.get_prefix);
-        let seed = if target.from_disk { (seed_disk, "nginx+disk") } else { (seed_gridfs, "nginx-gridfs") };
-        let make: load::MakeRequest = {
-            let path = path.clone();
-            Arc::new(move |_, _| load::request(Method::GET, addr, &path, Bytes::new()))
-        };
-        match load::run(addr, plan, make).await {
-            Ok(outcome) => rows.extend(rate_rows(&case, subject, &outcome, Some(seed))),
-            Err(e) => rows.push(Row::skipped(NAME, &case, subject, MS, &format!("failed: {e:#}"))),
-        }
-        if let Some(wrk) = wrk {
-            let secs = (plan.round * plan.rounds as u32).as_secs().max(1);
-            let metric = "req/s (wrk)";
-            match run_wrk(wrk, addr, &path, settings.threads, secs).await {
-                Ok(rate) => rows.push(Row::single(NAME, &case, subject, metric, rate)),
-                Err(e) => rows.push(Row::skipped(NAME, &case, subject, metric, &format!("{e:#}"))),
+    make: impl Fn(&Target, usize) -> load::MakeRequest,
+) -> Vec<Result<load::Outcome, String>> {
+    let mut outcomes: Vec<Result<Option<load::Outcome>, String>> = targets.iter().map(|_| Ok(None)).collect();
+    for round in 0..plan.rounds {
+        let warmup = if round == 0 { plan.warmup } else { rewarm(plan) };
+        let one = Plan { rounds: 1, warmup, ..plan };
+        for (target, outcome) in targets.iter().zip(&mut outcomes) {
+            let Ok(so_far) = outcome else { continue };
+            progress.doing(&format!("{}: {case}, round {} of {}", target.subject, round + 1, plan.rounds));
+            match load::run(target.addr, one, make(target, round)).await {
+                Ok(o) => match so_far {
+                    Some(all) => all.extend(o),
+                    None => *so_far = Some(o),
+                },
+                Err(e) => *outcome = Err(format!("failed: {e:#}")),
             }
         }
-        progress.done(1);
     }
-    progress.doing(&format!("{subject}: {PUT_CASE}"));
-    let before = occupied(target).await;
-    let prefix = target.put_prefix;
-    let make: load::MakeRequest = Arc::new(move |w, seq| {
-        // Random content per request: no write is a dedup hit, and no
-        // engine's compression finds anything to squeeze.
-        let mut body = vec![0u8; PUT_SIZE];
-        SmallRng::seed_from_u64(((w as u64) << 40) ^ seq).fill(&mut body[..]);
-        load::request(Method::PUT, addr, &format!("{prefix}{w}-{seq}"), body.into())
-    });
-    match load::run(addr, plan, make).await {
-        Ok(outcome) => {
-            rows.extend(rate_rows(PUT_CASE, subject, &outcome, None));
-            let logical = outcome.ok_total * PUT_SIZE as u64;
-            let grown = occupied(target).await.saturating_sub(before);
-            if logical > 0 {
-                rows.push(Row::single(NAME, PUT_CASE, subject, "disk bytes per byte", grown as f64 / logical as f64));
-            }
+    outcomes.into_iter().map(|o| o.and_then(|o| o.ok_or_else(|| "no round ran".to_string()))).collect()
+}
+
+/// Each depot target's rate as a multiple of nginx's, round by round.
+fn ratio_rows(case: &str, targets: &[Target], outcomes: &[Result<load::Outcome, String>]) -> Vec<Row> {
+    let Some(Ok(nginx)) = targets.iter().position(|t| t.subject == "nginx").map(|i| &outcomes[i]) else {
+        return Vec::new();
+    };
+    let mut rows = Vec::new();
+    for (target, outcome) in targets.iter().zip(outcomes) {
+        let Ok(outcome) = outcome else { continue };
+        if target.subject == "nginx" {
+            continue;
         }
-        Err(e) => rows.push(Row::skipped(NAME, PUT_CASE, subject, MS, &format!("failed: {e:#}"))),
+        let ratios: Vec<f64> = outcome.per_round.iter().zip(&nginx.per_round).map(|(d, n)| d / n).collect();
+        if let Some(s) = Summary::of(&ratios).filter(|s| s.max.is_finite()) {
+            rows.push(Row::measured(NAME, case, &target.subject, RATIO, s));
+        }
     }
-    progress.done(1);
+    rows
 }
 
 /// Bytes a target's writes occupy: its directory, plus what the engine's
@@ -260,7 +312,16 @@ async fn occupied(target: &Target) -> u64 {
 }
 
 /// The rows of one load run: rate, ms/request, p50 and p99.
-fn rate_rows(case: &str, subject: &str, outcome: &load::Outcome, seed: Option<(f64, &str)>) -> Vec<Row> {
+fn rate_rows(
+    case: &str,
+    subject: &str,
+    outcome: &Result<load::Outcome, String>,
+    seed: Option<(f64, &str)>,
+) -> Vec<Row> {
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(why) => return vec![Row::skipped(NAME, case, subject, MS, why).with_seed(seed)],
+    };
     let mut rows = Vec::new();
     if let Some(rate) = outcome.rate().filter(|r| r.min > 0.0) {
         rows.push(Row::measured(NAME, case, subject, "req/s", rate));

@@ -111,6 +111,14 @@ impl Outcome {
         Summary::of(&self.per_round)
     }
 
+    /// Adds the rounds of a later run of the same case.
+    pub fn extend(&mut self, later: Outcome) {
+        self.per_round.extend(later.per_round);
+        self.latencies_us.extend(later.latencies_us);
+        self.latencies_us.sort_unstable();
+        self.ok_total += later.ok_total;
+    }
+
     /// A latency percentile in milliseconds.
     pub fn latency_ms(&self, p: f64) -> Option<f64> {
         percentile(&self.latencies_us, p).map(|us| f64::from(us) / 1000.0)

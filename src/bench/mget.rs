@@ -5,9 +5,10 @@
 //! warm (after one untimed request) and cold (page cache dropped and the
 //! server restarted before each request; needs root). The floor is
 //! RocksDB's own in-process `multi_get` of the same keys in a fresh
-//! database, warm and cold the same way. Every answer is checked to hold
-//! every key asked for.
+//! database, warm and cold the same way, each right after depot's request
+//! for the same keys. Every answer is checked to hold every key asked for.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -23,6 +24,7 @@ use crate::bench::stats::Summary;
 
 const NAME: &str = "mget";
 const MS: &str = "ms/request";
+const RATIO: &str = "× multi_get";
 const BUCKET: &str = "files";
 /// Entries per `/_/batch/put` while loading.
 const LOAD_BATCH: usize = 1000;
@@ -67,6 +69,8 @@ fn case(size: usize) -> String {
 /// The random key sets: per batch size, one untimed set then one per round.
 #[derive(Clone)]
 struct KeySets {
+    /// Keys stored, from which each set is drawn.
+    keys: usize,
     sizes: Vec<(usize, f64)>,
     sets: Vec<Vec<Vec<usize>>>,
 }
@@ -81,7 +85,7 @@ impl KeySets {
                 (0..=scale.rounds).map(|_| rand::seq::index::sample(&mut rng, scale.keys, *n).into_vec()).collect()
             })
             .collect();
-        KeySets { sizes, sets }
+        KeySets { keys: scale.keys, sizes, sets }
     }
 }
 
@@ -99,19 +103,32 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let cold_possible = drop_caches();
     let mut rows = Vec::new();
     let load_case = format!("load {} keys", thousands(scale.keys as u64));
+    progress.doing("rocksdb multi_get: loading");
+    let dir = settings.scratch.join("mget-rocksdb");
+    let floor = tokio::task::spawn_blocking(move || Floor::load(&dir, scale)).await?.map(Arc::new);
+    progress.done(1);
+    // Each timed request to depot is followed by the floor's of the same
+    // keys, so both see the machine in the same state.
+    let mut floor_times = Timings { warm: vec![Vec::new(); sets.sizes.len()], cold: Ok(vec![]) };
+    let mut paired = false;
     for (i, engine) in settings.engines.iter().enumerate() {
         let subject = engine.subject();
         progress.doing(&format!("{subject}: starting"));
         let measured = match skip_reason(engine, settings) {
             Some(why) => Err(why),
-            None => measure_depot(engine, i, scale, &sets, &cold_possible, settings, &progress)
+            None => measure_depot(engine, i, &sets, &cold_possible, floor.as_ref().ok(), settings, &progress)
                 .await
                 .map_err(|e| format!("{e:#}")),
         };
         match measured {
-            Ok((rate, timings)) => {
+            Ok((rate, timings, beside)) => {
                 rows.push(Row::single(NAME, &load_case, &subject, "keys/s", rate));
                 rows.extend(timing_rows(&subject, &sets, &timings, true));
+                if let Some(beside) = beside {
+                    rows.extend(ratio_rows(&subject, &sets, &timings, &beside));
+                    floor_times.add(&beside);
+                    paired = true;
+                }
             }
             Err(why) => {
                 rows.push(Row::skipped(NAME, &load_case, &subject, "keys/s", &why));
@@ -122,14 +139,18 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         }
         progress.done(steps_per_subject);
     }
-    progress.doing("rocksdb multi_get");
-    let dir = settings.scratch.join("mget-rocksdb");
-    let floor = {
-        let (sets, cold) = (sets.clone(), cold_possible.clone());
-        tokio::task::spawn_blocking(move || floor(&dir, scale, &sets, cold)).await?
-    };
     let subject = "rocksdb multi_get";
-    match floor {
+    let floor_times = match floor {
+        Ok(_) if paired => Ok(floor_times),
+        Ok(floor) => {
+            // No engine ran: the floor alone.
+            progress.doing(subject);
+            let (sets, cold) = (sets.clone(), cold_possible.clone());
+            tokio::task::spawn_blocking(move || floor.alone(&sets, cold)).await?
+        }
+        Err(e) => Err(e),
+    };
+    match floor_times {
         Ok(timings) => rows.extend(timing_rows(subject, &sets, &timings, false)),
         Err(e) => {
             for (n, _) in &sets.sizes {
@@ -137,7 +158,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         }
     }
-    progress.done(steps_per_subject);
+    progress.done(steps_per_subject - 1);
     progress.finish();
     Ok(ExperimentReport {
         name: NAME.into(),
@@ -154,7 +175,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             ),
             "cold: dirty pages synced, page cache dropped and the server restarted before each timed request; \
              warm: the server kept running. rocksdb multi_get: the same keys and values in a fresh RocksDB \
-             with default options, read in-process (no HTTP), the floor for any server over it."
+             with default options, read in-process (no HTTP), the floor for any server over it. Each timed \
+             request to depot is followed by the floor's of the same keys (warm, or cold after the same \
+             steps); × multi_get: depot's time over the floor's beside it, median and spread."
                 .into(),
             "The seed column is RocksServer's figure on SSD, caches cleared by a reboot, 1,000,000 keys; its \
              client was a PHP driver."
@@ -207,23 +230,23 @@ fn timing_rows(subject: &str, sets: &KeySets, t: &Timings, seeded: bool) -> Vec<
 async fn measure_depot(
     engine: &EngineChoice,
     index: usize,
-    scale: Scale,
     sets: &KeySets,
     cold_possible: &Result<(), String>,
+    floor: Option<&Arc<Floor>>,
     settings: &Settings,
     progress: &Progress,
-) -> anyhow::Result<(f64, Timings)> {
+) -> anyhow::Result<(f64, Timings, Option<Timings>)> {
     let subject = engine.subject();
     let flags = engine.serve_flags.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
     let data = settings.scratch.join(format!("mget-{index}-{}", engine.name));
     let mut server = DepotServer::start(&engine.name, flags, &data, settings.threads)?;
-    progress.doing(&format!("{subject}: loading {} keys", thousands(scale.keys as u64)));
+    progress.doing(&format!("{subject}: loading {} keys", thousands(sets.keys as u64)));
     let started = Instant::now();
     let addr = server.addr;
-    futures::stream::iter((0..scale.keys).step_by(LOAD_BATCH))
+    futures::stream::iter((0..sets.keys).step_by(LOAD_BATCH))
         .map(|first| async move {
             let mut body = Vec::new();
-            for i in first..(first + LOAD_BATCH).min(scale.keys) {
+            for i in first..(first + LOAD_BATCH).min(sets.keys) {
                 let v = value(i);
                 body.extend_from_slice(format!("{}\n{}\n", key(i), v.len()).as_bytes());
                 body.extend_from_slice(&v);
@@ -235,41 +258,65 @@ async fn measure_depot(
         .buffer_unordered(LOADERS)
         .try_collect::<Vec<_>>()
         .await?;
-    let rate = scale.keys as f64 / started.elapsed().as_secs_f64();
+    let rate = sets.keys as f64 / started.elapsed().as_secs_f64();
     let mut conn = Connection::open(server.addr).await?;
     progress.done(1);
-    let mut warm = Vec::new();
-    for ((n, _), rounds) in sets.sizes.iter().zip(&sets.sets) {
+    let sizes = sets.sizes.len();
+    let (mut warm, mut floor_warm) = (vec![Vec::new(); sizes], vec![Vec::new(); sizes]);
+    for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
         progress.doing(&format!("{subject}: {} warm", case(*n)));
-        let mut times = Vec::new();
         for (r, keys) in rounds.iter().enumerate() {
             let ms = timed_get(&mut conn, server.addr, keys).await?;
+            let floor_ms = match floor {
+                Some(floor) => Some(floor.get_blocking(keys.clone(), false).await?),
+                None => None,
+            };
+            // The first request of a size warms up.
             if r > 0 {
-                times.push(ms);
+                warm[size].push(ms);
+                floor_warm[size].extend(floor_ms);
             }
         }
-        warm.push(times);
         progress.done(1);
     }
-    let cold = match cold_possible {
-        Err(why) => Err(why.clone()),
+    let (cold, floor_cold) = match cold_possible {
+        Err(why) => (Err(why.clone()), Err(why.clone())),
         Ok(()) => {
-            let mut cold = Vec::new();
-            for ((n, _), rounds) in sets.sizes.iter().zip(&sets.sets) {
+            let (mut cold, mut floor_cold) = (vec![Vec::new(); sizes], vec![Vec::new(); sizes]);
+            for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
                 progress.doing(&format!("{subject}: {} cold", case(*n)));
-                let mut times = Vec::new();
                 for keys in &rounds[1..] {
                     server.restart_cold()?;
                     let mut conn = Connection::open(server.addr).await?;
-                    times.push(timed_get(&mut conn, server.addr, keys).await?);
+                    cold[size].push(timed_get(&mut conn, server.addr, keys).await?);
+                    if let Some(floor) = floor {
+                        floor_cold[size].push(floor.get_blocking(keys.clone(), true).await?);
+                    }
                 }
-                cold.push(times);
                 progress.done(1);
             }
-            Ok(cold)
+            (Ok(cold), Ok(floor_cold))
         }
     };
-    Ok((rate, Timings { warm, cold }))
+    let beside = floor.map(|_| Timings { warm: floor_warm, cold: floor_cold });
+    Ok((rate, Timings { warm, cold }, beside))
+}
+
+/// Depot's times as multiples of the floor's beside them, request by request.
+fn ratio_rows(subject: &str, sets: &KeySets, depot: &Timings, floor: &Timings) -> Vec<Row> {
+    let ratios = |d: &[f64], f: &[f64]| d.iter().zip(f).map(|(d, f)| d / f).collect::<Vec<_>>();
+    let mut rows = Vec::new();
+    for (i, (n, _)) in sets.sizes.iter().enumerate() {
+        if let Some(s) = Summary::of(&ratios(&depot.warm[i], &floor.warm[i])) {
+            rows.push(Row::measured(NAME, &case(*n), &format!("{subject} (warm)"), RATIO, s));
+        }
+        if let (Ok(d), Ok(f)) = (&depot.cold, &floor.cold)
+            && let Some(s) = Summary::of(&ratios(&d[i], &f[i]))
+        {
+            rows.push(Row::measured(NAME, &case(*n), &format!("{subject} (cold)"), RATIO, s));
+        }
+    }
+    rows
 }
 
 /// Times one `/_/batch/get` of `keys`, in milliseconds, and checks that
@@ -317,19 +364,42 @@ fn batch_lengths(mut body: &[u8]) -> anyhow::Result<Vec<Option<usize>>> {
     Ok(out)
 }
 
-/// RocksDB's in-process `multi_get` of the same keys: the floor.
-fn floor(dir: &std::path::Path, scale: Scale, sets: &KeySets, cold: Result<(), String>) -> anyhow::Result<Timings> {
-    let open = || rocksdb::DB::open_default(dir).context("opening the RocksDB floor");
-    let db = open()?;
-    for first in (0..scale.keys).step_by(LOAD_BATCH) {
-        let mut batch = rocksdb::WriteBatch::default();
-        for i in first..(first + LOAD_BATCH).min(scale.keys) {
-            batch.put(key(i), value(i));
+/// RocksDB's in-process `multi_get` of the same keys, in a database of its
+/// own: the floor.
+struct Floor {
+    dir: std::path::PathBuf,
+    db: std::sync::Mutex<Option<rocksdb::DB>>,
+}
+
+impl Floor {
+    /// Loads every key into a fresh database at `dir`.
+    fn load(dir: &std::path::Path, scale: Scale) -> anyhow::Result<Floor> {
+        let _ = std::fs::remove_dir_all(dir);
+        let db = rocksdb::DB::open_default(dir).context("opening the RocksDB floor")?;
+        for first in (0..scale.keys).step_by(LOAD_BATCH) {
+            let mut batch = rocksdb::WriteBatch::default();
+            for i in first..(first + LOAD_BATCH).min(scale.keys) {
+                batch.put(key(i), value(i));
+            }
+            db.write(batch)?;
         }
-        db.write(batch)?;
+        db.flush()?;
+        Ok(Floor { dir: dir.to_path_buf(), db: std::sync::Mutex::new(Some(db)) })
     }
-    db.flush()?;
-    let get = |db: &rocksdb::DB, keys: &[usize]| -> anyhow::Result<f64> {
+
+    /// Times one `multi_get` of `keys` in milliseconds, checking every
+    /// value; `cold` first closes the database, drops the page cache and
+    /// opens it again.
+    fn get(&self, keys: &[usize], cold: bool) -> anyhow::Result<f64> {
+        let mut db = self.db.lock().map_err(|_| anyhow::anyhow!("the floor's lock is poisoned"))?;
+        if cold || db.is_none() {
+            *db = None;
+            if cold {
+                drop_caches().map_err(anyhow::Error::msg)?;
+            }
+            *db = Some(rocksdb::DB::open_default(&self.dir).context("opening the RocksDB floor")?);
+        }
+        let db = db.as_ref().context("the floor is open")?;
         let names: Vec<String> = keys.iter().map(|i| key(*i)).collect();
         let started = Instant::now();
         let values = db.multi_get(&names);
@@ -340,36 +410,57 @@ fn floor(dir: &std::path::Path, scale: Scale, sets: &KeySets, cold: Result<(), S
             }
         }
         Ok(ms(elapsed))
-    };
-    let mut warm = Vec::new();
-    for rounds in &sets.sets {
-        let mut times = Vec::new();
-        for (r, keys) in rounds.iter().enumerate() {
-            let t = get(&db, keys)?;
-            if r > 0 {
-                times.push(t);
-            }
-        }
-        warm.push(times);
     }
-    drop(db);
-    let cold = match cold {
-        Err(why) => Err(why),
-        Ok(()) => {
-            let mut cold = Vec::new();
-            for rounds in &sets.sets {
-                let mut times = Vec::new();
-                for keys in &rounds[1..] {
-                    drop_caches().map_err(anyhow::Error::msg)?;
-                    let db = open()?;
-                    times.push(get(&db, keys)?);
+
+    async fn get_blocking(self: &Arc<Self>, keys: Vec<usize>, cold: bool) -> anyhow::Result<f64> {
+        let floor = self.clone();
+        tokio::task::spawn_blocking(move || floor.get(&keys, cold)).await?
+    }
+
+    /// Every batch size timed warm, then cold, with no server beside it.
+    fn alone(&self, sets: &KeySets, cold: Result<(), String>) -> anyhow::Result<Timings> {
+        let mut warm = Vec::new();
+        for rounds in &sets.sets {
+            let mut times = Vec::new();
+            for (r, keys) in rounds.iter().enumerate() {
+                let t = self.get(keys, false)?;
+                if r > 0 {
+                    times.push(t);
                 }
-                cold.push(times);
             }
-            Ok(cold)
+            warm.push(times);
         }
-    };
-    Ok(Timings { warm, cold })
+        let cold = match cold {
+            Err(why) => Err(why),
+            Ok(()) => sets
+                .sets
+                .iter()
+                .map(|rounds| rounds[1..].iter().map(|keys| self.get(keys, true)).collect())
+                .collect::<anyhow::Result<_>>()
+                .map_err(|e| format!("{e:#}")),
+        };
+        Ok(Timings { warm, cold })
+    }
+}
+
+impl Timings {
+    /// Adds the runs of `other`, size by size.
+    fn add(&mut self, other: &Timings) {
+        for (mine, theirs) in self.warm.iter_mut().zip(&other.warm) {
+            mine.extend(theirs);
+        }
+        self.cold = match (std::mem::replace(&mut self.cold, Ok(vec![])), &other.cold) {
+            (Ok(mut mine), Ok(theirs)) => {
+                mine.resize(theirs.len().max(mine.len()), Vec::new());
+                for (m, t) in mine.iter_mut().zip(theirs) {
+                    m.extend(t);
+                }
+                Ok(mine)
+            }
+            (Err(why), _) => Err(why),
+            (_, Err(why)) => Err(why.clone()),
+        };
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use rustix::io::{Errno, ReadWriteFlags};
 
 use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
@@ -22,6 +23,8 @@ use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Di
 const NAME: &str = "fs";
 /// Bytes gathered before one write system call, and the size of read chunks.
 const IO_CHUNK: usize = 256 * 1024;
+/// Chunks of a file read at once while streaming it.
+const READ_AHEAD: usize = 2;
 
 /// The file-system engine; clones share one directory.
 #[derive(Clone, Debug)]
@@ -320,22 +323,25 @@ fn walk_blobs(blobs: &Path, mut visit: impl FnMut(&Path, &fs::Metadata)) -> Resu
     Ok(out)
 }
 
-/// Streams `range` of a file in chunks, each read when the consumer asks
-/// for it; the stream ends after an error.
+/// Streams `range` of a file in chunks. The chunk after the one the
+/// consumer takes is read meanwhile, so a cold file's next read waits on
+/// the disk while the last one goes out to the client. The stream ends
+/// after an error.
 fn read_file_range(file: File, range: ByteRange) -> ByteStream {
     let file = Arc::new(file);
-    let chunks = futures::stream::unfold(Some(range.start), move |at| {
-        let file = file.clone();
-        async move {
-            let at = at.filter(|at| *at < range.end)?;
+    let reads = futures::stream::iter((range.start..range.end).step_by(IO_CHUNK))
+        .map(move |at| {
+            let file = file.clone();
             let n = (range.end - at).min(IO_CHUNK as u64) as usize;
-            match read_chunk(&file, at, n).await {
-                Ok(chunk) => Some((Ok(chunk), Some(at + n as u64))),
-                Err(e) => Some((Err(e), None)),
-            }
-        }
-    });
-    Box::pin(chunks)
+            async move { read_chunk(&file, at, n).await }
+        })
+        .buffered(READ_AHEAD);
+    let mut failed = false;
+    Box::pin(reads.take_while(move |chunk| {
+        let go = !failed;
+        failed |= chunk.is_err();
+        futures::future::ready(go)
+    }))
 }
 
 /// `n` bytes at `offset`. Bytes in the page cache are read on the calling
@@ -436,5 +442,18 @@ mod tests {
             .unwrap();
         let err = engine.read_to_vec(&blob, ByteRange::full(blob.size)).await.unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_ends_at_its_first_error_though_later_chunks_were_read_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FsEngine::open(dir.path()).unwrap();
+        let bytes = conformance::pattern(4 * IO_CHUNK, 9);
+        let blob = engine.put_bytes(bytes.clone()).await.unwrap();
+        File::options().write(true).open(engine.blob_path(&blob.digest)).unwrap().set_len(IO_CHUNK as u64).unwrap();
+        let items: Vec<_> = engine.read(&blob, ByteRange::full(blob.size)).await.unwrap().collect().await;
+        assert_eq!(items.len(), 2, "the first chunk, then one error");
+        assert_eq!(items[0].as_ref().unwrap(), &bytes[..IO_CHUNK]);
+        assert!(items[1].as_ref().is_err_and(|e| e.to_string().contains("truncated")));
     }
 }
