@@ -109,7 +109,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     progress.done(1);
     // Each timed request to depot is followed by the floor's of the same
     // keys, so both see the machine in the same state.
-    let mut floor_times = Timings { warm: vec![Vec::new(); sets.sizes.len()], cold: Ok(vec![]) };
+    let mut floor_times = Timings::empty(sets.sizes.len());
     let mut paired = false;
     for (i, engine) in settings.engines.iter().enumerate() {
         let subject = engine.subject();
@@ -261,8 +261,7 @@ async fn measure_depot(
     let rate = sets.keys as f64 / started.elapsed().as_secs_f64();
     let mut conn = Connection::open(server.addr).await?;
     progress.done(1);
-    let sizes = sets.sizes.len();
-    let (mut warm, mut floor_warm) = (vec![Vec::new(); sizes], vec![Vec::new(); sizes]);
+    let (mut depot, mut beside) = (Timings::empty(sets.sizes.len()), Timings::empty(sets.sizes.len()));
     for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
         progress.doing(&format!("{subject}: {} warm", case(*n)));
         for (r, keys) in rounds.iter().enumerate() {
@@ -273,33 +272,29 @@ async fn measure_depot(
             };
             // The first request of a size warms up.
             if r > 0 {
-                warm[size].push(ms);
-                floor_warm[size].extend(floor_ms);
+                depot.warm[size].push(ms);
+                beside.warm[size].extend(floor_ms);
             }
         }
         progress.done(1);
     }
-    let (cold, floor_cold) = match cold_possible {
-        Err(why) => (Err(why.clone()), Err(why.clone())),
-        Ok(()) => {
-            let (mut cold, mut floor_cold) = (vec![Vec::new(); sizes], vec![Vec::new(); sizes]);
-            for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
-                progress.doing(&format!("{subject}: {} cold", case(*n)));
-                for keys in &rounds[1..] {
-                    server.restart_cold()?;
-                    let mut conn = Connection::open(server.addr).await?;
-                    cold[size].push(timed_get(&mut conn, server.addr, keys).await?);
-                    if let Some(floor) = floor {
-                        floor_cold[size].push(floor.get_blocking(keys.clone(), true).await?);
-                    }
-                }
-                progress.done(1);
+    if let Err(why) = cold_possible {
+        (depot.cold, beside.cold) = (Err(why.clone()), Err(why.clone()));
+    }
+    for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
+        let (Ok(cold), Ok(floor_cold)) = (&mut depot.cold, &mut beside.cold) else { break };
+        progress.doing(&format!("{subject}: {} cold", case(*n)));
+        for keys in &rounds[1..] {
+            server.restart_cold()?;
+            let mut conn = Connection::open(server.addr).await?;
+            cold[size].push(timed_get(&mut conn, server.addr, keys).await?);
+            if let Some(floor) = floor {
+                floor_cold[size].push(floor.get_blocking(keys.clone(), true).await?);
             }
-            (Ok(cold), Ok(floor_cold))
         }
-    };
-    let beside = floor.map(|_| Timings { warm: floor_warm, cold: floor_cold });
-    Ok((rate, Timings { warm, cold }, beside))
+        progress.done(1);
+    }
+    Ok((rate, depot, floor.map(|_| beside)))
 }
 
 /// Depot's times as multiples of the floor's beside them, request by request.
@@ -444,22 +439,22 @@ impl Floor {
 }
 
 impl Timings {
+    /// No runs yet, for `sizes` batch sizes.
+    fn empty(sizes: usize) -> Timings {
+        Timings { warm: vec![Vec::new(); sizes], cold: Ok(vec![Vec::new(); sizes]) }
+    }
+
     /// Adds the runs of `other`, size by size.
     fn add(&mut self, other: &Timings) {
-        for (mine, theirs) in self.warm.iter_mut().zip(&other.warm) {
-            mine.extend(theirs);
-        }
-        self.cold = match (std::mem::replace(&mut self.cold, Ok(vec![])), &other.cold) {
-            (Ok(mut mine), Ok(theirs)) => {
-                mine.resize(theirs.len().max(mine.len()), Vec::new());
-                for (m, t) in mine.iter_mut().zip(theirs) {
-                    m.extend(t);
-                }
-                Ok(mine)
-            }
-            (Err(why), _) => Err(why),
-            (_, Err(why)) => Err(why.clone()),
+        let extend_each = |mine: &mut Vec<Vec<f64>>, theirs: &[Vec<f64>]| {
+            mine.iter_mut().zip(theirs).for_each(|(m, t)| m.extend(t));
         };
+        extend_each(&mut self.warm, &other.warm);
+        match (&mut self.cold, &other.cold) {
+            (Ok(mine), Ok(theirs)) => extend_each(mine, theirs),
+            (Ok(_), Err(why)) => self.cold = Err(why.clone()),
+            (Err(_), _) => {}
+        }
     }
 }
 
