@@ -261,10 +261,12 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
     let first_ack_after = first_ack_after.expect("no write was acknowledged after the server came back");
     assert!(first_ack_after < Duration::from_secs(3));
     let present = ledger.assert_survivors(&server.url).await;
-    let some_key = present.keys().next().expect("a key holds an object").clone();
-
+    let (some_key, some_digest) = present.into_iter().next().expect("a key holds an object");
     let doomed = server.object_url("files", "doomed");
     assert!(http.put(&doomed).body("bytes").send().await.unwrap().status().is_success());
+    // Written and never read: its bytes are in the backend alone.
+    let unread = server.object_url("files", "unread");
+    assert!(http.put(&unread).body(pattern(70_000, 11)).send().await.unwrap().status().is_success());
 
     // Down for good: writes and reads fail fast with 503 and a message.
     backend = tokio::task::spawn_blocking(move || {
@@ -275,7 +277,7 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
     .unwrap();
     for (what, request) in [
         ("a write", http.put(server.object_url("files", "while-down")).body(pattern(70_000, 9))),
-        ("a read", http.get(server.object_url("files", &some_key))),
+        ("a read", http.get(&unread)),
     ] {
         let started = Instant::now();
         let r = request.send().await.unwrap();
@@ -286,6 +288,11 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
         eprintln!("{name} down: {what} answered 503 in {waited:?}: {}", body["message"]);
         assert!(waited < Duration::from_secs(20), "a dead {name} took {waited:?} to report");
     }
+    // A small object read lately is answered from memory, where its digest
+    // names its bytes.
+    let hot = http.get(server.object_url("files", &some_key)).send().await.unwrap();
+    assert_eq!(hot.status(), 200, "a read of a hot object while {name} is down");
+    assert_eq!(sha256_hex(&hot.bytes().await.unwrap()), some_digest);
     // What needs the catalog only goes on: unlike a catalog outage
     // (tests/postgres_outage.rs), an engine outage leaves names readable,
     // and deletes take effect (the bytes go at the next collection).
@@ -311,7 +318,7 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
     backend.signal("STOP");
     let started = Instant::now();
     let write = tokio::spawn(http.put(server.object_url("files", "hung")).body(pattern(70_000, 10)).send());
-    let read = tokio::spawn(http.get(server.object_url("files", &some_key)).send());
+    let read = tokio::spawn(http.get(&unread).send());
     let (write, read) = (write.await.unwrap().unwrap(), read.await.unwrap().unwrap());
     let waited = started.elapsed();
     eprintln!("{name} hung: the write answered {}, the read {}, after {waited:?}", write.status(), read.status());

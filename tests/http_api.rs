@@ -376,6 +376,40 @@ async fn batch_get_answers_each_key_in_request_order() {
 }
 
 #[tokio::test]
+async fn a_batch_looked_up_in_several_windows_is_answered_in_request_order() {
+    let s = Server::start(&[]);
+    // 1,700 small values and one streamed past the small-object size.
+    const STORED: usize = 1700;
+    let value = |i: usize| if i == 300 { pattern(70_000, 5) } else { format!("value {i}").into_bytes() };
+    let mut put = Vec::new();
+    for i in 0..STORED {
+        let v = value(i);
+        put.extend_from_slice(format!("k{i}\n{}\n", v.len()).as_bytes());
+        put.extend_from_slice(&v);
+        put.push(b'\n');
+    }
+    assert_eq!(batch(&s, "put", &put).await.status(), 200);
+    // 5,000 keys: the first window's all stored, the later ones' all
+    // missing, so the later lookups, looked up beside it, end first.
+    let (mut keys, mut want) = (String::new(), Vec::new());
+    for i in 0..5000 {
+        keys.push_str(&format!("k{i}\n"));
+        if i < STORED {
+            let v = value(i);
+            want.extend_from_slice(format!("{}\n", v.len()).as_bytes());
+            want.extend_from_slice(&v);
+            want.push(b'\n');
+        } else {
+            want.extend_from_slice(b"-1\n");
+        }
+    }
+    let r = batch(&s, "get", keys.as_bytes()).await;
+    assert_eq!(r.status(), 200);
+    let got = r.bytes().await.unwrap();
+    assert!(got == want, "the answer differs from byte {:?}", got.iter().zip(&want).position(|(a, b)| a != b));
+}
+
+#[tokio::test]
 async fn batch_put_stores_every_entry() {
     let s = Server::start(&[]);
     let big = pattern(70_000, 4);

@@ -19,8 +19,14 @@ use super::native::{query, query_value, read_body};
 use super::{App, Request, Response, json};
 use crate::store::StoreError;
 
-/// Keys looked up in one catalog round.
+/// Most keys looked up in one catalog round.
 const WINDOW: usize = 4096;
+/// Fewest keys in a window, when a batch is split to be looked up on
+/// several threads.
+const MIN_WINDOW: usize = 256;
+/// Windows looked up at once: the lookups run on the blocking pool, so
+/// every core takes a share of one batch.
+const LOOKAHEAD: usize = 3;
 /// Objects up to this size are read for a whole window at once.
 const SMALL: u64 = 64 * 1024;
 /// Bytes gathered before a piece of the answer is sent.
@@ -78,6 +84,14 @@ pub(super) async fn get(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
     Ok(r)
 }
 
+/// Keys per window for a batch of `keys`: large enough that a lookup
+/// amortises its trip to the blocking pool, small enough that even a
+/// batch of a thousand keys is shared among the lookups in flight.
+fn window_size(keys: usize) -> usize {
+    let windows = keys.div_ceil(WINDOW).max(1).next_multiple_of(LOOKAHEAD);
+    keys.div_ceil(windows).clamp(MIN_WINDOW, WINDOW)
+}
+
 async fn answer_gets(
     app: &App,
     bucket: &str,
@@ -86,13 +100,22 @@ async fn answer_gets(
 ) -> Result<(), StoreError> {
     let mut out = BytesMut::with_capacity(SEND_AT * 2);
     let closed = || StoreError::Internal("client went away".into());
-    for window in keys.chunks(WINDOW) {
-        let found = app.store.get_many(bucket, window).await?;
-        // Small objects of the window come from the engine in one call;
-        // larger ones stream one by one.
-        let small: Vec<_> =
-            found.iter().flatten().filter(|(r, _)| r.size <= SMALL).flat_map(|(_, b)| b.clone()).collect();
-        let mut small = app.store.read_small(&small).await?.into_iter();
+    let store = &app.store;
+    // Small objects of a window come from the engine in one call; larger
+    // ones stream one by one, as the answer reaches them.
+    let size = window_size(keys.len());
+    let mut windows = futures::stream::iter((0..keys.len()).step_by(size))
+        .map(|from| async move {
+            let found = store.get_many(bucket, &keys[from..keys.len().min(from + size)]).await?;
+            let small: Vec<_> =
+                found.iter().flatten().filter(|(r, _)| r.size <= SMALL).flat_map(|(_, b)| b.clone()).collect();
+            let small = store.read_small(&small).await?;
+            Ok::<_, StoreError>((found, small))
+        })
+        .buffered(LOOKAHEAD);
+    while let Some(window) = windows.next().await {
+        let (found, small) = window?;
+        let mut small = small.into_iter();
         for entry in found {
             let Some((record, blobs)) = entry else {
                 out.extend_from_slice(b"-1\n");
@@ -295,6 +318,17 @@ mod tests {
         assert!(f.line(3).await.is_err());
         let mut f = framed(&[b"abc"]);
         assert!(f.line(10).await.is_err());
+    }
+
+    #[test]
+    fn batches_are_split_into_even_windows_for_every_lookup_in_flight() {
+        let windows = |keys: usize| keys.div_ceil(window_size(keys));
+        assert_eq!(windows(50), 1, "a small batch is one lookup");
+        assert_eq!(windows(1000), LOOKAHEAD);
+        assert_eq!(windows(100_000) % LOOKAHEAD, 0);
+        for keys in [0, 1, 255, 256, 1000, 4096, 12_289, 100_000, 1_000_000] {
+            assert!((MIN_WINDOW..=WINDOW).contains(&window_size(keys)), "{keys} keys");
+        }
     }
 
     #[test]

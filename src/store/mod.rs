@@ -10,6 +10,7 @@
 
 mod guards;
 mod hashes;
+mod hot;
 pub mod maintenance;
 #[cfg(test)]
 pub(crate) mod model_tests;
@@ -31,6 +32,7 @@ use crate::engine::{
     BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
 };
 use guards::BlobGuards;
+use hot::HotBlobs;
 pub use multipart::{MIN_PART_SIZE, UploadInfo};
 
 /// The bucket every store has from its first start.
@@ -202,6 +204,19 @@ impl Written {
 }
 
 /// An engine's "not found" for a blob the catalog has: lost bytes, a 500.
+/// `range` of a body already in memory, as a stream of one chunk.
+fn slice_of(body: Bytes, range: ByteRange) -> ByteStream {
+    let part = if range.end <= body.len() as u64 {
+        Ok(body.slice(range.start as usize..range.end as usize))
+    } else {
+        Err(EngineError::other(
+            "store",
+            format!("a blob of {} bytes has no bytes {}..{}", body.len(), range.start, range.end),
+        ))
+    };
+    Box::pin(futures::stream::once(async { part }))
+}
+
 fn missing_bytes(e: EngineError) -> StoreError {
     match e {
         EngineError::NotFound(d) => {
@@ -229,6 +244,8 @@ pub struct Store {
     engine: DynEngine,
     config: StoreConfig,
     guards: BlobGuards,
+    /// Small blobs read lately, served without a lookup.
+    hot: HotBlobs,
     /// Set after a failed sync: writes stay refused until restart.
     poisoned: AtomicBool,
     put_time: PutTime,
@@ -266,6 +283,7 @@ impl Store {
             engine,
             config,
             guards: BlobGuards::default(),
+            hot: HotBlobs::default(),
             poisoned: AtomicBool::new(false),
             put_time: PutTime::default(),
             maintenance: tokio::sync::Mutex::new(()),
@@ -518,6 +536,11 @@ impl Store {
             let within = ByteRange { start: range.start.max(start) - start, end: range.end.min(end) - start };
             pieces.push((part.digest, within));
         }
+        if let [(digest, within)] = pieces.as_slice()
+            && let Some(body) = self.hot.get(digest)
+        {
+            return Ok(slice_of(body, *within));
+        }
         let digests: Vec<Digest> = pieces.iter().map(|(d, _)| *d).collect();
         let blobs = self.catalog.get_blobs(&digests).await?;
         let mut refs = Vec::with_capacity(pieces.len());
@@ -528,6 +551,11 @@ impl Store {
         }
         if refs.len() == 1 {
             let (blob, within) = refs.pop().expect("one part");
+            if blob.size <= hot::LARGEST {
+                let whole = self.read_blob_range(&blob, ByteRange::full(blob.size)).await?;
+                let body = self.hot.fill(blob.digest, blob.size, whole).await.map_err(missing_bytes)?;
+                return Ok(slice_of(body, within));
+            }
             return self.read_blob_range(&blob, within).await;
         }
         let engine = self.engine.clone();
@@ -848,5 +876,29 @@ mod tests {
         faulty.faults.reads.set(Trigger::Always);
         let record = store.head("files", "k").await.unwrap();
         assert!(matches!(store.read(&record, ByteRange::full(5)).await, Err(StoreError::Internal(_))));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_small_object_once_read_is_answered_from_memory() {
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
+        let (store, _dir) = store_over(faulty.clone()).await;
+        let big: &'static [u8] = Box::leak(vec![7; hot::LARGEST as usize + 1].into_boxed_slice());
+        for (key, bytes) in [("hot", &b"hot bytes"[..]), ("unread", b"never read"), ("big", big)] {
+            store.put("files", key, body(bytes), PutOptions::default()).await.unwrap();
+        }
+        assert_eq!(read_all(&store, "files", "hot").await, b"hot bytes");
+        assert_eq!(read_all(&store, "files", "big").await, big);
+        faulty.faults.reads.set(Trigger::Always);
+        assert_eq!(read_all(&store, "files", "hot").await, b"hot bytes");
+        let record = store.head("files", "hot").await.unwrap();
+        let part: Vec<Bytes> =
+            store.read(&record, ByteRange { start: 4, end: 9 }).await.unwrap().try_collect().await.unwrap();
+        assert_eq!(part.concat(), b"bytes");
+        // Never read, or too large to keep: the engine is asked, and fails.
+        for key in ["unread", "big"] {
+            let record = store.head("files", key).await.unwrap();
+            let r = store.read(&record, ByteRange::full(record.size)).await;
+            assert!(matches!(r, Err(StoreError::Internal(_))), "{key}");
+        }
     }
 }

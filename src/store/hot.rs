@@ -1,0 +1,111 @@
+//! Bodies of small blobs read lately, by digest: a hot object is answered
+//! from memory, without a catalog lookup, an engine read or a copy, as a
+//! hot file is answered from the page cache.
+//!
+//! A digest names its content, so an entry is never stale: whatever record
+//! points at a digest, the cached body is its bytes. Verification and
+//! backups read the engine itself, never this cache.
+
+use bytes::{Bytes, BytesMut};
+use futures::TryStreamExt;
+
+use crate::engine::{ByteStream, Digest, EngineError};
+
+/// Largest blob kept: the engine's small side holds blobs up to the inline
+/// threshold (256 KiB by default), and larger files are streamed.
+pub const LARGEST: u64 = 256 * 1024;
+/// Bytes of bodies kept, as much as RocksDB's default block cache.
+const CAPACITY: u64 = 32 << 20;
+/// What an entry costs besides its body: key, handle and bookkeeping.
+const ENTRY_OVERHEAD: u32 = 128;
+
+pub struct HotBlobs {
+    bodies: moka::sync::Cache<Digest, Bytes>,
+}
+
+impl Default for HotBlobs {
+    fn default() -> Self {
+        HotBlobs::with_capacity(CAPACITY)
+    }
+}
+
+impl HotBlobs {
+    pub fn with_capacity(bytes: u64) -> HotBlobs {
+        let bodies = moka::sync::Cache::builder()
+            .max_capacity(bytes)
+            .weigher(|_: &Digest, body: &Bytes| ENTRY_OVERHEAD.saturating_add(body.len() as u32))
+            .build();
+        HotBlobs { bodies }
+    }
+
+    pub fn get(&self, digest: &Digest) -> Option<Bytes> {
+        self.bodies.get(digest)
+    }
+
+    /// Reads a whole blob of `size` bytes from `stream` and keeps it.
+    pub async fn fill(&self, digest: Digest, size: u64, mut stream: ByteStream) -> Result<Bytes, EngineError> {
+        let mut chunks = Vec::new();
+        while let Some(chunk) = stream.try_next().await? {
+            chunks.push(chunk);
+        }
+        // The engines give a small blob as one chunk: kept as it came.
+        let body = match chunks.as_slice() {
+            [one] => one.clone(),
+            _ => {
+                let mut body = BytesMut::with_capacity(size.min(LARGEST) as usize);
+                chunks.iter().for_each(|c| body.extend_from_slice(c));
+                body.freeze()
+            }
+        };
+        if body.len() as u64 != size {
+            return Err(EngineError::other("store", format!("blob {digest}: read {} of {size} bytes", body.len())));
+        }
+        self.bodies.insert(digest, body.clone());
+        Ok(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(chunks: &[&'static [u8]]) -> ByteStream {
+        let chunks: Vec<Result<Bytes, EngineError>> = chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+        Box::pin(futures::stream::iter(chunks))
+    }
+
+    #[tokio::test]
+    async fn a_blob_read_in_pieces_is_kept_whole() {
+        let hot = HotBlobs::default();
+        let d = Digest([1; 32]);
+        let body = hot.fill(d, 6, stream(&[b"ab", b"", b"cd", b"ef"])).await.unwrap();
+        assert_eq!(&body[..], b"abcdef");
+        assert_eq!(hot.get(&d).as_deref(), Some(&b"abcdef"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_short_or_failed_read_keeps_nothing() {
+        let hot = HotBlobs::default();
+        let d = Digest([2; 32]);
+        let err = hot.fill(d, 7, stream(&[b"abc", b"def"])).await.unwrap_err();
+        assert!(err.to_string().contains("read 6 of 7 bytes"), "{err}");
+        let failing: ByteStream = Box::pin(futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"abc")),
+            Err(EngineError::other("test", "disk gone")),
+        ]));
+        assert!(hot.fill(d, 3, failing).await.is_err());
+        assert!(hot.get(&d).is_none());
+    }
+
+    #[tokio::test]
+    async fn the_capacity_bounds_what_is_kept() {
+        let hot = HotBlobs::with_capacity(64 * 1024);
+        for i in 0..64u8 {
+            let body: &'static [u8] = Box::leak(vec![i; 4096].into_boxed_slice());
+            hot.fill(Digest([i; 32]), 4096, stream(&[body])).await.unwrap();
+        }
+        hot.bodies.run_pending_tasks();
+        assert!(hot.bodies.weighted_size() <= 64 * 1024, "{} bytes kept", hot.bodies.weighted_size());
+        assert!(hot.bodies.entry_count() < 64);
+    }
+}
