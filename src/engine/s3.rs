@@ -814,10 +814,12 @@ mod tests {
                 tokio::spawn(async move {
                     let mut buf = vec![0; 64 * 1024];
                     while let Ok(n) = upstream_read.read(&mut buf).await {
+                        // Counted before the client can see them, so a
+                        // count read after an answer includes all of it.
+                        counter.fetch_add(n as u64, Ordering::SeqCst);
                         if n == 0 || client_write.write_all(&buf[..n]).await.is_err() {
                             break;
                         }
-                        counter.fetch_add(n as u64, Ordering::SeqCst);
                     }
                 });
             }
