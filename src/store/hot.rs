@@ -42,24 +42,22 @@ impl HotBlobs {
         self.bodies.get(digest)
     }
 
-    /// Reads a whole blob of `size` bytes from `stream` and keeps it.
+    /// Reads a whole blob of `size` bytes from `stream` and keeps it, in a
+    /// buffer of its own: a chunk an engine hands over may be a view into a
+    /// larger buffer, which a kept view would hold on to unweighed.
     pub async fn fill(&self, digest: Digest, size: u64, mut stream: ByteStream) -> Result<Bytes, EngineError> {
-        let mut chunks = Vec::new();
+        let short = |read: usize| EngineError::other("store", format!("blob {digest}: read {read} of {size} bytes"));
+        let mut body = BytesMut::with_capacity(size.min(LARGEST) as usize);
         while let Some(chunk) = stream.try_next().await? {
-            chunks.push(chunk);
-        }
-        // The engines give a small blob as one chunk: kept as it came.
-        let body = match chunks.as_slice() {
-            [one] => one.clone(),
-            _ => {
-                let mut body = BytesMut::with_capacity(size.min(LARGEST) as usize);
-                chunks.iter().for_each(|c| body.extend_from_slice(c));
-                body.freeze()
+            if (body.len() + chunk.len()) as u64 > size {
+                return Err(short(body.len() + chunk.len()));
             }
-        };
-        if body.len() as u64 != size {
-            return Err(EngineError::other("store", format!("blob {digest}: read {} of {size} bytes", body.len())));
+            body.extend_from_slice(&chunk);
         }
+        if body.len() as u64 != size {
+            return Err(short(body.len()));
+        }
+        let body = body.freeze();
         self.bodies.insert(digest, body.clone());
         Ok(body)
     }
@@ -84,11 +82,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_short_or_failed_read_keeps_nothing() {
+    async fn a_short_long_or_failed_read_keeps_nothing() {
         let hot = HotBlobs::default();
         let d = Digest([2; 32]);
         let err = hot.fill(d, 7, stream(&[b"abc", b"def"])).await.unwrap_err();
         assert!(err.to_string().contains("read 6 of 7 bytes"), "{err}");
+        let err = hot.fill(d, 5, stream(&[b"abc", b"def"])).await.unwrap_err();
+        assert!(err.to_string().contains("read 6 of 5 bytes"), "{err}");
         let failing: ByteStream = Box::pin(futures::stream::iter(vec![
             Ok(Bytes::from_static(b"abc")),
             Err(EngineError::other("test", "disk gone")),

@@ -203,7 +203,6 @@ impl Written {
     }
 }
 
-/// An engine's "not found" for a blob the catalog has: lost bytes, a 500.
 /// `range` of a body already in memory, as a stream of one chunk.
 fn slice_of(body: Bytes, range: ByteRange) -> ByteStream {
     let part = if range.end <= body.len() as u64 {
@@ -217,6 +216,7 @@ fn slice_of(body: Bytes, range: ByteRange) -> ByteStream {
     Box::pin(futures::stream::once(async { part }))
 }
 
+/// An engine's "not found" for a blob the catalog has: lost bytes, a 500.
 fn missing_bytes(e: EngineError) -> StoreError {
     match e {
         EngineError::NotFound(d) => {
