@@ -496,12 +496,22 @@ async fn health_and_prometheus_metrics() {
     assert!(after.contains(puts), "{after}");
     let catalog_secs = after.lines().find_map(|l| l.strip_prefix("depot_put_seconds_total{phase=\"catalog\"} "));
     assert!(catalog_secs.and_then(|v| v.parse::<f64>().ok()).is_some_and(|t| t > 0.0), "{after}");
+    // The three keys share one body: the first read goes to the engine,
+    // the others are answered from memory.
+    for key in ["m1", "m2", "m1"] {
+        assert_eq!(read(&s, key).await, body);
+    }
+    let read_after = metrics(&s).await;
+    let delta = |name| gauge(&read_after, name) - gauge(&after, name);
+    assert_eq!((delta("depot_hot_misses_total"), delta("depot_hot_hits_total")), (1, 2), "{read_after}");
+    assert!(delta("depot_hot_bytes") >= 1000, "{read_after}");
 
     let stats: serde_json::Value = call(Method::GET, &format!("{}/_/stats", s.url)).await.json().await.unwrap();
     assert_eq!((stats["engine"].as_str(), stats["objects"].as_i64()), (Some("hybrid"), Some(3)));
     assert_eq!(stats["dedup_saved_bytes"].as_i64(), Some(2000));
     assert!(stats["disk_bytes"].as_u64().is_some_and(|n| n > 0), "{stats}");
     assert!(stats["put_seconds"]["bytes"].as_f64().is_some_and(|t| t > 0.0), "{stats}");
+    assert_eq!((stats["hot"]["hits"].as_u64(), stats["hot"]["misses"].as_u64()), (Some(2), Some(1)), "{stats}");
 }
 
 // ----- ranges -----

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::catalog::CatalogStats;
-use crate::store::PutSeconds;
+use crate::store::{HotStats, PutSeconds};
 
 /// Upper bounds of the latency histogram, in seconds.
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -36,7 +36,7 @@ impl Metrics {
     }
 
     /// The Prometheus exposition text.
-    pub fn render(&self, stats: &CatalogStats, engine: &str, put: PutSeconds) -> String {
+    pub fn render(&self, stats: &CatalogStats, engine: &str, put: PutSeconds, hot: HotStats) -> String {
         let mut out = String::new();
         out.push_str("# HELP depot_http_requests_total Requests answered, by method and status.\n");
         out.push_str("# TYPE depot_http_requests_total counter\n");
@@ -72,6 +72,9 @@ impl Metrics {
             ("depot_logical_bytes", "gauge", "Sum of object sizes.", stats.logical_bytes),
             ("depot_blobs", "gauge", "Distinct blobs stored.", stats.blobs),
             ("depot_blob_bytes", "gauge", "Sum of blob sizes: bytes stored once.", stats.blob_bytes),
+            ("depot_hot_hits_total", "counter", "Reads of small objects answered from memory.", hot.hits as i64),
+            ("depot_hot_misses_total", "counter", "Reads of small objects that went to the engine.", hot.misses as i64),
+            ("depot_hot_bytes", "gauge", "Bytes of small objects kept in memory.", hot.bytes as i64),
             (
                 "depot_dedup_saved_bytes",
                 "gauge",

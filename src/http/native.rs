@@ -122,7 +122,8 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         Endpoint::Health if read => Ok(json(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Metrics if read => {
             let stats = app.store.stats().await?;
-            let text = app.metrics.render(&stats, app.store.engine().name(), app.store.put_seconds());
+            let text =
+                app.metrics.render(&stats, app.store.engine().name(), app.store.put_seconds(), app.store.hot_stats());
             Ok(super::full(StatusCode::OK, "text/plain; version=0.0.4", text))
         }
         Endpoint::Stats if read => stats(app).await,
@@ -266,6 +267,7 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
             "dedup_saved_bytes": (stats.logical_bytes - stats.blob_bytes).max(0),
             "disk_bytes": disk,
             "put_seconds": app.store.put_seconds(),
+            "hot": app.store.hot_stats(),
         }),
     ))
 }

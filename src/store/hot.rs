@@ -6,6 +6,8 @@
 //! points at a digest, the cached body is its bytes. Verification and
 //! backups read the engine itself, never this cache.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 
@@ -21,6 +23,19 @@ const ENTRY_OVERHEAD: u32 = 128;
 
 pub struct HotBlobs {
     bodies: moka::sync::Cache<Digest, Bytes>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// What the cache did since start, and what it holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HotStats {
+    /// Reads answered from memory.
+    pub hits: u64,
+    /// Reads of small blobs that went to the engine.
+    pub misses: u64,
+    /// Bytes kept, bodies and their bookkeeping.
+    pub bytes: u64,
 }
 
 impl Default for HotBlobs {
@@ -35,17 +50,32 @@ impl HotBlobs {
             .max_capacity(bytes)
             .weigher(|_: &Digest, body: &Bytes| ENTRY_OVERHEAD.saturating_add(body.len() as u32))
             .build();
-        HotBlobs { bodies }
+        HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
     }
 
     pub fn get(&self, digest: &Digest) -> Option<Bytes> {
-        self.bodies.get(digest)
+        let body = self.bodies.get(digest);
+        if body.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        body
+    }
+
+    pub fn stats(&self) -> HotStats {
+        // The weights are summed as the cache catches up on its bookkeeping.
+        self.bodies.run_pending_tasks();
+        HotStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            bytes: self.bodies.weighted_size(),
+        }
     }
 
     /// Reads a whole blob of `size` bytes from `stream` and keeps it, in a
     /// buffer of its own: a chunk an engine hands over may be a view into a
     /// larger buffer, which a kept view would hold on to unweighed.
     pub async fn fill(&self, digest: Digest, size: u64, mut stream: ByteStream) -> Result<Bytes, EngineError> {
+        self.misses.fetch_add(1, Ordering::Relaxed);
         let short = |read: usize| EngineError::other("store", format!("blob {digest}: read {read} of {size} bytes"));
         let mut body = BytesMut::with_capacity(size.min(LARGEST) as usize);
         while let Some(chunk) = stream.try_next().await? {
@@ -79,6 +109,8 @@ mod tests {
         let body = hot.fill(d, 6, stream(&[b"ab", b"", b"cd", b"ef"])).await.unwrap();
         assert_eq!(&body[..], b"abcdef");
         assert_eq!(hot.get(&d).as_deref(), Some(&b"abcdef"[..]));
+        assert!(hot.get(&Digest([9; 32])).is_none());
+        assert_eq!(hot.stats(), HotStats { hits: 1, misses: 1, bytes: 6 + u64::from(ENTRY_OVERHEAD) });
     }
 
     #[tokio::test]

@@ -33,6 +33,7 @@ use crate::engine::{
 };
 use guards::BlobGuards;
 use hot::HotBlobs;
+pub use hot::HotStats;
 pub use multipart::{MIN_PART_SIZE, UploadInfo};
 
 /// The bucket every store has from its first start.
@@ -294,6 +295,11 @@ impl Store {
     pub fn put_seconds(&self) -> PutSeconds {
         let secs = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
         PutSeconds { bytes: secs(&self.put_time.bytes_ns), catalog: secs(&self.put_time.catalog_ns) }
+    }
+
+    /// What the cache of small bodies did since start, and holds.
+    pub fn hot_stats(&self) -> HotStats {
+        self.hot.stats()
     }
 
     pub fn engine(&self) -> &dyn BlobEngine {
