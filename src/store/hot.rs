@@ -1,6 +1,6 @@
-//! Bodies of small blobs read lately, by digest: a hot object is answered
-//! from memory, without a catalog lookup, an engine read or a copy, as a
-//! hot file is answered from the page cache.
+//! Bodies of small blobs read lately, by digest: once its object record is
+//! found, a hot object is answered from memory, without its blob record,
+//! an engine read or a copy, as a hot file is answered from the page cache.
 //!
 //! A digest names its content, so an entry is never stale: whatever record
 //! points at a digest, the cached body is its bytes. Verification and
