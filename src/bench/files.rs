@@ -441,7 +441,7 @@ impl Plain {
     /// run; reads start from a dropped page cache.
     async fn phase(&self, phase: Phase) -> anyhow::Result<f64> {
         std::fs::create_dir_all(&self.dir)?;
-        if matches!(phase, Phase::ReadSeq | Phase::Read20) {
+        if phase.reads() {
             let _ = drop_caches();
         }
         let (paths, base, n) = (self.paths.clone(), self.base.clone(), self.files);
