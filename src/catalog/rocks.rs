@@ -111,7 +111,11 @@ struct Inner {
 impl RocksCatalog {
     /// Opens (creating if needed) the catalog at `path`.
     pub fn open(path: &Path) -> Result<RocksCatalog> {
-        let opts = crate::engine::rocks::base_options();
+        let mut opts = crate::engine::rocks::base_options();
+        // Every write is made durable by the group's sync (`transact`), so
+        // the log is written there too, once per group, rather than by a
+        // `write` call per transaction on the server's threads.
+        opts.set_manual_wal_flush(true);
         let mut meta = crate::engine::rocks::base_options();
         meta.set_merge_operator_associative("stats", merge_stats);
         let cfs = vec![
