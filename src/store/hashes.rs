@@ -17,6 +17,10 @@
 //! wait for it, and their chunks pile up for it, which fills its lanes.
 //! (It is not a blocking-pool thread: uploads wait for it, and it must never
 //! wait behind them.)
+//!
+//! The lanes are `md5-many`'s: young (0.1, alpha), but the one crate that
+//! carries several incremental MD5 streams through one pass; the tests
+//! check its digests against `md-5`'s.
 
 use std::collections::VecDeque;
 use std::sync::LazyLock;
