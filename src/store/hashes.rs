@@ -259,18 +259,20 @@ impl BodyHashes {
             Md5::Here(md5) => {
                 // The shared thread starts on a whole block: hash up to one here.
                 let to_block = (BLOCK - (md5.bytes_hashed() % BLOCK as u64) as usize) % BLOCK;
-                let lanes = LANES.as_ref().filter(|q| !q.is_closed());
-                match lanes {
-                    Some(queue) if self.size > OFFLOAD && to_block <= chunk.len() => {
-                        md5.update(&chunk[..to_block]);
-                        let rest = chunk.slice(to_block..);
-                        if let Some(away) = hand_over(queue, *md5, rest.clone()).await {
-                            self.md5 = away;
-                        } else {
-                            md5.update(&rest);
-                        }
+                // Small bodies never reach (or start) the shared thread.
+                if self.size > OFFLOAD
+                    && to_block <= chunk.len()
+                    && let Some(queue) = LANES.as_ref().filter(|q| !q.is_closed())
+                {
+                    md5.update(&chunk[..to_block]);
+                    let rest = chunk.slice(to_block..);
+                    if let Some(away) = hand_over(queue, *md5, rest.clone()).await {
+                        self.md5 = away;
+                    } else {
+                        md5.update(&rest);
                     }
-                    _ => md5.update(chunk),
+                } else {
+                    md5.update(chunk);
                 }
             }
             // The thread only ends if it panicked: `finish` reports that.
