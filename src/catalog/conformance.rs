@@ -6,15 +6,15 @@ use super::{
 };
 use crate::engine::{BlobRef, Digest};
 
-fn bucket(name: &str) -> BucketRecord {
+pub(super) fn bucket(name: &str) -> BucketRecord {
     BucketRecord::new(name, "", false)
 }
 
-fn digest(n: u8) -> Digest {
+pub(super) fn digest(n: u8) -> Digest {
     Digest([n; 32])
 }
 
-fn blob(n: u8, size: u64) -> BlobRef {
+pub(super) fn blob(n: u8, size: u64) -> BlobRef {
     BlobRef { digest: digest(n), size, locator: vec![n] }
 }
 
@@ -31,7 +31,7 @@ fn record(key: &str, blobs: &[BlobRef]) -> ObjectRecord {
     }
 }
 
-fn put(bucket: &str, key: &str, blobs: &[BlobRef]) -> ObjectPut {
+pub(super) fn put(bucket: &str, key: &str, blobs: &[BlobRef]) -> ObjectPut {
     ObjectPut {
         bucket: bucket.into(),
         record: record(key, blobs),
