@@ -328,7 +328,8 @@ mod tests {
     fn batches_are_split_into_even_windows_for_every_lookup_in_flight() {
         let windows = |keys: usize| keys.div_ceil(window_size(keys));
         assert_eq!(windows(50), 1, "a small batch is one lookup");
-        assert_eq!(windows(1000), LOOKAHEAD);
+        assert_eq!(windows(1000), 4, "a thousand keys: windows of 256, fewer than the lookups in flight");
+        assert_eq!(windows(LOOKAHEAD * MIN_WINDOW), LOOKAHEAD);
         assert_eq!(windows(100_000) % LOOKAHEAD, 0);
         for keys in [0, 1, 255, 256, 1000, 4096, 12_289, 100_000, 1_000_000] {
             assert!((MIN_WINDOW..=WINDOW).contains(&window_size(keys)), "{keys} keys");
