@@ -131,8 +131,7 @@ impl RocksCatalog {
         // than the request: see RELIABILITY.md.)
         opts.set_compression_type(rocksdb::DBCompressionType::None);
         opts.set_allow_mmap_reads(true);
-        let mut table = rocksdb::BlockBasedOptions::default();
-        table.set_bloom_filter(10.0, false);
+        let mut table = crate::engine::rocks::table_options();
         table.set_data_block_index_type(rocksdb::DataBlockIndexType::BinaryAndHash);
         table.disable_cache();
         opts.set_block_based_table_factory(&table);
@@ -438,7 +437,7 @@ impl Catalog for RocksCatalog {
     async fn get_objects(&self, bucket: &str, keys: &[String]) -> Result<Vec<Option<ObjectRecord>>> {
         let bucket = bucket.to_string();
         let keys = keys.to_vec();
-        self.point_reads(keys.len() + 1, move |inner| {
+        self.point_reads(keys.len(), move |inner| {
             if !inner.bucket_exists(&bucket) {
                 return Err(CatalogError::NoSuchBucket(bucket));
             }

@@ -55,14 +55,19 @@ pub(crate) fn base_options() -> Options {
     // would keep every log file alive, up to four times all the memtables:
     // past 64 MiB of logs it is flushed, so the logs can go.
     opts.set_max_total_wal_size(64 << 20);
+    opts.set_block_based_table_factory(&table_options());
+    opts.set_memtable_whole_key_filtering(true);
+    opts.set_memtable_prefix_bloom_ratio(0.1);
+    opts
+}
+
+/// The table settings of [`base_options`], for a database that adds its own.
+pub(crate) fn table_options() -> BlockBasedOptions {
     // Most lookups on a write miss (a new key, new content): bloom filters,
     // in the tables and in the memtable, answer those without searching.
     let mut table = BlockBasedOptions::default();
     table.set_bloom_filter(10.0, false);
-    opts.set_block_based_table_factory(&table);
-    opts.set_memtable_whole_key_filtering(true);
-    opts.set_memtable_prefix_bloom_ratio(0.1);
-    opts
+    table
 }
 
 fn db_err(e: rocksdb::Error) -> EngineError {
