@@ -27,6 +27,13 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmHWM")
 }
 
+/// Of a process's resident memory, the part that maps files (`RssFile`:
+/// pages of the page cache, shared with it and reclaimable, such as the
+/// catalog's tables read through a memory map).
+pub fn file_rss(pid: u32) -> Option<u64> {
+    status_bytes(pid, "RssFile")
+}
+
 /// Clock ticks per second in `/proc/PID/stat` (`USER_HZ`, fixed at 100 in
 /// the kernel's ABI on every architecture).
 const USER_HZ: f64 = 100.0;
