@@ -87,6 +87,23 @@ impl FsEngine {
         })
     }
 
+    /// A writer into a new staging file.
+    async fn staging_writer(&self) -> Result<FsWriter> {
+        let n = self.inner.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let path = self.inner.tmp.join(format!("{}{n}", self.inner.prefix));
+        let p = path.clone();
+        let file = blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
+        Ok(FsWriter {
+            inner: self.inner.clone(),
+            path,
+            file: Arc::new(file),
+            buf: Piece::new(),
+            written: 0,
+            direct: Direct::Untried,
+            pending: None,
+        })
+    }
+
     /// The path of a blob's file. Only a digest, never a user's key, becomes
     /// part of a path.
     pub fn blob_path(&self, digest: &Digest) -> PathBuf {
@@ -128,12 +145,97 @@ struct FsWriter {
     inner: Arc<Inner>,
     path: PathBuf,
     file: Arc<File>,
-    buf: BytesMut,
+    /// The piece filling.
+    buf: Piece,
     /// Bytes handed to the file so far.
     written: u64,
-    /// The last piece's write, still running while the next piece fills:
-    /// receiving and hashing overlap with the write system call.
-    pending: Option<tokio::task::JoinHandle<Result<()>>>,
+    direct: Direct,
+    /// The last piece's write, still running while the next piece fills
+    /// (receiving and hashing overlap with the write system call); it hands
+    /// the piece back to be filled again.
+    pending: Option<tokio::task::JoinHandle<Result<Written>>>,
+}
+
+/// What a piece's write hands back.
+struct Written {
+    piece: Piece,
+    /// Whether the file is still open for direct I/O.
+    direct: bool,
+}
+
+/// Whether a staging file is open for direct I/O.
+#[derive(Clone, Copy, PartialEq)]
+enum Direct {
+    /// Not yet: no whole piece was written.
+    Untried,
+    On,
+    /// Refused by the file system, or done with for the last piece.
+    Off,
+}
+
+/// Alignment of a direct write's memory, offset and length.
+const DIRECT_ALIGN: usize = 4096;
+
+/// [`IO_CHUNK`] bytes of memory aligned for direct I/O.
+struct Piece {
+    mem: Box<[u8]>,
+    start: usize,
+    len: usize,
+}
+
+impl Piece {
+    fn new() -> Piece {
+        let mem = vec![0; IO_CHUNK + DIRECT_ALIGN].into_boxed_slice();
+        let start = mem.as_ptr().align_offset(DIRECT_ALIGN);
+        Piece { mem, start, len: 0 }
+    }
+
+    /// Copies as much of `bytes` as fits; returns how much.
+    fn fill(&mut self, bytes: &[u8]) -> usize {
+        let n = (IO_CHUNK - self.len).min(bytes.len());
+        let at = self.start + self.len;
+        self.mem[at..at + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+        n
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.mem[self.start..self.start + self.len]
+    }
+
+    fn is_full(&self) -> bool {
+        self.len == IO_CHUNK
+    }
+}
+
+/// Opens `file` for direct I/O or back: writes then go from the piece to
+/// the disk without a copy into the page cache. `false` if the file system
+/// has no direct I/O.
+fn set_direct(file: &File, on: bool) -> io::Result<bool> {
+    use rustix::fs::OFlags;
+    let flags = rustix::fs::fcntl_getfl(file)?;
+    let flags = if on { flags | OFlags::DIRECT } else { flags - OFlags::DIRECT };
+    match rustix::fs::fcntl_setfl(file, flags) {
+        Ok(()) => Ok(on),
+        Err(Errno::INVAL) if on => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes `piece` at `offset`, directly if `direct`; a direct write the
+/// file system refuses is made again through the page cache.
+fn write_piece(file: &File, piece: Piece, offset: u64, mut direct: bool) -> Result<Written> {
+    let io = |e| EngineError::io(NAME, e);
+    let mut result = file.write_all_at(piece.bytes(), offset);
+    if direct && result.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)) {
+        direct = set_direct(file, false).map_err(io)?;
+        result = file.write_all_at(piece.bytes(), offset);
+    }
+    result.map_err(io)?;
+    if !direct {
+        start_writeback(file, offset, piece.len);
+    }
+    Ok(Written { piece: Piece { len: 0, ..piece }, direct })
 }
 
 /// Starts writing a range of `file` back to the disk without waiting for
@@ -150,29 +252,38 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
 }
 
 impl FsWriter {
-    /// Waits for the last piece's write.
-    async fn settle(&mut self) -> Result<()> {
-        match self.pending.take() {
-            Some(write) => write.await.map_err(task_failed)?,
-            None => Ok(()),
+    /// Waits for the last piece's write; the piece, to fill again.
+    async fn settle(&mut self) -> Result<Option<Piece>> {
+        let Some(write) = self.pending.take() else { return Ok(None) };
+        let written = write.await.map_err(task_failed)??;
+        if !written.direct {
+            self.direct = Direct::Off;
         }
+        Ok(Some(written.piece))
     }
 
-    /// Starts writing the gathered piece once the previous one is written.
+    /// Starts writing the filled piece once the previous one is written.
+    ///
+    /// A blob's whole pieces go straight to the disk (direct I/O, as MinIO
+    /// writes large objects): copying them into the page cache and writing
+    /// them back from there took most of an upload's system time. The last
+    /// piece, of any length, goes through the page cache, which takes
+    /// lengths that are not whole disk blocks.
     async fn flush(&mut self) -> Result<()> {
-        if self.buf.is_empty() {
+        if self.buf.len == 0 {
             return Ok(());
         }
-        self.settle().await?;
-        let buf = self.buf.split().freeze();
-        let file = self.file.clone();
-        let offset = self.written;
-        self.written += buf.len() as u64;
-        self.pending = Some(tokio::task::spawn_blocking(move || {
-            file.write_all_at(&buf, offset).map_err(|e| EngineError::io(NAME, e))?;
-            start_writeback(&file, offset, buf.len());
-            Ok(())
-        }));
+        let spare = self.settle().await?;
+        let whole = self.buf.is_full();
+        let toggle = if whole { self.direct == Direct::Untried } else { self.direct == Direct::On };
+        if toggle {
+            let on = set_direct(&self.file, whole).map_err(|e| EngineError::io(NAME, e))?;
+            self.direct = if on { Direct::On } else { Direct::Off };
+        }
+        let piece = std::mem::replace(&mut self.buf, spare.unwrap_or_else(Piece::new));
+        let (file, offset, direct) = (self.file.clone(), self.written, self.direct == Direct::On);
+        self.written += piece.len as u64;
+        self.pending = Some(tokio::task::spawn_blocking(move || write_piece(&file, piece, offset, direct)));
         Ok(())
     }
 }
@@ -180,9 +291,12 @@ impl FsWriter {
 #[async_trait]
 impl BlobWriter for FsWriter {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
-        self.buf.extend_from_slice(&chunk);
-        if self.buf.len() >= IO_CHUNK {
-            self.flush().await?;
+        let mut rest = &chunk[..];
+        while !rest.is_empty() {
+            rest = &rest[self.buf.fill(rest)..];
+            if self.buf.is_full() {
+                self.flush().await?;
+            }
         }
         Ok(())
     }
@@ -230,18 +344,7 @@ impl BlobEngine for FsEngine {
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
-        let n = self.inner.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self.inner.tmp.join(format!("{}{n}", self.inner.prefix));
-        let p = path.clone();
-        let file = blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
-        Ok(Box::new(FsWriter {
-            inner: self.inner.clone(),
-            path,
-            file: Arc::new(file),
-            buf: BytesMut::with_capacity(IO_CHUNK),
-            written: 0,
-            pending: None,
-        }))
+        Ok(Box::new(self.staging_writer().await?))
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -424,6 +527,40 @@ mod tests {
             rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
             let read = engine.read_to_vec(&blob, range).await.unwrap();
             assert_eq!(read, body[range.start as usize..range.end as usize]);
+        }
+    }
+
+    /// Whole pieces go to the disk directly where the file system allows
+    /// it (ext4 here), the last through the page cache; where it does not
+    /// (tmpfs), every piece goes through the page cache. Either way the blob
+    /// holds the bytes written, in chunks that straddle the pieces.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn whole_pieces_are_written_directly_where_the_file_system_allows() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let body = conformance::pattern(3 * IO_CHUNK + 1234, 10);
+        let mut dirs = vec![tempfile::tempdir().unwrap()];
+        if Path::new("/dev/shm").is_dir() {
+            dirs.push(tempfile::tempdir_in("/dev/shm").unwrap());
+        }
+        for dir in &dirs {
+            let probe = dir.path().join("probe");
+            let allowed = File::options().write(true).create(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok();
+            let engine = FsEngine::open(dir.path()).unwrap();
+            let mut w = engine.staging_writer().await.unwrap();
+            let mut chunks = body.chunks(100_003);
+            for chunk in chunks.by_ref().take(8) {
+                w.write(Bytes::copy_from_slice(chunk)).await.unwrap();
+            }
+            w.settle().await.unwrap();
+            let open_direct = rustix::fs::fcntl_getfl(&*w.file).unwrap().contains(rustix::fs::OFlags::DIRECT);
+            assert_eq!((w.direct == Direct::On, open_direct), (allowed, allowed), "in {:?}", dir.path());
+            for chunk in chunks {
+                w.write(Bytes::copy_from_slice(chunk)).await.unwrap();
+            }
+            let digest = Digest(crate::engine::sha2_digest(&body));
+            let blob = Box::new(w).finish(digest).await.unwrap();
+            assert_eq!(blob.size, body.len() as u64);
+            assert_eq!(std::fs::read(engine.blob_path(&digest)).unwrap(), body);
         }
     }
 
