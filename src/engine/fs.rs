@@ -208,9 +208,9 @@ impl Piece {
     }
 }
 
-/// Opens `file` for direct I/O or back: writes then go from the piece to
-/// the disk without a copy into the page cache. `false` if the file system
-/// has no direct I/O.
+/// Turns direct I/O on or off for `file`: while it is on, writes go from
+/// the piece to the disk without a copy into the page cache. `Ok(false)`
+/// when a file system without direct I/O refuses to turn it on.
 fn set_direct(file: &File, on: bool) -> io::Result<bool> {
     use rustix::fs::OFlags;
     let flags = rustix::fs::fcntl_getfl(file)?;
