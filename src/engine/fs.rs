@@ -228,7 +228,8 @@ fn write_piece(file: &File, piece: Piece, offset: u64, mut direct: bool) -> Resu
     let io = |e| EngineError::io(NAME, e);
     let mut result = file.write_all_at(piece.bytes(), offset);
     if direct && result.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)) {
-        direct = set_direct(file, false).map_err(io)?;
+        set_direct(file, false).map_err(io)?;
+        direct = false;
         result = file.write_all_at(piece.bytes(), offset);
     }
     result.map_err(io)?;
