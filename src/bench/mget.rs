@@ -2,8 +2,9 @@
 //! keys with values of 50 ± 5 bytes, loaded through `/_/batch/put`, then
 //! `/_/batch/get` of 50, 300, 1000, 10,000 and 100,000 random keys, one
 //! request at a time over a keep-alive connection. Each batch size is timed
-//! warm (after one untimed request) and cold (page cache dropped and the
-//! server restarted before each request; needs root). The floor is
+//! warm (right after every key has been read once, and one untimed request)
+//! and cold (page cache dropped and the server restarted before each
+//! request; needs root). The floor is
 //! RocksDB's own in-process `multi_get` of the same keys in a fresh
 //! database, warm and cold the same way, each right after depot's request
 //! for the same keys. Every answer is checked to hold every key asked for.
@@ -86,6 +87,12 @@ impl KeySets {
             })
             .collect();
         KeySets { keys: scale.keys, sizes, sets }
+    }
+
+    /// Every stored key, in runs of the largest batch size.
+    fn all_in_batches(&self) -> Vec<Vec<usize>> {
+        let largest = self.sizes.last().map_or(self.keys, |(n, _)| *n).max(1);
+        (0..self.keys).step_by(largest).map(|first| (first..(first + largest).min(self.keys)).collect()).collect()
     }
 }
 
@@ -174,7 +181,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 scale.rounds
             ),
             "cold: dirty pages synced, page cache dropped and the server restarted before each timed request; \
-             warm: the server kept running. rocksdb multi_get: the same keys and values in a fresh RocksDB \
+             warm: the server kept running, and right before each batch size every key was read once, through \
+             depot and through the floor (some kernels page out file pages left untouched for a minute, free \
+             memory or not; without the pass, warm requests would find part of the data on disk). rocksdb multi_get: the same keys and values in a fresh RocksDB \
              with default options, read in-process (no HTTP), the floor for any server over it. Each timed \
              request to depot is followed by the floor's of the same keys (warm, or cold after the same \
              steps); × multi_get: depot's time over the floor's beside it, median and spread."
@@ -264,6 +273,12 @@ async fn measure_depot(
     let (mut depot, mut beside) = (Timings::empty(sets.sizes.len()), Timings::empty(sets.sizes.len()));
     for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
         progress.doing(&format!("{subject}: {} warm", case(*n)));
+        for keys in sets.all_in_batches() {
+            timed_get(&mut conn, server.addr, &keys).await?;
+            if let Some(floor) = floor {
+                floor.get_blocking(keys, false).await?;
+            }
+        }
         for (r, keys) in rounds.iter().enumerate() {
             let ms = timed_get(&mut conn, server.addr, keys).await?;
             let floor_ms = match floor {
@@ -416,6 +431,9 @@ impl Floor {
     fn alone(&self, sets: &KeySets, cold: Result<(), String>) -> anyhow::Result<Timings> {
         let mut warm = Vec::new();
         for rounds in &sets.sets {
+            for keys in sets.all_in_batches() {
+                self.get(&keys, false)?;
+            }
             let mut times = Vec::new();
             for (r, keys) in rounds.iter().enumerate() {
                 let t = self.get(keys, false)?;
@@ -461,6 +479,15 @@ impl Timings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_warm_up_pass_reads_every_key_once_in_batches_no_larger_than_the_largest() {
+        let sets = KeySets::new(Scale { keys: 2_500, largest_batch: 1000, rounds: 1 });
+        let batches = sets.all_in_batches();
+        assert!(batches.iter().all(|b| !b.is_empty() && b.len() <= 1000), "{:?}", batches.iter().map(Vec::len));
+        let keys: Vec<usize> = batches.concat();
+        assert_eq!(keys, (0..2_500).collect::<Vec<_>>());
+    }
 
     #[test]
     fn values_are_fifty_bytes_give_or_take_five_and_stable() {
