@@ -624,8 +624,8 @@ impl Store {
 
     /// Many small blobs whole, in order, in as few engine calls as the
     /// engine allows: for batch answers.
-    pub async fn read_small(&self, blobs: &[BlobRecord]) -> Result<Vec<Bytes>> {
-        let refs: Vec<BlobRef> = blobs.iter().map(BlobRecord::blob_ref).collect();
+    pub async fn read_small<'a>(&self, blobs: impl IntoIterator<Item = &'a BlobRecord>) -> Result<Vec<Bytes>> {
+        let refs: Vec<BlobRef> = blobs.into_iter().map(BlobRecord::blob_ref).collect();
         self.engine.read_small(&refs).await.map_err(missing_bytes)
     }
 
