@@ -4,10 +4,10 @@
 //! request at a time over a keep-alive connection. Each batch size is timed
 //! warm (right after every key has been read once, and one untimed request)
 //! and cold (page cache dropped and the server restarted before each
-//! request; needs root). The floor is
-//! RocksDB's own in-process `multi_get` of the same keys in a fresh
-//! database, warm and cold the same way, each right after depot's request
-//! for the same keys. Every answer is checked to hold every key asked for.
+//! request; needs root). The floor is RocksDB's own in-process `multi_get`
+//! of the same keys in a fresh database, warm and cold the same way, each
+//! right after depot's request for the same keys. Every answer is checked
+//! to hold every key asked for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -181,10 +181,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 scale.rounds
             ),
             "cold: dirty pages synced, page cache dropped and the server restarted before each timed request; \
-             warm: the server kept running, and right before each batch size every key was read once, through \
-             depot and through the floor (some kernels page out file pages left untouched for a minute, free \
-             memory or not; without the pass, warm requests would find part of the data on disk). rocksdb multi_get: the same keys and values in a fresh RocksDB \
-             with default options, read in-process (no HTTP), the floor for any server over it. Each timed \
+             warm: the server kept running, and right before each batch size every key was read once, \
+             through depot and through the floor (some kernels page out file pages left untouched for a \
+             minute, free memory or not; without the pass, warm requests would find part of the data on \
+             disk). rocksdb multi_get: the same keys and values in a fresh RocksDB with default options, \
+             read in-process (no HTTP), the floor for any server over it. Each timed \
              request to depot is followed by the floor's of the same keys (warm, or cold after the same \
              steps); × multi_get: depot's time over the floor's beside it, median and spread."
                 .into(),
