@@ -69,6 +69,28 @@ impl Connection {
         Ok((status, body))
     }
 
+    /// Sends `req`, fails unless the answer is a 2xx, and counts the body's
+    /// bytes as they come, keeping none: a download to nowhere, like
+    /// `curl -o /dev/null`.
+    pub async fn download(&mut self, req: Request) -> anyhow::Result<u64> {
+        let what = format!("{} {}", req.method(), req.uri());
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await.with_context(|| what.clone())?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let text = body.collect().await?.to_bytes();
+            bail!("{what}: {status}: {}", String::from_utf8_lossy(&text[..text.len().min(300)]));
+        }
+        let mut len = 0;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.with_context(|| what.clone())?.into_data() {
+                len += data.len() as u64;
+            }
+        }
+        Ok(len)
+    }
+
     /// Sends `req` and fails unless the answer is a 2xx.
     pub async fn expect_ok(&mut self, req: Request) -> anyhow::Result<Bytes> {
         let what = format!("{} {}", req.method(), req.uri());
