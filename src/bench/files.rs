@@ -286,9 +286,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 "Plain files: the same bytes written with write + fsync per file by 1 and 20 threads, read back \
                  with the same pattern in reads of {} KiB into one buffer, as `dd bs=1M` does; depot's reader \
                  counts each answer's bytes as they arrive and keeps none. Each run of a phase through depot is \
-                 followed by the same phase on plain files (beside every engine). Writes run once; each read phase runs {READ_ROUNDS} times, every \
-                 time from a cold cache: median and spread of the runs. × plain files: depot's MB/s over that of \
-                 the plain files' run right after it.",
+                 followed by the same phase on plain files (beside every engine). Writes run once; each read \
+                 phase runs {READ_ROUNDS} times, every time from a cold cache: median and spread of the runs. \
+                 × plain files: depot's MB/s over that of the plain files' run right after it.",
                 READ_SIZE >> 10
             ),
         ],

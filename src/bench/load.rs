@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
@@ -69,19 +70,25 @@ impl Connection {
         Ok((status, body))
     }
 
+    /// Sends `req`; an answer other than a 2xx is an error quoting its
+    /// body. Gives the request's name, for errors, and the answer's body.
+    async fn send_ok(&mut self, req: Request) -> anyhow::Result<(String, Incoming)> {
+        let what = format!("{} {}", req.method(), req.uri());
+        self.sender.ready().await.with_context(|| what.clone())?;
+        let resp = self.sender.send_request(req).await.with_context(|| what.clone())?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.into_body().collect().await.with_context(|| what.clone())?.to_bytes();
+            bail!("{what}: {status}: {}", String::from_utf8_lossy(&text[..text.len().min(300)]));
+        }
+        Ok((what, resp.into_body()))
+    }
+
     /// Sends `req`, fails unless the answer is a 2xx, and counts the body's
     /// bytes as they come, keeping none: a download to nowhere, like
     /// `curl -o /dev/null`.
     pub async fn download(&mut self, req: Request) -> anyhow::Result<u64> {
-        let what = format!("{} {}", req.method(), req.uri());
-        self.sender.ready().await?;
-        let resp = self.sender.send_request(req).await.with_context(|| what.clone())?;
-        let status = resp.status();
-        let mut body = resp.into_body();
-        if !status.is_success() {
-            let text = body.collect().await?.to_bytes();
-            bail!("{what}: {status}: {}", String::from_utf8_lossy(&text[..text.len().min(300)]));
-        }
+        let (what, mut body) = self.send_ok(req).await?;
         let mut len = 0;
         while let Some(frame) = body.frame().await {
             if let Ok(data) = frame.with_context(|| what.clone())?.into_data() {
@@ -93,12 +100,8 @@ impl Connection {
 
     /// Sends `req` and fails unless the answer is a 2xx.
     pub async fn expect_ok(&mut self, req: Request) -> anyhow::Result<Bytes> {
-        let what = format!("{} {}", req.method(), req.uri());
-        let (status, body) = self.send(req).await.with_context(|| what.clone())?;
-        if !status.is_success() {
-            bail!("{what}: {status}: {}", String::from_utf8_lossy(&body[..body.len().min(300)]));
-        }
-        Ok(body)
+        let (what, body) = self.send_ok(req).await?;
+        Ok(body.collect().await.with_context(|| what)?.to_bytes())
     }
 }
 
