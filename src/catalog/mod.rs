@@ -87,6 +87,10 @@ pub struct BlobRecord {
     #[serde(skip, default = "zero_digest")]
     pub digest: Digest,
     pub size: u64,
+    /// Up to 4 KiB of content for the hybrid engine. Written as bytes, not
+    /// byte by byte: the same encoding (a length, then the bytes), in one
+    /// copy rather than a call per byte.
+    #[serde(with = "serde_bytes")]
     pub locator: Locator,
     /// Object parts referring to the blob.
     pub refs: u64,
