@@ -157,13 +157,27 @@ pub struct PutOutcome {
 #[derive(Clone, Debug, Default)]
 pub struct ListQuery {
     pub prefix: String,
-    /// Only keys after this one (exclusive). A value ending in the
-    /// delimiter also skips every key under that common prefix.
+    /// Only keys after this one (exclusive). A common prefix of the
+    /// listing also skips every key under it.
     pub after: Option<String>,
     /// Roll keys up to the first delimiter after the prefix.
     pub delimiter: Option<char>,
     /// Entries plus common prefixes, at most.
     pub limit: usize,
+}
+
+impl ListQuery {
+    /// Whether `after` names a common prefix of this listing (the prefix,
+    /// then text up to and including its first delimiter), so that every
+    /// key under it has been listed already, as that prefix. A key equal
+    /// to the prefix itself (a folder marker such as `photos/` listed
+    /// under `photos/`) is an object like any other: the keys after it
+    /// are still to come.
+    fn after_is_common_prefix(&self) -> bool {
+        let (Some(after), Some(d)) = (&self.after, self.delimiter) else { return false };
+        let Some(rest) = after.strip_prefix(self.prefix.as_str()) else { return false };
+        rest.find(d).is_some_and(|at| at + d.len_utf8() == rest.len())
+    }
 }
 
 /// One page of a listing.

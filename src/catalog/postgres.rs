@@ -601,7 +601,7 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
     let limit = query.limit.max(1);
     // Exclusive lower bound.
     let mut after: Option<String> = match &query.after {
-        Some(a) if query.delimiter.is_some_and(|d| a.ends_with(d)) && a.starts_with(&query.prefix) => Some(past(a)),
+        Some(a) if query.after_is_common_prefix() => Some(past(a)),
         Some(a) => Some(a.clone()),
         None => None,
     };

@@ -718,8 +718,7 @@ fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage>
     let mut seek = full_prefix.clone();
     if let Some(after) = &query.after {
         let a = object_key(bucket, after);
-        let skip_all_under = query.delimiter.is_some_and(|d| after.ends_with(d)) && after.starts_with(&query.prefix);
-        let from = if skip_all_under {
+        let from = if query.after_is_common_prefix() {
             past_prefix(&a)
         } else {
             let mut a = a;

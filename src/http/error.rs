@@ -35,6 +35,7 @@ impl From<StoreError> for ApiError {
             StoreError::BucketExists(_) => (S::CONFLICT, "BucketAlreadyOwnedByYou"),
             StoreError::BucketNotEmpty(_) => (S::CONFLICT, "BucketNotEmpty"),
             StoreError::PreconditionFailed => (S::PRECONDITION_FAILED, "PreconditionFailed"),
+            StoreError::MetadataTooLarge(_) => (S::BAD_REQUEST, "MetadataTooLarge"),
             StoreError::NoSuchUpload(_) => (S::NOT_FOUND, "NoSuchUpload"),
             StoreError::InvalidPart(_) => (S::BAD_REQUEST, "InvalidPart"),
             StoreError::InvalidPartOrder => (S::BAD_REQUEST, "InvalidPartOrder"),
@@ -42,6 +43,7 @@ impl From<StoreError> for ApiError {
             StoreError::BadDigest { .. } => (S::BAD_REQUEST, "BadDigest"),
             StoreError::IncompleteBody { .. } | StoreError::Body(_) => (S::BAD_REQUEST, "IncompleteBody"),
             StoreError::BadRequest(_) => (S::BAD_REQUEST, "InvalidRequest"),
+            StoreError::InvalidArgument(_) => (S::BAD_REQUEST, "InvalidArgument"),
             StoreError::NoSpace => (S::INSUFFICIENT_STORAGE, "InsufficientStorage"),
             StoreError::WritesDisabled(_) | StoreError::Unavailable(_) => {
                 (S::SERVICE_UNAVAILABLE, "ServiceUnavailable")

@@ -34,7 +34,7 @@ use crate::engine::{
 use guards::BlobGuards;
 use hot::HotBlobs;
 pub use hot::HotStats;
-pub use multipart::{MIN_PART_SIZE, UploadInfo};
+pub use multipart::{MIN_PART_SIZE, UploadInfo, UploadQuery};
 
 /// The bucket every store has from its first start.
 pub const DEFAULT_BUCKET: &str = "files";
@@ -67,14 +67,18 @@ pub enum StoreError {
     EntityTooSmall(String),
     #[error("a precondition of the request failed")]
     PreconditionFailed,
-    #[error("the body's SHA-256 is {actual}, not the declared {declared}")]
-    BadDigest { declared: String, actual: String },
+    #[error("the user metadata takes {0} bytes; at most {MAX_METADATA_BYTES} are allowed")]
+    MetadataTooLarge(usize),
+    #[error("the body's {hash} is {actual}, not the declared {declared}")]
+    BadDigest { hash: &'static str, declared: String, actual: String },
     #[error("the body ended after {got} of {expected} bytes")]
     IncompleteBody { expected: u64, got: u64 },
     #[error("reading the request body failed: {0}")]
     Body(String),
     #[error("{0}")]
     BadRequest(String),
+    #[error("{0}")]
+    InvalidArgument(String),
     #[error("no space left on the storage device")]
     NoSpace,
     #[error("writes are disabled until restart: {0}")]
@@ -153,6 +157,15 @@ pub struct PutOptions {
     /// The modification time to record instead of now: imports keep their
     /// source's dates.
     pub modified: Option<Millis>,
+}
+
+/// Most bytes of user metadata an object may carry (names and values, as
+/// S3 counts them).
+pub const MAX_METADATA_BYTES: usize = 2048;
+
+fn check_metadata(metadata: &[(String, String)]) -> Result<()> {
+    let bytes = metadata.iter().map(|(name, value)| name.len() + value.len()).sum();
+    if bytes > MAX_METADATA_BYTES { Err(StoreError::MetadataTooLarge(bytes)) } else { Ok(()) }
 }
 
 /// The content type and user metadata a copy gets instead of its source's.
@@ -386,6 +399,7 @@ impl Store {
         E: std::fmt::Display,
     {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        check_metadata(&opts.metadata)?;
         self.put_unchecked(bucket, key, body, opts).await
     }
 
@@ -448,6 +462,7 @@ impl Store {
         self.check_writable()?;
         let mut record = ObjectRecord { key: key.to_string(), modified: now_millis(), ..source.clone() };
         if let Some(new) = replace {
+            check_metadata(&new.metadata)?;
             record.content_type = new.content_type.unwrap_or_else(|| guess_content_type(key));
             record.metadata = new.metadata;
         }
@@ -494,10 +509,10 @@ impl Store {
         let failure = failure.or_else(|| match expected {
             Expected { len: Some(n), .. } if n != size => Some(StoreError::IncompleteBody { expected: n, got: size }),
             Expected { sha256: Some(e), .. } if e != digest => {
-                Some(StoreError::BadDigest { declared: e.to_hex(), actual: digest.to_hex() })
+                Some(StoreError::BadDigest { hash: "SHA-256", declared: e.to_hex(), actual: digest.to_hex() })
             }
             Expected { md5: Some(e), .. } if e != md5 => {
-                Some(StoreError::BadDigest { declared: hex::encode(e), actual: hex::encode(md5) })
+                Some(StoreError::BadDigest { hash: "MD5", declared: hex::encode(e), actual: hex::encode(md5) })
             }
             _ => None,
         });

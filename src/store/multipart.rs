@@ -44,6 +44,79 @@ pub struct UploadInfo {
     pub initiated: Millis,
 }
 
+/// Where a listing of uploads starts, and how it rolls keys up, as
+/// ListMultipartUploads asks.
+#[derive(Clone, Debug, Default)]
+pub struct UploadQuery {
+    /// After this key: its uploads after `id_marker`, then later keys; a
+    /// common prefix skips every key under it.
+    pub key_marker: String,
+    pub id_marker: String,
+    /// Only uploads of keys under this prefix.
+    pub prefix: String,
+    pub delimiter: Option<char>,
+    /// Uploads plus common prefixes, at most.
+    pub limit: usize,
+}
+
+/// One page of uploads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UploadPage {
+    pub uploads: Vec<UploadInfo>,
+    pub prefixes: Vec<String>,
+    /// The key (or common prefix) and upload ID to go on after, if cut short.
+    pub next: Option<(String, Option<String>)>,
+}
+
+impl UploadQuery {
+    /// The page of `uploads` (as [`Store::list_uploads`] orders them: by
+    /// key, then by when they began) this query asks for. The uploads of
+    /// the marker key are those after the marker upload in that order; if
+    /// the marker upload is gone, the listing goes on with the next key.
+    pub fn page(&self, uploads: &[UploadInfo]) -> UploadPage {
+        let common_prefix = |key: &str| {
+            let d = self.delimiter?;
+            let rest = key.strip_prefix(self.prefix.as_str())?;
+            rest.find(d).map(|at| key[..self.prefix.len() + at + d.len_utf8()].to_string())
+        };
+        let start = if self.key_marker.is_empty() {
+            0
+        } else if let Some(at) = uploads.iter().position(|u| u.key == self.key_marker && u.upload_id == self.id_marker)
+        {
+            at + 1
+        } else {
+            let skip_under = common_prefix(&self.key_marker).is_some_and(|p| p == self.key_marker);
+            uploads
+                .iter()
+                .position(|u| u.key > self.key_marker && !(skip_under && u.key.starts_with(&self.key_marker)))
+                .unwrap_or(uploads.len())
+        };
+        let mut page = UploadPage::default();
+        let mut last: Option<(String, Option<String>)> = None;
+        for u in uploads[start..].iter().filter(|u| u.key.starts_with(&self.prefix)) {
+            let prefix = common_prefix(&u.key);
+            if prefix.is_some() && prefix.as_ref() == page.prefixes.last() {
+                continue;
+            }
+            if page.uploads.len() + page.prefixes.len() >= self.limit {
+                page.next = last;
+                break;
+            }
+            match prefix {
+                Some(p) => {
+                    last = Some((p.clone(), None));
+                    page.prefixes.push(p);
+                }
+                None => {
+                    last = Some((u.key.clone(), Some(u.upload_id.clone())));
+                    page.uploads.push(u.clone());
+                }
+            }
+        }
+        page
+    }
+}
+
 fn upload_key(bucket: &str, upload_id: &str) -> String {
     format!("u/{bucket}/{upload_id}")
 }
@@ -74,7 +147,7 @@ fn check_part_number(part: u32) -> Result<()> {
     if (1..=MAX_PART_NUMBER).contains(&part) {
         Ok(())
     } else {
-        Err(StoreError::BadRequest(format!("part number {part} is not between 1 and {MAX_PART_NUMBER}")))
+        Err(StoreError::InvalidArgument(format!("part number {part} is not between 1 and {MAX_PART_NUMBER}")))
     }
 }
 
@@ -93,6 +166,7 @@ impl Store {
         metadata: Vec<(String, String)>,
     ) -> Result<String> {
         self.check_key(key)?;
+        super::check_metadata(&metadata)?;
         self.bucket(bucket).await?;
         self.check_writable()?;
         let upload_id = hex::encode(rand::rng().random::<[u8; 16]>());
@@ -374,6 +448,47 @@ mod tests {
     use crate::engine::memory::MemoryEngine;
     use crate::store::{NewMetadata, StoreConfig};
     use std::sync::Arc;
+
+    fn upload(key: &str, id: &str, initiated: Millis) -> UploadInfo {
+        UploadInfo { key: key.into(), upload_id: id.into(), initiated }
+    }
+
+    /// Pages one entry at a time, following the markers each page gives.
+    fn every_page(uploads: &[UploadInfo], prefix: &str, delimiter: Option<char>) -> Vec<String> {
+        let mut query = UploadQuery { prefix: prefix.into(), delimiter, limit: 1, ..Default::default() };
+        let mut seen = Vec::new();
+        loop {
+            let page = query.page(uploads);
+            assert!(page.uploads.len() + page.prefixes.len() <= 1);
+            seen.extend(page.uploads.iter().map(|u| format!("{} {}", u.key, u.upload_id)));
+            seen.extend(page.prefixes);
+            match page.next {
+                Some((key, id)) => (query.key_marker, query.id_marker) = (key, id.unwrap_or_default()),
+                None => return seen,
+            }
+        }
+    }
+
+    #[test]
+    fn uploads_of_one_key_are_paged_in_the_order_they_began() {
+        // Upload IDs are random: "b9" began before "a1".
+        let uploads = [upload("k", "b9", 1), upload("k", "a1", 2), upload("k", "c5", 3), upload("l", "00", 1)];
+        assert_eq!(every_page(&uploads, "", None), ["k b9", "k a1", "k c5", "l 00"]);
+        // A marker upload that is gone: the listing goes on with the next key.
+        let query = UploadQuery { key_marker: "k".into(), id_marker: "gone".into(), limit: 10, ..Default::default() };
+        assert_eq!(query.page(&uploads).uploads, [upload("l", "00", 1)]);
+    }
+
+    #[test]
+    fn uploads_roll_up_to_common_prefixes() {
+        let uploads = [upload("d/a", "1", 1), upload("d/b", "2", 1), upload("e/c", "3", 1), upload("f", "4", 1)];
+        let all = UploadQuery { delimiter: Some('/'), limit: 10, ..Default::default() }.page(&uploads);
+        assert_eq!(all.prefixes, ["d/", "e/"]);
+        assert_eq!(all.uploads, [upload("f", "4", 1)]);
+        assert_eq!(all.next, None);
+        assert_eq!(every_page(&uploads, "", Some('/')), ["d/", "e/", "f 4"]);
+        assert_eq!(every_page(&uploads, "d/", Some('/')), ["d/a 1", "d/b 2"]);
+    }
 
     async fn store() -> (Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();

@@ -461,6 +461,13 @@ def area_get(s3, buckets):
         416,
         lambda: get(Range="bytes=10000-"),
     )
+    expect(body_of(get(VersionId="null")) == body, "GetObject VersionId=null: the one version")
+    expect_error(
+        "GetObject of another VersionId is InvalidArgument (buckets are not versioned)",
+        "InvalidArgument",
+        400,
+        lambda: get(VersionId="3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"),
+    )
 
     expect(body_of(get(IfMatch=etag)) == body, "GetObject If-Match: the ETag returns the object")
     expect_error(
@@ -606,6 +613,32 @@ def area_copy(s3, buckets):
             Bucket=bucket, Key="x", CopySource=source, CopySourceIfMatch='"0123456789abcdef0123456789abcdef"'
         ),
     )
+    now_etag = s3.head_object(Bucket=bucket, Key="src/orig")["ETag"]
+    future = datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc)
+    past = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    for what, condition in [
+        ("if-none-match: its ETag", {"CopySourceIfNoneMatch": now_etag}),
+        ("if-modified-since: later than it", {"CopySourceIfModifiedSince": future}),
+        ("if-unmodified-since: before it", {"CopySourceIfUnmodifiedSince": past}),
+    ]:
+        expect_error(
+            f"CopyObject x-amz-copy-source-{what} is PreconditionFailed",
+            "PreconditionFailed",
+            412,
+            lambda condition=condition: s3.copy_object(Bucket=bucket, Key="x", CopySource=source, **condition),
+        )
+    s3.copy_object(Bucket=bucket, Key="x", CopySource=source, CopySourceIfMatch=now_etag, CopySourceIfModifiedSince=past)
+    expect(
+        body_of(s3.get_object(Bucket=bucket, Key="x")) == body, "CopyObject with source conditions that hold copies"
+    )
+    expect_error(
+        "CopyObject (REPLACE) with more than 2 KB of metadata is MetadataTooLarge",
+        "MetadataTooLarge",
+        400,
+        lambda: s3.copy_object(
+            Bucket=bucket, Key="y", CopySource=source, MetadataDirective="REPLACE", Metadata={"big": "x" * 3000}
+        ),
+    )
 
 
 LISTED = ["a/1", "a/2", "a/b/3", "b/1", "c", "d/e/f", "plus+sign", "sp ace", "ü"]
@@ -719,6 +752,22 @@ def area_listing(s3, buckets):
     ]
     expect_equal(paged, everything, "the ListObjects paginator (page size 3)")
 
+    folder = buckets.create(s3, "folder")
+    for k in ["photos/", "photos/a.jpg", "photos/b.jpg", "photos/sub/c.jpg"]:
+        s3.put_object(Bucket=folder, Key=k, Body=b"")
+    pages = list(
+        s3.get_paginator("list_objects_v2").paginate(
+            Bucket=folder, Prefix="photos/", Delimiter="/", PaginationConfig={"PageSize": 1}
+        )
+    )
+    expect_equal(
+        [k for p in pages for k in keys_of(p) + prefixes_of(p)],
+        ["photos/", "photos/a.jpg", "photos/b.jpg", "photos/sub/"],
+        "ListObjectsV2 paged one by one past a folder marker equal to the prefix",
+    )
+    r = s3.list_objects_v2(Bucket=folder, Prefix="photos/", StartAfter="photos/")
+    expect_equal(keys_of(r), ["photos/a.jpg", "photos/b.jpg", "photos/sub/c.jpg"], "StartAfter the folder marker")
+
     r = s3.list_object_versions(Bucket=bucket)
     versions = r.get("Versions", [])
     expect_equal([v["Key"] for v in versions], everything, "ListObjectVersions lists every key")
@@ -732,6 +781,31 @@ def area_listing(s3, buckets):
     expect_equal([v["Key"] for v in r.get("Versions", [])], ["a/1", "a/2", "a/b/3"], "ListObjectVersions Prefix=a/")
 
 
+def area_upload_listing(s3, buckets):
+    bucket = buckets.create(s3, "uploads")
+    same = [s3.create_multipart_upload(Bucket=bucket, Key="same")["UploadId"] for _ in range(6)]
+    for k in ["d/a", "d/b", "e/c"]:
+        s3.create_multipart_upload(Bucket=bucket, Key=k)
+    seen = [
+        (u["Key"], u["UploadId"])
+        for page in s3.get_paginator("list_multipart_uploads").paginate(
+            Bucket=bucket, PaginationConfig={"PageSize": 1}
+        )
+        for u in page.get("Uploads", [])
+    ]
+    expect_equal(
+        [k for k, _ in seen], ["d/a", "d/b", "e/c"] + ["same"] * 6, "ListMultipartUploads paged one by one: the keys"
+    )
+    expect_equal(
+        sorted(u for k, u in seen if k == "same"),
+        sorted(same),
+        "... each of six uploads of one key once",
+    )
+    r = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
+    expect_equal(prefixes_of(r), ["d/", "e/"], "ListMultipartUploads Delimiter=/ rolls keys up")
+    expect_equal(sorted(u["Key"] for u in r.get("Uploads", [])), ["same"] * 6, "... and lists the rest")
+
+
 def area_multipart(s3, buckets):
     bucket = buckets.create(s3)
     source = data(6 * MiB, 5)
@@ -743,6 +817,27 @@ def area_multipart(s3, buckets):
     )
     upload = created["UploadId"]
     expect(bool(upload), "CreateMultipartUpload answers an UploadId")
+
+    for number in (0, 10_001):
+        expect_error(
+            f"UploadPart number {number} is InvalidArgument",
+            "InvalidArgument",
+            400,
+            lambda number=number: s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=b"x"),
+        )
+    expect_error(
+        "CompleteMultipartUpload with no parts is MalformedXML",
+        "MalformedXML",
+        400,
+        lambda: s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": []}),
+    )
+    expect_error(
+        "CreateMultipartUpload with more than 2 KB of metadata is MetadataTooLarge",
+        "MetadataTooLarge",
+        400,
+        lambda: s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata={"big": "x" * 3000}),
+    )
+    area_upload_listing(s3, buckets)
 
     part1 = data(5 * MiB, 6)
     r1 = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=part1)

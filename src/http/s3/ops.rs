@@ -12,7 +12,7 @@ use super::{may_use, to_s3};
 use crate::catalog::{ListPage, ListQuery, ObjectRecord, Precondition, from_millis};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
-use crate::store::{NewMetadata, PutOptions, Store, StoreError};
+use crate::store::{NewMetadata, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
 const MAX_KEYS: i32 = 1000;
@@ -79,6 +79,40 @@ fn check_conditions<T>(req: &S3Request<T>, record: &ObjectRecord) -> S3Result<()
         Verdict::Proceed => Ok(()),
         Verdict::NotModified => Err(S3Error::new(S3ErrorCode::NotModified)),
         Verdict::Failed => Err(s3_error!(PreconditionFailed, "a condition of the request does not hold")),
+    }
+}
+
+/// The conditions on a copy source (`x-amz-copy-source-if-*`), evaluated
+/// as the same conditions on a GET of the source would be; where that GET
+/// would answer 304 or 412, the copy is refused with 412, as S3 does.
+fn check_copy_source<T>(req: &S3Request<T>, source: &ObjectRecord) -> S3Result<()> {
+    use http::header;
+    let mut conditions = http::HeaderMap::new();
+    for (name, as_get) in [
+        ("x-amz-copy-source-if-match", header::IF_MATCH),
+        ("x-amz-copy-source-if-none-match", header::IF_NONE_MATCH),
+        ("x-amz-copy-source-if-modified-since", header::IF_MODIFIED_SINCE),
+        ("x-amz-copy-source-if-unmodified-since", header::IF_UNMODIFIED_SINCE),
+    ] {
+        if let Some(v) = req.headers.get(name) {
+            conditions.insert(as_get, v.clone());
+        }
+    }
+    let current = Validators { etag: &source.etag, modified: from_millis(source.modified) };
+    match conditional::evaluate(&http::Method::GET, &conditions, Some(current)) {
+        Verdict::Proceed => Ok(()),
+        Verdict::NotModified | Verdict::Failed => {
+            Err(s3_error!(PreconditionFailed, "a condition on the copy source does not hold"))
+        }
+    }
+}
+
+/// Buckets are not versioned: the one version of an object is `null`, as
+/// S3 names it in an unversioned bucket.
+fn check_version(version_id: Option<&str>) -> S3Result<()> {
+    match version_id {
+        None | Some("null") => Ok(()),
+        Some(other) => Err(bad_argument(format!("invalid version id {other:?}: buckets are not versioned"))),
     }
 }
 
@@ -365,6 +399,7 @@ impl S3 for DepotS3 {
         if input.part_number.is_some() {
             return Err(s3_error!(NotImplemented, "GET by partNumber is not supported"));
         }
+        check_version(input.version_id.as_deref())?;
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
         let (range, content_range) = match &input.range {
@@ -396,6 +431,7 @@ impl S3 for DepotS3 {
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        check_version(req.input.version_id.as_deref())?;
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
         let output = HeadObjectOutput {
@@ -462,12 +498,9 @@ impl S3 for DepotS3 {
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
         let me = caller(&req);
+        let source = self.copy_source(&req.input.copy_source, &me).await?;
+        check_copy_source(&req, &source)?;
         let input = req.input;
-        let source = self.copy_source(&input.copy_source, &me).await?;
-        let source_if = precondition(input.copy_source_if_match.as_ref(), input.copy_source_if_none_match.as_ref());
-        if !source_if.check(Some(&source)) {
-            return Err(s3_error!(PreconditionFailed, "a condition on the copy source does not hold"));
-        }
         let replace = match input.metadata_directive.as_ref().map(|d| d.as_str()) {
             None | Some(MetadataDirective::COPY) => None,
             Some(MetadataDirective::REPLACE) => {
@@ -646,9 +679,10 @@ impl S3 for DepotS3 {
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let me = caller(&req);
+        let source = self.copy_source(&req.input.copy_source, &me).await?;
+        check_copy_source(&req, &source)?;
         let input = req.input;
         let part = u32::try_from(input.part_number).map_err(|_| bad_argument("the part number is negative".into()))?;
-        let source = self.copy_source(&input.copy_source, &me).await?;
         let range = match &input.copy_source_range {
             None => ByteRange::full(source.size),
             Some(text) => {
@@ -696,6 +730,9 @@ impl S3 for DepotS3 {
                 ETag::Strong(t) | ETag::Weak(t) => t,
             };
             parts.push((n, tag));
+        }
+        if parts.is_empty() {
+            return Err(s3_error!(MalformedXML, "a multipart upload is completed with at least one part"));
         }
         let condition = precondition(input.if_match.as_ref(), input.if_none_match.as_ref());
         let record = self
@@ -760,17 +797,23 @@ impl S3 for DepotS3 {
         let limit = page_size(input.max_uploads)?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let all = self.store.list_uploads(&input.bucket, &prefix).await.map_err(to_s3)?;
-        let key_marker = input.key_marker.clone().unwrap_or_default();
-        let id_marker = input.upload_id_marker.clone().unwrap_or_default();
-        let mut rest = all.into_iter().filter(|u| {
-            key_marker.is_empty()
-                || u.key > key_marker
-                || (u.key == key_marker && !id_marker.is_empty() && u.upload_id > id_marker)
-        });
-        let page: Vec<_> = rest.by_ref().take(limit).collect();
-        let truncated = rest.next().is_some();
-        let last = page.last().map(|u| (encoder.text(&u.key), u.upload_id.clone()));
+        let query = UploadQuery {
+            key_marker: input.key_marker.clone().unwrap_or_default(),
+            id_marker: input.upload_id_marker.clone().unwrap_or_default(),
+            prefix,
+            delimiter: delimiter(input.delimiter.as_deref())?,
+            limit,
+        };
+        let page = query.page(&all);
+        let truncated = page.next.is_some();
+        let (next_key_marker, next_upload_id_marker) = match page.next {
+            Some((key, id)) => (Some(encoder.text(&key)), id),
+            None => (None, None),
+        };
+        let common_prefixes = (!page.prefixes.is_empty())
+            .then(|| page.prefixes.iter().map(|p| CommonPrefix { prefix: Some(encoder.text(p)) }).collect());
         let uploads = page
+            .uploads
             .into_iter()
             .map(|u| MultipartUpload {
                 key: Some(encoder.text(&u.key)),
@@ -780,16 +823,14 @@ impl S3 for DepotS3 {
                 ..Default::default()
             })
             .collect();
-        let (next_key_marker, next_upload_id_marker) = match last.filter(|_| truncated) {
-            Some((k, id)) => (Some(k), Some(id)),
-            None => (None, None),
-        };
         ok(ListMultipartUploadsOutput {
             bucket: Some(input.bucket),
             uploads: Some(uploads),
             is_truncated: Some(truncated),
             next_key_marker,
             next_upload_id_marker,
+            common_prefixes,
+            delimiter: input.delimiter,
             key_marker: input.key_marker,
             upload_id_marker: input.upload_id_marker,
             prefix: input.prefix.map(|p| encoder.text(&p)),
