@@ -247,6 +247,48 @@ fn content_length_with_transfer_encoding_is_read_chunked_and_the_connection_clos
 }
 
 #[test]
+fn a_transfer_coding_other_than_chunked_is_501_and_stores_nothing() {
+    // RFC 9112 section 6.1: the server cannot undo gzip; the coded bytes
+    // must not be stored as the body.
+    let mut s = Server::start(&[]);
+    let request =
+        "PUT /files/te HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    let a = exchange(&s, request.as_bytes());
+    assert_eq!(a.status(), 501, "{}", a.text());
+    assert!(a.closed, "the unread body could be read as a request");
+    assert_absent(&s, "/files/te");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+#[test]
+fn a_partial_put_is_400_and_stores_nothing() {
+    // RFC 9110 section 9.3.4: Content-Range on a PUT is not the whole object.
+    let s = Server::start(&[]);
+    let a = exchange(
+        &s,
+        b"PUT /files/cr HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\nContent-Range: bytes 0-4/100\r\n\r\nhello",
+    );
+    assert_eq!(a.status(), 400, "{}", a.text());
+    assert_absent(&s, "/files/cr");
+}
+
+#[test]
+fn a_request_sent_before_the_client_closes_its_side_is_answered() {
+    // `nc -N` and others shut down writing once the request is out: the
+    // answer must still come, and the outcome must not be left to chance.
+    let s = Server::start(&[]);
+    for i in 0..5 {
+        let mut c = connect(&s);
+        c.write_all(format!("PUT /files/hc{i} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello").as_bytes())
+            .unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        let a = read_all(c, Duration::from_secs(5));
+        assert_eq!(a.status(), 201, "{}", a.text());
+        assert_eq!(get(&s, &format!("/files/hc{i}"), "").body(), b"hello");
+    }
+}
+
+#[test]
 fn a_body_longer_than_declared_stores_only_the_declared_bytes() {
     let mut s = Server::start(&[]);
     let a = exchange(&s, b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello, and more bytes\r\n\r\n");

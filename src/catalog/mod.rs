@@ -116,18 +116,27 @@ pub struct Precondition {
     /// `If-Match`: the current ETag must be one of these (`*` matches any
     /// existing object).
     pub if_match: Option<Vec<String>>,
+    /// `If-None-Match` with tags: the current ETag must be none of these.
+    pub if_none_match: Vec<String>,
+    /// `If-Unmodified-Since` (without `If-Match`): an existing object must
+    /// not have changed after this time, compared in whole seconds.
+    pub if_unmodified_since: Option<Millis>,
 }
 
 impl Precondition {
+    /// Whether the conditions hold for `current`, in the order RFC 9110
+    /// (section 13.2.2) evaluates them.
     pub fn check(&self, current: Option<&ObjectRecord>) -> bool {
         if self.if_absent && current.is_some() {
             return false;
         }
-        match (&self.if_match, current) {
-            (None, _) => true,
+        let holds = match (&self.if_match, current) {
             (Some(_), None) => false,
             (Some(tags), Some(obj)) => tags.iter().any(|t| t == "*" || *t == obj.etag),
-        }
+            (None, Some(obj)) => self.if_unmodified_since.is_none_or(|since| obj.modified / 1000 <= since / 1000),
+            (None, None) => true,
+        };
+        holds && !current.is_some_and(|obj| self.if_none_match.contains(&obj.etag))
     }
 }
 

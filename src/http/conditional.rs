@@ -5,6 +5,8 @@ use std::time::SystemTime;
 
 use http::{HeaderMap, Method, header};
 
+use crate::catalog::{ObjectRecord, Precondition, from_millis};
+
 /// The outcome of a request's preconditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -20,7 +22,16 @@ pub enum Verdict {
 pub struct Validators<'a> {
     /// The entity tag without quotes.
     pub etag: &'a str,
-    pub modified: SystemTime,
+    /// None when the answer gives no Last-Modified: date conditions are
+    /// then ignored (RFC 9110 sections 13.1.3 and 13.1.4).
+    pub modified: Option<SystemTime>,
+}
+
+impl<'a> Validators<'a> {
+    /// An object's: a modification time of 0 is not given as Last-Modified.
+    pub fn of(record: &'a ObjectRecord) -> Validators<'a> {
+        Validators { etag: &record.etag, modified: (record.modified > 0).then(|| from_millis(record.modified)) }
+    }
 }
 
 /// Splits an `If-Match`/`If-None-Match` list into tags (quotes and weak
@@ -32,6 +43,24 @@ pub fn etag_list(value: &str) -> Vec<String> {
         .filter(|t| !t.is_empty())
         .map(|t| t.strip_prefix("W/").unwrap_or(t).trim_matches('"').to_string())
         .collect()
+}
+
+/// The tags of an `If-Match` list, compared strongly (RFC 9110 section
+/// 13.1.1): a weak tag never matches, so it is left out.
+pub fn strong_etags(value: &str) -> Vec<String> {
+    etag_list(&value.split(',').filter(|t| !t.trim().starts_with("W/")).collect::<Vec<_>>().join(","))
+}
+
+/// The conditions of a request that writes or deletes an object, for the
+/// catalog to check inside its transaction.
+pub fn write_precondition(headers: &HeaderMap) -> Precondition {
+    let if_none_match = header_str(headers, &header::IF_NONE_MATCH).map(etag_list).unwrap_or_default();
+    Precondition {
+        if_absent: if_none_match.iter().any(|t| t == "*"),
+        if_match: header_str(headers, &header::IF_MATCH).map(strong_etags),
+        if_none_match: if_none_match.into_iter().filter(|t| t != "*").collect(),
+        if_unmodified_since: date(headers, &header::IF_UNMODIFIED_SINCE).map(|t| secs(t) * 1000),
+    }
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str> {
@@ -52,13 +81,14 @@ fn secs(t: SystemTime) -> u64 {
 pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators<'_>>) -> Verdict {
     let read = method == Method::GET || method == Method::HEAD;
     if let Some(v) = header_str(headers, &header::IF_MATCH) {
-        let tags = etag_list(v);
+        let tags = strong_etags(v);
         let ok = current.is_some_and(|c| tags.iter().any(|t| t == "*" || t == c.etag));
         if !ok {
             return Verdict::Failed;
         }
-    } else if let (Some(since), Some(c)) = (date(headers, &header::IF_UNMODIFIED_SINCE), current)
-        && secs(c.modified) > secs(since)
+    } else if let (Some(since), Some(modified)) =
+        (date(headers, &header::IF_UNMODIFIED_SINCE), current.and_then(|c| c.modified))
+        && secs(modified) > secs(since)
     {
         return Verdict::Failed;
     }
@@ -68,8 +98,9 @@ pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators
         if matched {
             return if read { Verdict::NotModified } else { Verdict::Failed };
         }
-    } else if let (true, Some(since), Some(c)) = (read, date(headers, &header::IF_MODIFIED_SINCE), current)
-        && secs(c.modified) <= secs(since)
+    } else if let (true, Some(since), Some(modified)) =
+        (read, date(headers, &header::IF_MODIFIED_SINCE), current.and_then(|c| c.modified))
+        && secs(modified) <= secs(since)
     {
         return Verdict::NotModified;
     }
@@ -89,7 +120,7 @@ pub fn if_range_holds(headers: &HeaderMap, current: Validators<'_>) -> bool {
     if v.starts_with("W/") {
         return false; // weak tags never match for ranges
     }
-    httpdate::parse_http_date(v).is_ok_and(|d| secs(d) == secs(current.modified))
+    httpdate::parse_http_date(v).is_ok_and(|d| current.modified.is_some_and(|m| secs(d) == secs(m)))
 }
 
 #[cfg(test)]
@@ -112,7 +143,7 @@ mod tests {
     const NOW: u64 = 1_700_000_000;
 
     fn cur() -> Option<Validators<'static>> {
-        Some(Validators { etag: "abc", modified: at(NOW) })
+        Some(Validators { etag: "abc", modified: Some(at(NOW)) })
     }
 
     #[test]
@@ -145,6 +176,50 @@ mod tests {
         // If-None-Match takes precedence over If-Modified-Since.
         let h = headers(&[("if-none-match", "\"zzz\""), ("if-modified-since", &same)]);
         assert_eq!(evaluate(&Method::GET, &h, cur()), Verdict::Proceed);
+    }
+
+    #[test]
+    fn dates_are_ignored_without_a_modification_time() {
+        let undated = Validators { etag: "abc", modified: None };
+        let date = httpdate::fmt_http_date(at(1));
+        let modified_since = headers(&[("if-modified-since", &date)]);
+        assert_eq!(evaluate(&Method::GET, &modified_since, Some(undated)), Verdict::Proceed);
+        let unmodified_since = headers(&[("if-unmodified-since", &date)]);
+        assert_eq!(evaluate(&Method::GET, &unmodified_since, Some(undated)), Verdict::Proceed);
+        assert!(!if_range_holds(&headers(&[("if-range", &date)]), undated));
+    }
+
+    #[test]
+    fn if_match_compares_strongly() {
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-match", "W/\"abc\"")]), cur()), Verdict::Failed);
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-match", "W/\"x\", \"abc\"")]), cur()), Verdict::Proceed);
+        // If-None-Match compares weakly.
+        assert_eq!(evaluate(&Method::GET, &headers(&[("if-none-match", "W/\"abc\"")]), cur()), Verdict::NotModified);
+    }
+
+    #[test]
+    fn writes_check_every_condition_in_the_catalog() {
+        let record = ObjectRecord {
+            key: "k".into(),
+            size: 0,
+            parts: Vec::new(),
+            etag: "abc".into(),
+            sha256: crate::engine::Digest([0; 32]),
+            content_type: String::new(),
+            modified: NOW * 1000 + 500,
+            metadata: Vec::new(),
+        };
+        let holds = |pairs: &[(&str, &str)]| write_precondition(&headers(pairs)).check(Some(&record));
+        assert!(!holds(&[("if-none-match", "\"abc\"")]));
+        assert!(holds(&[("if-none-match", "\"zzz\"")]));
+        assert!(!holds(&[("if-none-match", "*")]));
+        assert!(!holds(&[("if-match", "W/\"abc\"")]));
+        assert!(holds(&[("if-match", "\"abc\"")]));
+        assert!(!holds(&[("if-unmodified-since", &httpdate::fmt_http_date(at(NOW - 1)))]));
+        assert!(holds(&[("if-unmodified-since", &httpdate::fmt_http_date(at(NOW)))]));
+        // If-Match, when given, decides instead of If-Unmodified-Since.
+        assert!(holds(&[("if-match", "\"abc\""), ("if-unmodified-since", &httpdate::fmt_http_date(at(NOW - 1)))]));
+        assert!(write_precondition(&headers(&[("if-none-match", "\"abc\"")])).check(None));
     }
 
     #[test]

@@ -11,11 +11,13 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The methods the resource takes, for a 405's `Allow`.
+    pub allow: Option<&'static str>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), allow: None }
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -53,7 +55,7 @@ impl From<StoreError> for ApiError {
         if status.is_server_error() {
             tracing::error!(code, "{e}");
         }
-        ApiError { status, code, message: e.to_string() }
+        ApiError::new(status, code, e.to_string())
     }
 }
 

@@ -107,10 +107,10 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
         ));
     }
     if let Some(next) = &page_of.next {
-        let href = format!(
-            "?after={}&limit={limit}",
-            percent_encoding::utf8_percent_encode(next, percent_encoding::NON_ALPHANUMERIC)
-        );
+        let encode = |v: &str| percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC).to_string();
+        // The next page of the same listing: the same search by prefix.
+        let search = query_value(&q, "prefix").map(|p| format!("prefix={}&", encode(p))).unwrap_or_default();
+        let href = format!("?{search}after={}&limit={limit}", encode(next));
         rows.push_str(&format!("<tr><td><a href=\"{}\">next page</a></td><td></td><td></td></tr>\n", escape(&href)));
     }
     let title = format!("/{bucket}/{prefix}");

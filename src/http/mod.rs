@@ -163,6 +163,21 @@ impl App {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
+        // RFC 9112 section 6.1: a transfer coding other than chunked is one
+        // the server cannot undo; storing the coded bytes as the body would
+        // be wrong, so it is a 501 and the body stays unread.
+        if let Some(te) = req.headers().get(header::TRANSFER_ENCODING)
+            && te.to_str().map_or(true, |v| v.split(',').any(|c| !c.trim().eq_ignore_ascii_case("chunked")))
+        {
+            let e = ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "NotImplemented",
+                format!("transfer coding {te:?}: only chunked is supported"),
+            );
+            let mut r = error_response(&e);
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
         if let Some(r) = ui::answer(&self, &req, anonymous).await {
             return r;
         }
@@ -231,8 +246,8 @@ pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
 pub fn error_response(e: &ApiError) -> Response {
     let body = serde_json::json!({ "error": e.code, "message": e.message });
     let mut r = json(e.status, &body);
-    if e.status == StatusCode::METHOD_NOT_ALLOWED {
-        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PUT, DELETE, POST"));
+    if let Some(allow) = e.allow {
+        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     }
     r
 }
@@ -291,6 +306,10 @@ pub async fn serve(
         .max_header_size(app.limits.max_header_bytes)
         .max_buf_size(app.limits.max_header_bytes.max(8192))
         .max_headers(app.limits.max_headers)
+        // A client may close its side once its request is sent (`shutdown`
+        // of writing, as `nc -N` does): the request is still answered,
+        // rather than dropped with its outcome unknown to the client.
+        .half_close(true)
         .keep_alive(true);
     tokio::pin!(shutdown);
     loop {

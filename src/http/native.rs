@@ -12,7 +12,7 @@ use super::conditional::{self, Validators, Verdict};
 use super::error::ApiError;
 use super::range::{self, RangeAnswer};
 use super::{App, Request, Response, batch, content_length, content_md5, empty, json, listing, streamed};
-use crate::catalog::{ObjectRecord, Part, Precondition, from_millis};
+use crate::catalog::{ObjectRecord, Part, from_millis};
 use crate::engine::{ByteRange, Digest};
 use crate::store::{PutOptions, StoreError};
 
@@ -110,8 +110,23 @@ pub(super) fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-fn method_not_allowed(method: &Method) -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{method} is not allowed here"))
+impl Endpoint {
+    /// The methods the endpoint takes.
+    fn allow(&self) -> &'static str {
+        match self {
+            Endpoint::Root | Endpoint::Health | Endpoint::Metrics | Endpoint::Stats | Endpoint::Blob(_) => "GET, HEAD",
+            Endpoint::BatchGet | Endpoint::BatchPut | Endpoint::BatchDelete | Endpoint::Backup => "POST",
+            Endpoint::Bucket(_) | Endpoint::Object { .. } => "GET, HEAD, PUT, DELETE",
+            Endpoint::UnknownInternal => "",
+        }
+    }
+}
+
+fn method_not_allowed(method: &Method, endpoint: &Endpoint) -> ApiError {
+    let mut e =
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{method} is not allowed here"));
+    e.allow = Some(endpoint.allow());
+    e
 }
 
 pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
@@ -154,20 +169,20 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         }
         Endpoint::Object { bucket, key } if method == Method::PUT => put_object(app, req, &bucket, &key).await,
         Endpoint::Object { bucket, key } if method == Method::DELETE => {
-            let precondition = Precondition { if_match: if_match(req.headers()), ..Default::default() };
-            app.store.delete(&bucket, &key, &precondition).await?;
+            app.store.delete(&bucket, &key, &conditional::write_precondition(req.headers())).await?;
             Ok(empty(StatusCode::NO_CONTENT))
         }
-        _ => Err(method_not_allowed(&method)),
+        _ => Err(method_not_allowed(&method, &endpoint)),
     }
-}
-
-fn if_match(headers: &HeaderMap) -> Option<Vec<String>> {
-    headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).map(conditional::etag_list)
 }
 
 async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Result<Response, ApiError> {
     let headers = req.headers();
+    // RFC 9110 section 9.3.4: a partial PUT must not be taken for the
+    // whole object.
+    if headers.contains_key(header::CONTENT_RANGE) {
+        return Err(ApiError::bad_request("a PUT replaces the whole object: Content-Range is not supported"));
+    }
     let expected_sha256 = match headers.get("x-depot-sha256") {
         None => None,
         Some(v) => Some(
@@ -181,9 +196,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         None => None,
         Some(v) => Some(content_md5(v.to_str().unwrap_or(""))?),
     };
-    let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
-    let precondition =
-        Precondition { if_absent: if_none_match.is_some_and(|v| v.trim() == "*"), if_match: if_match(headers) };
+    let precondition = conditional::write_precondition(headers);
     let mut metadata = Vec::new();
     for (name, value) in headers {
         if let Some(meta) = name.as_str().strip_prefix("x-amz-meta-") {
@@ -336,7 +349,7 @@ fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
 pub(super) async fn serve(app: &Arc<App>, req: &Request, record: &ObjectRecord) -> Result<Response, ApiError> {
     let method = req.method();
     let headers = req.headers();
-    let validators = Validators { etag: &record.etag, modified: from_millis(record.modified) };
+    let validators = Validators::of(record);
     match conditional::evaluate(method, headers, Some(validators)) {
         Verdict::Proceed => {}
         Verdict::NotModified => {

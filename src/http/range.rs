@@ -86,7 +86,10 @@ pub fn resolve(specs: &[RangeSpec], len: u64, max_ranges: usize) -> RangeAnswer 
         })
         .collect();
     if ranges.is_empty() {
-        return RangeAnswer::Unsatisfiable;
+        // RFC 9110 section 14.1.1: of an empty representation, a suffix
+        // of some bytes is satisfiable, and selects all of it: nothing.
+        let suffix = specs.iter().any(|s| matches!(s, RangeSpec::Suffix(n) if *n > 0));
+        return if len == 0 && suffix { RangeAnswer::Full } else { RangeAnswer::Unsatisfiable };
     }
     let mut sorted = ranges.clone();
     sorted.sort_unstable_by_key(|r| r.start);
@@ -154,6 +157,8 @@ mod tests {
         assert_eq!(go("bytes=-0"), RangeAnswer::Unsatisfiable);
         assert_eq!(go("bytes=2000-3000,0-0"), RangeAnswer::Partial(vec![r(0, 1)]), "unsatisfiable parts drop out");
         assert_eq!(resolve(&parse("bytes=0-").unwrap(), 0, 10), RangeAnswer::Unsatisfiable, "empty object");
+        assert_eq!(resolve(&parse("bytes=-5").unwrap(), 0, 10), RangeAnswer::Full, "a suffix of an empty object");
+        assert_eq!(resolve(&parse("bytes=-0").unwrap(), 0, 10), RangeAnswer::Unsatisfiable);
         let many: Vec<_> = (0..11).map(|i| RangeSpec::Bounded(i, i)).collect();
         assert_eq!(resolve(&many, len, 10), RangeAnswer::Full);
     }

@@ -69,12 +69,13 @@ fn precondition(if_match: Option<&ETagCondition>, if_none_match: Option<&ETagCon
     Precondition {
         if_absent: matches!(if_none_match, Some(ETagCondition::Any)),
         if_match: if_match.map(|c| vec![tag(c)]),
+        ..Default::default()
     }
 }
 
 /// The conditional request headers checked against an object.
 fn check_conditions<T>(req: &S3Request<T>, record: &ObjectRecord) -> S3Result<()> {
-    let current = Validators { etag: &record.etag, modified: from_millis(record.modified) };
+    let current = Validators::of(record);
     match conditional::evaluate(&req.method, &req.headers, Some(current)) {
         Verdict::Proceed => Ok(()),
         Verdict::NotModified => Err(S3Error::new(S3ErrorCode::NotModified)),
@@ -98,7 +99,7 @@ fn check_copy_source<T>(req: &S3Request<T>, source: &ObjectRecord) -> S3Result<(
             conditions.insert(as_get, v.clone());
         }
     }
-    let current = Validators { etag: &source.etag, modified: from_millis(source.modified) };
+    let current = Validators::of(source);
     match conditional::evaluate(&http::Method::GET, &conditions, Some(current)) {
         Verdict::Proceed => Ok(()),
         Verdict::NotModified | Verdict::Failed => {
