@@ -461,6 +461,14 @@ def area_get(s3, buckets):
         416,
         lambda: get(Range="bytes=10000-"),
     )
+    r = s3.head_object(Bucket=bucket, Key="obj", Range="bytes=100-199")
+    expect_equal(r["ContentLength"], 100, "HeadObject Range: the range's length")
+    expect_error(
+        "HeadObject Range past the end is 416",
+        "416",
+        416,
+        lambda: s3.head_object(Bucket=bucket, Key="obj", Range="bytes=10000-"),
+    )
     expect(body_of(get(VersionId="null")) == body, "GetObject VersionId=null: the one version")
     expect_error(
         "GetObject of another VersionId is InvalidArgument (buckets are not versioned)",
@@ -627,7 +635,9 @@ def area_copy(s3, buckets):
             412,
             lambda condition=condition: s3.copy_object(Bucket=bucket, Key="x", CopySource=source, **condition),
         )
-    s3.copy_object(Bucket=bucket, Key="x", CopySource=source, CopySourceIfMatch=now_etag, CopySourceIfModifiedSince=past)
+    s3.copy_object(
+        Bucket=bucket, Key="x", CopySource=source, CopySourceIfMatch=now_etag, CopySourceIfModifiedSince=past
+    )
     expect(
         body_of(s3.get_object(Bucket=bucket, Key="x")) == body, "CopyObject with source conditions that hold copies"
     )

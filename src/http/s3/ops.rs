@@ -108,6 +108,17 @@ fn check_copy_source<T>(req: &S3Request<T>, source: &ObjectRecord) -> S3Result<(
     }
 }
 
+/// The bytes a Range asks for, and their Content-Range; all of them
+/// without one.
+fn resolve_range(range: Option<&Range>, record: &ObjectRecord) -> S3Result<(ByteRange, Option<String>)> {
+    let Some(r) = range else { return Ok((ByteRange::full(record.size), None)) };
+    let within = r
+        .check(record.size)
+        .map_err(|_| s3_error!(InvalidRange, "the range is not within the object's {} bytes", record.size))?;
+    let content_range = format!("bytes {}-{}/{}", within.start, within.end - 1, record.size);
+    Ok((ByteRange { start: within.start, end: within.end }, Some(content_range)))
+}
+
 /// Buckets are not versioned: the one version of an object is `null`, as
 /// S3 names it in an unversioned bucket.
 fn check_version(version_id: Option<&str>) -> S3Result<()> {
@@ -403,16 +414,7 @@ impl S3 for DepotS3 {
         check_version(input.version_id.as_deref())?;
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
-        let (range, content_range) = match &input.range {
-            None => (ByteRange::full(record.size), None),
-            Some(r) => {
-                let within = r.check(record.size).map_err(|_| {
-                    s3_error!(InvalidRange, "the range is not within the object's {} bytes", record.size)
-                })?;
-                let content_range = format!("bytes {}-{}/{}", within.start, within.end - 1, record.size);
-                (ByteRange { start: within.start, end: within.end }, Some(content_range))
-            }
-        };
+        let (range, content_range) = resolve_range(input.range.as_ref(), &record)?;
         let body = self.store.read(&record, range).await.map_err(to_s3)?;
         let output = GetObjectOutput {
             body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
@@ -435,8 +437,12 @@ impl S3 for DepotS3 {
         check_version(req.input.version_id.as_deref())?;
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
+        // As S3 does: a range changes the length given, and one not within
+        // the object is a 416.
+        let (range, content_range) = resolve_range(req.input.range.as_ref(), &record)?;
         let output = HeadObjectOutput {
-            content_length: Some(record.size as i64),
+            content_length: Some(range.len() as i64),
+            content_range,
             accept_ranges: Some("bytes".into()),
             content_type: Some(record.content_type.clone()),
             e_tag: Some(etag(&record)),
