@@ -147,6 +147,21 @@ pub async fn batches_are_all_or_nothing(c: &dyn Catalog) {
     assert_eq!(c.get_blob(&digest(33)).await.unwrap().unwrap().refs, 0);
 }
 
+/// The keys and common prefixes of bucket `list`, page by page from
+/// `query`, following each page's `next`.
+async fn every_page(c: &dyn Catalog, mut query: ListQuery) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let page = c.list_objects("list", &query).await.unwrap();
+        seen.extend(page.objects.iter().map(|o| o.key.clone()));
+        seen.extend(page.prefixes);
+        match page.next {
+            Some(n) => query.after = Some(n),
+            None => return seen,
+        }
+    }
+}
+
 pub async fn listing(c: &dyn Catalog) {
     c.create_bucket(&bucket("list")).await.unwrap();
     c.create_bucket(&bucket("list2")).await.unwrap();
@@ -167,36 +182,14 @@ pub async fn listing(c: &dyn Catalog) {
     assert_eq!(under.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["a/1", "a/2"]);
     assert_eq!(under.prefixes, ["a/b/"]);
     // Paging with a delimiter: a page may end on a common prefix.
-    let mut seen = Vec::new();
-    let mut after = None;
-    loop {
-        let q = ListQuery { delimiter: Some('/'), limit: 2, after: after.clone(), ..Default::default() };
-        let page = c.list_objects("list", &q).await.unwrap();
-        seen.extend(page.objects.iter().map(|o| o.key.clone()));
-        seen.extend(page.prefixes.iter().cloned());
-        match page.next {
-            Some(n) => after = Some(n),
-            None => break,
-        }
-    }
+    let mut seen = every_page(c, ListQuery { delimiter: Some('/'), limit: 2, ..Default::default() }).await;
     seen.sort();
     assert_eq!(seen, ["a/", "b", "c/", "c0", "d"]);
     // A folder marker equal to the prefix, then paged one entry at a time:
     // the keys after the marker are still listed.
     c.put_object(put("list", "a/", &[blob(40, 1)])).await.unwrap();
-    let mut seen = Vec::new();
-    let mut after = None;
-    loop {
-        let q = ListQuery { prefix: "a/".into(), delimiter: Some('/'), limit: 1, after: after.clone() };
-        let page = c.list_objects("list", &q).await.unwrap();
-        seen.extend(page.objects.iter().map(|o| o.key.clone()));
-        seen.extend(page.prefixes.iter().cloned());
-        match page.next {
-            Some(n) => after = Some(n),
-            None => break,
-        }
-    }
-    assert_eq!(seen, ["a/", "a/1", "a/2", "a/b/"]);
+    let one_by_one = ListQuery { prefix: "a/".into(), delimiter: Some('/'), limit: 1, ..Default::default() };
+    assert_eq!(every_page(c, one_by_one).await, ["a/", "a/1", "a/2", "a/b/"]);
     let missing = c.list_objects("nope", &ListQuery { limit: 10, ..Default::default() }).await;
     assert!(matches!(missing, Err(CatalogError::NoSuchBucket(_))));
 }

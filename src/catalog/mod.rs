@@ -175,17 +175,27 @@ pub struct ListQuery {
     pub limit: usize,
 }
 
+/// The common prefix `key` rolls up to in a listing of the keys under
+/// `prefix` with `delimiter`: the prefix, then the key up to and including
+/// the first delimiter after it. None for a key listed as itself.
+pub fn common_prefix<'k>(prefix: &str, delimiter: Option<char>, key: &'k str) -> Option<&'k str> {
+    let (d, rest) = (delimiter?, key.strip_prefix(prefix)?);
+    rest.find(d).map(|at| &key[..prefix.len() + at + d.len_utf8()])
+}
+
 impl ListQuery {
-    /// Whether `after` names a common prefix of this listing (the prefix,
-    /// then text up to and including its first delimiter), so that every
+    /// [`common_prefix`] in this listing.
+    pub fn common_prefix<'k>(&self, key: &'k str) -> Option<&'k str> {
+        common_prefix(&self.prefix, self.delimiter, key)
+    }
+
+    /// Whether `after` names a common prefix of this listing, so that every
     /// key under it has been listed already, as that prefix. A key equal
     /// to the prefix itself (a folder marker such as `photos/` listed
     /// under `photos/`) is an object like any other: the keys after it
     /// are still to come.
     fn after_is_common_prefix(&self) -> bool {
-        let (Some(after), Some(d)) = (&self.after, self.delimiter) else { return false };
-        let Some(rest) = after.strip_prefix(self.prefix.as_str()) else { return false };
-        rest.find(d).is_some_and(|at| at + d.len_utf8() == rest.len())
+        self.after.as_deref().is_some_and(|a| self.common_prefix(a) == Some(a))
     }
 }
 

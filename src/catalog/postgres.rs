@@ -628,10 +628,7 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
                     page.objects.last().map(|o| o.key.clone()).into_iter().chain(page.prefixes.last().cloned()).max();
                 return Ok(page);
             }
-            let rest = &key[query.prefix.len()..];
-            if let Some(at) = query.delimiter.and_then(|d| rest.find(d)) {
-                let d_len = query.delimiter.map(char::len_utf8).unwrap_or(1);
-                let common = key[..query.prefix.len() + at + d_len].to_string();
+            if let Some(common) = query.common_prefix(&key).map(str::to_string) {
                 after = Some(past(&common));
                 page.prefixes.push(common);
                 restarted = true;

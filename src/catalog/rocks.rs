@@ -746,10 +746,7 @@ fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage>
             return Ok(page);
         }
         let key = std::str::from_utf8(&k[base.len()..]).map_err(err)?.to_string();
-        let rest = &key[query.prefix.len()..];
-        if let Some(at) = query.delimiter.and_then(|d| rest.find(d)) {
-            let d_len = query.delimiter.map(char::len_utf8).unwrap_or(1);
-            let common = key[..query.prefix.len() + at + d_len].to_string();
+        if let Some(common) = query.common_prefix(&key).map(str::to_string) {
             it.seek(past_prefix(&object_key(bucket, &common)));
             page.prefixes.push(common);
             continue;

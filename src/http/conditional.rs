@@ -34,21 +34,25 @@ impl<'a> Validators<'a> {
     }
 }
 
-/// Splits an `If-Match`/`If-None-Match` list into tags (quotes and weak
-/// prefixes removed; `*` kept as is).
+/// The tags of an `If-Match`/`If-None-Match` list, each with whether it
+/// is weak (quotes and the `W/` prefix removed; `*` kept as is).
+fn tags(value: &str) -> impl Iterator<Item = (bool, String)> + '_ {
+    value.split(',').map(str::trim).filter(|t| !t.is_empty()).map(|t| match t.strip_prefix("W/") {
+        Some(weak) => (true, weak.trim_matches('"').to_string()),
+        None => (false, t.trim_matches('"').to_string()),
+    })
+}
+
+/// Splits an `If-None-Match` list into tags, compared weakly: weak tags
+/// count as their strong twins.
 pub fn etag_list(value: &str) -> Vec<String> {
-    value
-        .split(',')
-        .map(|t| t.trim())
-        .filter(|t| !t.is_empty())
-        .map(|t| t.strip_prefix("W/").unwrap_or(t).trim_matches('"').to_string())
-        .collect()
+    tags(value).map(|(_, t)| t).collect()
 }
 
 /// The tags of an `If-Match` list, compared strongly (RFC 9110 section
 /// 13.1.1): a weak tag never matches, so it is left out.
 pub fn strong_etags(value: &str) -> Vec<String> {
-    etag_list(&value.split(',').filter(|t| !t.trim().starts_with("W/")).collect::<Vec<_>>().join(","))
+    tags(value).filter(|(weak, _)| !weak).map(|(_, t)| t).collect()
 }
 
 /// The conditions of a request that writes or deletes an object, for the

@@ -74,18 +74,14 @@ impl UploadQuery {
     /// the marker key are those after the marker upload in that order; if
     /// the marker upload is gone, the listing goes on with the next key.
     pub fn page(&self, uploads: &[UploadInfo]) -> UploadPage {
-        let common_prefix = |key: &str| {
-            let d = self.delimiter?;
-            let rest = key.strip_prefix(self.prefix.as_str())?;
-            rest.find(d).map(|at| key[..self.prefix.len() + at + d.len_utf8()].to_string())
-        };
+        let common_prefix = |key| crate::catalog::common_prefix(&self.prefix, self.delimiter, key);
         let start = if self.key_marker.is_empty() {
             0
         } else if let Some(at) = uploads.iter().position(|u| u.key == self.key_marker && u.upload_id == self.id_marker)
         {
             at + 1
         } else {
-            let skip_under = common_prefix(&self.key_marker).is_some_and(|p| p == self.key_marker);
+            let skip_under = common_prefix(&self.key_marker) == Some(self.key_marker.as_str());
             uploads
                 .iter()
                 .position(|u| u.key > self.key_marker && !(skip_under && u.key.starts_with(&self.key_marker)))
@@ -95,7 +91,7 @@ impl UploadQuery {
         let mut last: Option<(String, Option<String>)> = None;
         for u in uploads[start..].iter().filter(|u| u.key.starts_with(&self.prefix)) {
             let prefix = common_prefix(&u.key);
-            if prefix.is_some() && prefix.as_ref() == page.prefixes.last() {
+            if prefix.is_some() && prefix == page.prefixes.last().map(String::as_str) {
                 continue;
             }
             if page.uploads.len() + page.prefixes.len() >= self.limit {
@@ -104,8 +100,8 @@ impl UploadQuery {
             }
             match prefix {
                 Some(p) => {
-                    last = Some((p.clone(), None));
-                    page.prefixes.push(p);
+                    last = Some((p.to_string(), None));
+                    page.prefixes.push(p.to_string());
                 }
                 None => {
                     last = Some((u.key.clone(), Some(u.upload_id.clone())));
