@@ -675,6 +675,47 @@ async fn objects_carry_etag_last_modified_and_digest_headers() {
     }
 }
 
+/// As S3 keeps them: Cache-Control, Content-Disposition, Content-Encoding,
+/// Content-Language and Expires given with a PUT come back with the object.
+#[tokio::test]
+async fn headers_given_with_a_put_come_back_with_the_object() {
+    let s = Server::start(&[]);
+    let expires = "Wed, 21 Oct 2099 07:28:00 GMT";
+    let given: &Headers = &[
+        ("cache-control", "public, max-age=600"),
+        ("content-disposition", "attachment; filename=\"report.csv\""),
+        ("content-encoding", "gzip"),
+        ("content-language", "de-CH"),
+        ("expires", expires),
+    ];
+    assert_eq!(put(&s, "stored", b"gzipped bytes", given).await.status(), 201);
+    for r in [get(&s, "stored", &[]).await, head(&s, "stored", &[]).await] {
+        for (name, value) in given {
+            assert_eq!(header(&r, name), *value, "{name}");
+        }
+    }
+    // A 304 carries the caching headers a 200 would (RFC 9110 15.4.5).
+    let etag = header(&head(&s, "stored", &[]).await, "etag");
+    let r = get(&s, "stored", &[("if-none-match", &etag)]).await;
+    assert_eq!(r.status(), 304);
+    assert_eq!((header(&r, "cache-control"), header(&r, "expires")), ("public, max-age=600".into(), expires.into()));
+    // ?download names the file for the browser, over what is stored.
+    let r = send(Method::GET, &format!("{}?download", s.object_url(B, "stored")), &[], None).await;
+    assert!(header(&r, "content-disposition").contains("filename=\"stored\""));
+    // Replacing the object replaces its headers.
+    assert_eq!(put(&s, "stored", b"plain", &[]).await.status(), 200);
+    let r = get(&s, "stored", &[]).await;
+    for (name, _) in given {
+        assert!(r.headers().get(*name).is_none(), "{name} outlived the object it came with");
+    }
+    // Refused whole: an Expires that is not a date, a value that is not ASCII.
+    let r = put(&s, "bad", b"x", &[("expires", "tomorrow")]).await;
+    expect_error(r, 400, "InvalidRequest").await;
+    let r = raw(&s, "PUT", &format!("/{B}/bad"), &[("Content-Language", "français")], b"x");
+    assert_eq!(r.status, 400);
+    assert_absent(&s, "bad").await;
+}
+
 #[tokio::test]
 async fn matching_if_none_match_or_if_modified_since_gives_304() {
     let s = Server::start(&[]);

@@ -127,7 +127,7 @@ async fn a_gridfs_bucket_keeps_names_types_and_dates() {
 }
 
 #[tokio::test]
-async fn an_s3_bucket_keeps_keys_types_and_dates() {
+async fn an_s3_bucket_keeps_keys_types_dates_headers_and_metadata() {
     use object_store::{Attribute, Attributes, ObjectStore, PutOptions, path::Path};
 
     let bucket = depot::engine::s3::fresh_test_bucket().await;
@@ -138,8 +138,18 @@ async fn an_s3_bucket_keeps_keys_types_and_dates() {
         ("photos/2020/dog.png", "image/png", pattern(9_000_000, 6)),
         ("readme.md", "text/markdown", b"# not under the prefix\n".to_vec()),
     ];
+    // What S3 serves an object with, and its user metadata, come along.
+    let served = [
+        (Attribute::CacheControl, "cache-control", "max-age=86400"),
+        (Attribute::ContentDisposition, "content-disposition", "inline; filename=\"cat.jpg\""),
+        (Attribute::ContentLanguage, "content-language", "en"),
+        (Attribute::Metadata("camera".into()), "x-amz-meta-camera", "pinhole"),
+    ];
     for (key, content_type, bytes) in &objects {
-        let attributes = Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
+        let mut attributes = Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
+        for (attribute, _, value) in &served {
+            attributes.insert(attribute.clone(), value.to_string().into());
+        }
         let opts = PutOptions { attributes, ..Default::default() };
         store.put_opts(&Path::from(*key), bytes.clone().into(), opts).await.unwrap();
     }
@@ -161,6 +171,10 @@ async fn an_s3_bucket_keeps_keys_types_and_dates() {
         assert_eq!(got_type, *content_type);
         let source_date = listed.iter().find(|m| m.location.as_ref() == *key).unwrap().last_modified;
         assert_eq!(modified, http_date(source_date.into()), "{key} keeps its date");
+        let head = reqwest::Client::new().head(server.object_url("media", key)).send().await.unwrap();
+        for (_, name, value) in &served {
+            assert_eq!(head.headers().get(*name).map(|v| v.to_str().unwrap()), Some(*value), "{key}: {name}");
+        }
     }
     let said = ok(&import(&server, &args("media")));
     assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");

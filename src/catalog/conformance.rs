@@ -28,6 +28,7 @@ fn record(key: &str, blobs: &[BlobRef]) -> ObjectRecord {
         content_type: "text/plain".into(),
         modified: now_millis(),
         metadata: vec![("a".into(), "b".into())],
+        headers: vec![("cache-control".into(), format!("max-age={}", key.len()))],
     }
 }
 

@@ -63,7 +63,9 @@ pub struct Part {
     pub size: u64,
 }
 
-/// What the catalog knows of one object.
+/// What the catalog knows of one object. Stored as postcard bytes (see
+/// [`ObjectRecord::encode`]): the fields up to `metadata`, then `headers`
+/// when there are any.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRecord {
     #[serde(skip)]
@@ -79,6 +81,39 @@ pub struct ObjectRecord {
     pub modified: Millis,
     /// User metadata (`x-amz-meta-*`), in the order given.
     pub metadata: Vec<(String, String)>,
+    /// Response headers given with the body and sent back with it: some of
+    /// [`STORED_HEADERS`], lower-case, in that order.
+    #[serde(skip)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// The headers an upload may set for its downloads, as S3 stores them.
+pub const STORED_HEADERS: [&str; 5] =
+    ["cache-control", "content-disposition", "content-encoding", "content-language", "expires"];
+
+impl ObjectRecord {
+    /// The record's stored form. Records without headers end after the
+    /// metadata, as every record did before headers were kept, so a store
+    /// written earlier reads the same and needs no migration.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut bytes = postcard::to_stdvec(self).expect("records always serialise");
+        if !self.headers.is_empty() {
+            bytes = postcard::to_extend(&self.headers, bytes).expect("records always serialise");
+        }
+        bytes
+    }
+
+    /// Reads [`ObjectRecord::encode`]'s bytes; the key is not in them.
+    pub(crate) fn decode(bytes: &[u8], key: String) -> Result<ObjectRecord> {
+        let (record, rest) = postcard::take_from_bytes::<ObjectRecord>(bytes).map_err(corrupt)?;
+        let headers = if rest.is_empty() { Vec::new() } else { postcard::from_bytes(rest).map_err(corrupt)? };
+        Ok(ObjectRecord { key, headers, ..record })
+    }
+
+    /// The stored header `name` (lower-case), if the object has it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
 }
 
 /// What the catalog knows of one blob.
@@ -242,13 +277,25 @@ pub enum CatalogError {
 
 pub type Result<T, E = CatalogError> = std::result::Result<T, E>;
 
+/// A record stored whole by postcard. Object records are not: they have
+/// their own [`ObjectRecord::encode`], and this keeps them out of the
+/// generic one, which would drop their headers.
+pub(crate) trait Record: Serialize + serde::de::DeserializeOwned {}
+
+impl Record for BucketRecord {}
+impl Record for BlobRecord {}
+
 /// Records as stored by the catalogs: compact postcard bytes.
-pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+pub(crate) fn encode<T: Record>(v: &T) -> Vec<u8> {
     postcard::to_stdvec(v).expect("records always serialise")
 }
 
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T> {
-    postcard::from_bytes(v).map_err(|e| CatalogError::Internal(format!("corrupt record: {e}")))
+pub(crate) fn decode<T: Record>(v: &[u8]) -> Result<T> {
+    postcard::from_bytes(v).map_err(corrupt)
+}
+
+fn corrupt(e: postcard::Error) -> CatalogError {
+    CatalogError::Internal(format!("corrupt record: {e}"))
 }
 
 impl From<crate::pg::PgError> for CatalogError {
@@ -380,5 +427,64 @@ impl std::str::FromStr for CatalogKind {
         } else {
             Err(format!("unknown catalog {s:?}: use \"rocksdb\" or a postgres:// URL"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(headers: Vec<(String, String)>) -> ObjectRecord {
+        ObjectRecord {
+            key: "k".into(),
+            size: 3,
+            parts: vec![Part { digest: Digest([1; 32]), size: 3 }],
+            etag: "e".into(),
+            sha256: Digest([1; 32]),
+            content_type: "text/plain".into(),
+            modified: 7,
+            metadata: vec![("m".into(), "v".into())],
+            headers,
+        }
+    }
+
+    /// Object records written before headers were kept: the same fields,
+    /// nothing after the metadata.
+    #[derive(Serialize)]
+    struct WithoutHeaders<'a> {
+        size: u64,
+        parts: &'a [Part],
+        etag: &'a str,
+        sha256: Digest,
+        content_type: &'a str,
+        modified: Millis,
+        metadata: &'a [(String, String)],
+    }
+
+    #[test]
+    fn object_records_without_headers_keep_their_encoding() {
+        let r = record(Vec::new());
+        let old = postcard::to_stdvec(&WithoutHeaders {
+            size: r.size,
+            parts: &r.parts,
+            etag: &r.etag,
+            sha256: r.sha256,
+            content_type: &r.content_type,
+            modified: r.modified,
+            metadata: &r.metadata,
+        })
+        .unwrap();
+        assert_eq!(r.encode(), old);
+        assert_eq!(ObjectRecord::decode(&old, "k".into()).unwrap(), r);
+    }
+
+    #[test]
+    fn object_records_keep_their_headers_and_reject_damage() {
+        let r = record(vec![("cache-control".into(), "no-cache".into()), ("expires".into(), "0".into())]);
+        let bytes = r.encode();
+        assert_eq!(ObjectRecord::decode(&bytes, "k".into()).unwrap(), r);
+        assert_eq!(r.header("expires"), Some("0"));
+        assert!(ObjectRecord::decode(&bytes[..bytes.len() - 1], "k".into()).is_err(), "a cut header list");
+        assert!(ObjectRecord::decode(&bytes[..5], "k".into()).is_err(), "a cut record");
     }
 }

@@ -30,7 +30,7 @@ use deadpool_postgres::{Pool, Transaction};
 
 use super::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
-    ObjectRecord, Precondition, PutOutcome, Result, decode, encode, now_millis,
+    ObjectRecord, Precondition, PutOutcome, Result, now_millis,
 };
 use crate::engine::{BlobRef, Digest, Locator};
 use crate::pg::{self, PgError};
@@ -171,7 +171,7 @@ async fn read_object(txn: &Transaction<'_>, bucket: &str, key: &str) -> Result<O
         .query_opt("SELECT record FROM depot_catalog_objects WHERE bucket = $1 AND key = $2", &[&bucket, &key])
         .await?;
     match row {
-        Some(r) => Ok(Some(ObjectRecord { key: key.to_string(), ..decode(r.get::<_, &[u8]>(0))? })),
+        Some(r) => Ok(Some(ObjectRecord::decode(r.get::<_, &[u8]>(0), key.to_string())?)),
         None => Ok(None),
     }
 }
@@ -311,8 +311,7 @@ impl Catalog for PostgresCatalog {
             let mut found = std::collections::HashMap::with_capacity(rows.len());
             for row in rows {
                 let key: String = row.get(0);
-                let record: ObjectRecord = decode(row.get::<_, &[u8]>(1))?;
-                found.insert(key.clone(), ObjectRecord { key, ..record });
+                found.insert(key.clone(), ObjectRecord::decode(row.get::<_, &[u8]>(1), key)?);
             }
             Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
         })
@@ -367,7 +366,7 @@ impl Catalog for PostgresCatalog {
                 txn.execute(
                     "INSERT INTO depot_catalog_objects (bucket, key, record) VALUES ($1, $2, $3)
                          ON CONFLICT (bucket, key) DO UPDATE SET record = EXCLUDED.record",
-                    &[bucket, key, &encode(record)],
+                    &[bucket, key, &record.encode()],
                 )
                 .await?;
             }
@@ -634,9 +633,8 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
                 restarted = true;
                 break;
             }
-            let record: ObjectRecord = decode(row.get::<_, &[u8]>(1))?;
             after = Some(key.clone());
-            page.objects.push(ObjectRecord { key, ..record });
+            page.objects.push(ObjectRecord::decode(row.get::<_, &[u8]>(1), key)?);
         }
         if !restarted && (rows.len() as i64) < want {
             return Ok(page);

@@ -228,7 +228,7 @@ impl Inner {
 
     fn read_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
         let raw = self.db.get_pinned_cf(self.cf("objects"), object_key(bucket, key)).map_err(err)?;
-        raw.map(|v| decode::<ObjectRecord>(&v).map(|r| ObjectRecord { key: key.to_string(), ..r })).transpose()
+        raw.map(|v| ObjectRecord::decode(&v, key.to_string())).transpose()
     }
 
     fn read_blob(&self, digest: &Digest) -> Result<Option<BlobRecord>> {
@@ -340,7 +340,7 @@ impl<'a> Txn<'a> {
         for ((bucket, key), record) in &self.objects {
             let k = object_key(bucket, key);
             match record {
-                Some(r) => batch.put_cf(inner.cf("objects"), k, encode(r)),
+                Some(r) => batch.put_cf(inner.cf("objects"), k, r.encode()),
                 None => batch.delete_cf(inner.cf("objects"), k),
             }
         }
@@ -447,7 +447,7 @@ impl Catalog for RocksCatalog {
             raw.into_iter()
                 .zip(keys)
                 .map(|(r, key)| match r.map_err(err)? {
-                    Some(v) => Ok(Some(ObjectRecord { key, ..decode(&v)? })),
+                    Some(v) => Ok(Some(ObjectRecord::decode(&v, key)?)),
                     None => Ok(None),
                 })
                 .collect()
@@ -751,8 +751,7 @@ fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage>
             page.prefixes.push(common);
             continue;
         }
-        let record: ObjectRecord = decode(it.value().expect("valid iterator has a value"))?;
-        page.objects.push(ObjectRecord { key, ..record });
+        page.objects.push(ObjectRecord::decode(it.value().expect("valid iterator has a value"), key)?);
         it.next();
     }
     it.status().map_err(err)?;
@@ -783,9 +782,10 @@ mod tests {
         let locator: Vec<u8> = (0..=255).chain(0..=255).collect();
         let old = ByteByByte { size: 512, locator: locator.clone(), refs: 3, unreferenced_since: Some(7) };
         let new = BlobRecord { digest: Digest([0; 32]), size: 512, locator, refs: 3, unreferenced_since: Some(7) };
-        assert_eq!(encode(&new), encode(&old));
-        assert_eq!(decode::<BlobRecord>(&encode(&old)).unwrap(), new);
-        assert_eq!(decode::<ByteByByte>(&encode(&new)).unwrap(), old);
+        let old_bytes = postcard::to_stdvec(&old).unwrap();
+        assert_eq!(encode(&new), old_bytes);
+        assert_eq!(decode::<BlobRecord>(&old_bytes).unwrap(), new);
+        assert_eq!(postcard::from_bytes::<ByteByByte>(&encode(&new)).unwrap(), old);
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -157,31 +157,49 @@ impl Source {
         }
     }
 
-    /// The item's bytes as a stream, and its content type when only the
-    /// read tells it.
-    async fn open_item(&self, item: &Item) -> anyhow::Result<(Body, Option<String>)> {
+    /// The item's bytes as a stream, and the headers to store with them
+    /// that only the read tells.
+    async fn open_item(&self, item: &Item) -> anyhow::Result<(Body, Vec<(String, String)>)> {
         match (&item.origin, self) {
             (Origin::File(path), _) => {
                 let f = tokio::fs::File::open(path).await.with_context(|| format!("opening {}", path.display()))?;
                 let body = tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).map_err(anyhow::Error::from);
-                Ok((Box::pin(body), None))
+                Ok((Box::pin(body), Vec::new()))
             }
             (Origin::GridFs(id), Source::GridFs(bucket, _)) => {
                 use tokio_util::compat::FuturesAsyncReadCompatExt;
                 let download = bucket.open_download_stream(id.clone()).await?;
                 let body = tokio_util::io::ReaderStream::with_capacity(download.compat(), 256 * 1024)
                     .map_err(anyhow::Error::from);
-                Ok((Box::pin(body), None))
+                Ok((Box::pin(body), Vec::new()))
             }
             (Origin::S3(location), Source::S3(store, _)) => {
                 let got = store.get(location).await?;
-                let content_type =
-                    got.attributes.get(&object_store::Attribute::ContentType).map(|v| v.as_ref().to_string());
-                Ok((Box::pin(got.into_stream().map_err(anyhow::Error::from)), content_type))
+                let headers = s3_headers(&got.attributes);
+                Ok((Box::pin(got.into_stream().map_err(anyhow::Error::from)), headers))
             }
             _ => bail!("an item from another source"),
         }
     }
+}
+
+/// What an S3 object says of itself that depot keeps: its Content-Type,
+/// the headers it is served with, and its user metadata.
+fn s3_headers(attributes: &object_store::Attributes) -> Vec<(String, String)> {
+    use object_store::Attribute;
+    let named = |(attribute, value): (&Attribute, &object_store::AttributeValue)| {
+        let name = match attribute {
+            Attribute::ContentType => "content-type".to_string(),
+            Attribute::CacheControl => "cache-control".to_string(),
+            Attribute::ContentDisposition => "content-disposition".to_string(),
+            Attribute::ContentEncoding => "content-encoding".to_string(),
+            Attribute::ContentLanguage => "content-language".to_string(),
+            Attribute::Metadata(name) => format!("x-amz-meta-{name}"),
+            _ => return None,
+        };
+        Some((name, value.as_ref().to_string()))
+    };
+    attributes.iter().filter_map(named).collect()
 }
 
 /// Every regular file under `root`, keyed by its relative path with `/`.
@@ -372,7 +390,7 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
     {
         return Ok(Outcome::Skipped);
     }
-    let (body, read_type) = match source.open_item(item).await {
+    let (body, mut headers) = match source.open_item(item).await {
         Ok(opened) => opened,
         Err(e) if is_not_found(&e) => return Ok(Outcome::Vanished),
         Err(e) => return Err(e),
@@ -381,8 +399,9 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
         .request(reqwest::Method::PUT, &url)
         .header(reqwest::header::CONTENT_LENGTH, item.size)
         .body(reqwest::Body::wrap_stream(body));
-    if let Some(t) = item.content_type.as_ref().or(read_type.as_ref()) {
-        req = req.header(reqwest::header::CONTENT_TYPE, t);
+    headers.extend(item.content_type.iter().map(|t| ("content-type".to_string(), t.clone())));
+    for (name, value) in headers {
+        req = req.header(name, value);
     }
     if let Some(m) = modified {
         req = req.header("x-depot-modified", m);

@@ -212,6 +212,7 @@ mod tests {
             content_type: String::new(),
             modified: NOW * 1000 + 500,
             metadata: Vec::new(),
+            headers: Vec::new(),
         };
         let holds = |pairs: &[(&str, &str)]| write_precondition(&headers(pairs)).check(Some(&record));
         assert!(!holds(&[("if-none-match", "\"abc\"")]));

@@ -12,7 +12,7 @@ use super::conditional::{self, Validators, Verdict};
 use super::error::ApiError;
 use super::range::{self, RangeAnswer};
 use super::{App, Request, Response, batch, content_length, content_md5, empty, json, listing, streamed};
-use crate::catalog::{ObjectRecord, Part, from_millis};
+use crate::catalog::{ObjectRecord, Part, STORED_HEADERS, from_millis};
 use crate::engine::{ByteRange, Digest};
 use crate::store::{PutOptions, StoreError};
 
@@ -205,6 +205,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
             metadata.push((meta.to_string(), value.to_string()));
         }
     }
+    let stored = stored_headers(headers)?;
     let modified = match headers.get("x-depot-modified") {
         None => None,
         Some(v) => Some(
@@ -223,6 +224,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         expected_md5,
         precondition,
         metadata,
+        headers: stored,
         modified,
     };
     let body = req.into_body().into_data_stream();
@@ -258,6 +260,7 @@ async fn get_blob(app: &Arc<App>, req: &Request, hex: &str) -> Result<Response, 
         content_type: "application/octet-stream".into(),
         modified: 0,
         metadata: Vec::new(),
+        headers: Vec::new(),
     };
     serve(app, req, &record).await
 }
@@ -310,7 +313,23 @@ fn quoted(etag: &str) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{etag}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
-/// Headers every answer about an object carries, 304 included.
+/// The headers of a PUT that are stored and sent back with the object
+/// (S3's), checked as a later answer will carry them.
+fn stored_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, ApiError> {
+    let mut stored = Vec::new();
+    for name in STORED_HEADERS {
+        let Some(value) = headers.get(name) else { continue };
+        let value = value.to_str().map_err(|_| ApiError::bad_request(format!("{name} is not visible ASCII")))?;
+        if name == "expires" && httpdate::parse_http_date(value).is_err() {
+            return Err(ApiError::bad_request("Expires must be an HTTP date"));
+        }
+        stored.push((name.to_string(), value.to_string()));
+    }
+    Ok(stored)
+}
+
+/// Headers every answer about an object carries, 304 included (RFC 9110
+/// section 15.4.5 names Cache-Control and Expires among them).
 fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
     h.insert(header::ETAG, quoted(&record.etag));
     if record.modified > 0 {
@@ -318,6 +337,16 @@ fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
         h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&date).expect("HTTP dates are ASCII"));
     }
     h.insert("x-depot-sha256", HeaderValue::from_str(&record.sha256.to_hex()).expect("hex is ASCII"));
+    copy_stored(h, record, [header::CACHE_CONTROL, header::EXPIRES]);
+}
+
+/// The stored headers `names` of the object, where it has them.
+fn copy_stored<const N: usize>(h: &mut HeaderMap, record: &ObjectRecord, names: [header::HeaderName; N]) {
+    for name in names {
+        if let Some(v) = record.header(name.as_str()).and_then(|v| HeaderValue::from_str(v).ok()) {
+            h.insert(name, v);
+        }
+    }
 }
 
 fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
@@ -326,6 +355,7 @@ fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
     if let Ok(v) = HeaderValue::from_str(&record.content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
+    copy_stored(h, record, [header::CONTENT_DISPOSITION, header::CONTENT_ENCODING, header::CONTENT_LANGUAGE]);
     for (name, value) in &record.metadata {
         if let (Ok(n), Ok(v)) =
             (header::HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes()), HeaderValue::from_str(value))

@@ -154,6 +154,9 @@ pub struct PutOptions {
     pub expected_md5: Option<[u8; 16]>,
     pub precondition: Precondition,
     pub metadata: Vec<(String, String)>,
+    /// Response headers to store with the object: some of
+    /// [`crate::catalog::STORED_HEADERS`], lower-case, in that order.
+    pub headers: Vec<(String, String)>,
     /// The modification time to record instead of now: imports keep their
     /// source's dates.
     pub modified: Option<Millis>,
@@ -168,12 +171,15 @@ fn check_metadata(metadata: &[(String, String)]) -> Result<()> {
     if bytes > MAX_METADATA_BYTES { Err(StoreError::MetadataTooLarge(bytes)) } else { Ok(()) }
 }
 
-/// The content type and user metadata a copy gets instead of its source's.
+/// What a writer says about an object besides its bytes: what a copy gets
+/// instead of its source's, and a multipart upload gives its object.
 #[derive(Clone, Debug, Default)]
 pub struct NewMetadata {
     /// Guessed from the key when absent.
     pub content_type: Option<String>,
     pub metadata: Vec<(String, String)>,
+    /// As [`PutOptions::headers`].
+    pub headers: Vec<(String, String)>,
 }
 
 /// What a put did.
@@ -203,16 +209,17 @@ struct Written {
 
 impl Written {
     /// The record of a one-blob object holding these bytes.
-    fn record(&self, key: &str, content_type: Option<String>, metadata: Vec<(String, String)>) -> ObjectRecord {
+    fn record(&self, key: &str, about: NewMetadata) -> ObjectRecord {
         ObjectRecord {
             key: key.to_string(),
             size: self.blob.size,
             parts: vec![Part { digest: self.blob.digest, size: self.blob.size }],
             etag: hex::encode(self.md5),
             sha256: self.blob.digest,
-            content_type: content_type.unwrap_or_else(|| guess_content_type(key)),
+            content_type: about.content_type.unwrap_or_else(|| guess_content_type(key)),
             modified: now_millis(),
-            metadata,
+            metadata: about.metadata,
+            headers: about.headers,
         }
     }
 }
@@ -427,7 +434,8 @@ impl Store {
         let written = self.note(self.write_blob(body, expected, true).await)?;
         let registering = Instant::now();
         self.put_time.bytes_ns.fetch_add((registering - started).as_nanos() as u64, Ordering::Relaxed);
-        let mut record = written.record(key, opts.content_type, opts.metadata);
+        let about = NewMetadata { content_type: opts.content_type, metadata: opts.metadata, headers: opts.headers };
+        let mut record = written.record(key, about);
         if let Some(modified) = opts.modified {
             record.modified = modified;
         }
@@ -465,6 +473,7 @@ impl Store {
             check_metadata(&new.metadata)?;
             record.content_type = new.content_type.unwrap_or_else(|| guess_content_type(key));
             record.metadata = new.metadata;
+            record.headers = new.headers;
         }
         let blobs = self
             .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))
@@ -746,7 +755,7 @@ impl PutBatch<'_> {
         let expected = Expected { len: Some(len), ..Expected::default() };
         // The blobs of a batch share one sync, at commit.
         let written = self.store.note(self.store.write_blob(body, expected, false).await)?;
-        let record = written.record(key, None, Vec::new());
+        let record = written.record(key, NewMetadata::default());
         self.entries.push((record, written));
         Ok(())
     }

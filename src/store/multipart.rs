@@ -20,7 +20,7 @@ use futures::{Stream, TryStreamExt};
 use md5::Digest as _;
 use rand::Rng;
 
-use super::{PutOptions, Result, Store, StoreError, names};
+use super::{NewMetadata, PutOptions, Result, Store, StoreError, names};
 use crate::catalog::{CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis};
 use crate::engine::{ByteRange, Digest};
 
@@ -154,29 +154,24 @@ fn target(record: &ObjectRecord) -> &str {
 
 impl Store {
     /// Starts a multipart upload of bucket/key; returns its id.
-    pub async fn create_upload(
-        &self,
-        bucket: &str,
-        key: &str,
-        content_type: Option<String>,
-        metadata: Vec<(String, String)>,
-    ) -> Result<String> {
+    pub async fn create_upload(&self, bucket: &str, key: &str, about: NewMetadata) -> Result<String> {
         self.check_key(key)?;
-        super::check_metadata(&metadata)?;
+        super::check_metadata(&about.metadata)?;
         self.bucket(bucket).await?;
         self.check_writable()?;
         let upload_id = hex::encode(rand::rng().random::<[u8; 16]>());
         let mut meta = vec![(TARGET.to_string(), key.to_string())];
-        meta.extend(metadata);
+        meta.extend(about.metadata);
         let record = ObjectRecord {
             key: upload_key(bucket, &upload_id),
             size: 0,
             parts: Vec::new(),
             etag: String::new(),
             sha256: Digest([0; 32]),
-            content_type: content_type.unwrap_or_else(|| super::guess_content_type(key)),
+            content_type: about.content_type.unwrap_or_else(|| super::guess_content_type(key)),
             modified: now_millis(),
             metadata: meta,
+            headers: about.headers,
         };
         let put =
             ObjectPut { bucket: UPLOADS.into(), record, blobs: Vec::new(), precondition: Precondition::default() };
@@ -364,6 +359,7 @@ impl Store {
             content_type: upload.content_type.clone(),
             modified: now_millis(),
             metadata: upload.metadata[1..].to_vec(),
+            headers: upload.headers.clone(),
             parts: body_parts,
         };
         object.sha256 = self.sha256_of(&object).await?;
@@ -378,6 +374,7 @@ impl Store {
             parts: Vec::new(),
             content_type: bucket.to_string(),
             metadata: vec![(TARGET.to_string(), key.to_string())],
+            headers: Vec::new(),
             ..object.clone()
         };
         let puts = vec![
@@ -442,7 +439,7 @@ mod tests {
     use super::*;
     use crate::catalog::rocks::RocksCatalog;
     use crate::engine::memory::MemoryEngine;
-    use crate::store::{NewMetadata, StoreConfig};
+    use crate::store::StoreConfig;
     use std::sync::Arc;
 
     fn upload(key: &str, id: &str, initiated: Millis) -> UploadInfo {
@@ -510,8 +507,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_completed_upload_is_its_parts_in_order_and_completing_again_answers_the_same() {
         let (s, _dir) = store().await;
-        let id =
-            s.create_upload("files", "k", Some("text/plain".into()), vec![("m".into(), "v".into())]).await.unwrap();
+        let about = NewMetadata {
+            content_type: Some("text/plain".into()),
+            metadata: vec![("m".into(), "v".into())],
+            headers: vec![("cache-control".into(), "max-age=60".into())],
+        };
+        let id = s.create_upload("files", "k", about.clone()).await.unwrap();
         let big = vec![7u8; MIN_PART_SIZE as usize];
         let parts = vec![part(&s, &id, 1, big.clone()).await, part(&s, &id, 3, b"tail".to_vec()).await];
         part(&s, &id, 2, b"never used".to_vec()).await;
@@ -523,7 +524,10 @@ mod tests {
         assert_eq!(done.etag, format!("{}-2", hex::encode(md5::Md5::digest(&md5s))));
         assert_eq!(done.sha256, Digest(sha2::Sha256::digest(&whole).into()));
         let head = s.head("files", "k").await.unwrap();
-        assert_eq!((head.content_type.as_str(), head.metadata.clone()), ("text/plain", vec![("m".into(), "v".into())]));
+        assert_eq!(
+            (Some(head.content_type.clone()), &head.metadata, &head.headers),
+            (about.content_type, &about.metadata, &about.headers)
+        );
         let again = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
         assert_eq!(again.etag, done.etag);
         // The upload's records are gone; only the object holds blobs: the
@@ -537,7 +541,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn completion_checks_etags_sizes_and_order() {
         let (s, _dir) = store().await;
-        let id = s.create_upload("files", "k", None, Vec::new()).await.unwrap();
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         let small = [part(&s, &id, 1, b"small".to_vec()).await, part(&s, &id, 2, b"last".to_vec()).await];
         let complete = |parts: Vec<(u32, String)>| {
             let (s, id) = (&s, id.clone());
@@ -559,10 +563,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn aborted_and_expired_uploads_release_their_parts() {
         let (s, _dir) = store().await;
-        let aborted = s.create_upload("files", "k", None, Vec::new()).await.unwrap();
+        let aborted = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         part(&s, &aborted, 1, b"aborted".to_vec()).await;
         s.abort_upload("files", "k", &aborted).await.unwrap();
-        let expired = s.create_upload("files", "k", None, Vec::new()).await.unwrap();
+        let expired = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         part(&s, &expired, 1, b"expired".to_vec()).await;
         assert_eq!(s.list_uploads("files", "").await.unwrap().len(), 1);
         assert_eq!(s.expire_uploads(now_millis() + 1).await.unwrap(), 1);
@@ -579,9 +583,14 @@ mod tests {
         let (s, _dir) = store().await;
         s.put("files", "src", body(b"shared bytes".to_vec()), PutOptions::default()).await.unwrap();
         let src = s.head("files", "src").await.unwrap();
-        let new = NewMetadata { content_type: Some("text/x".into()), metadata: vec![("a".into(), "b".into())] };
+        let new = NewMetadata {
+            content_type: Some("text/x".into()),
+            metadata: vec![("a".into(), "b".into())],
+            headers: vec![("content-language".into(), "de".into())],
+        };
         let copy = s.copy(&src, "files", "dst", Some(new), Precondition::default()).await.unwrap();
         assert_eq!((copy.record.etag.as_str(), copy.record.content_type.as_str()), (src.etag.as_str(), "text/x"));
+        assert_eq!(s.head("files", "dst").await.unwrap().header("content-language"), Some("de"));
         assert_eq!(read(&s, "dst").await, b"shared bytes");
         assert_eq!(s.catalog.get_blob(&src.sha256).await.unwrap().unwrap().refs, 2);
         assert_eq!(s.engine().list().await.unwrap().len(), 1, "no byte was copied");

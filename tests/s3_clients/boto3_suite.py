@@ -247,6 +247,29 @@ def empty_and_delete(s3, bucket):
 # --- areas ------------------------------------------------------------------
 
 
+# Headers PutObject, CopyObject (REPLACE) and CreateMultipartUpload store,
+# as boto3 names them, and the HTTP headers they come back as.
+STORED = {
+    "CacheControl": ("cache-control", "public, max-age=600"),
+    "ContentDisposition": ("content-disposition", 'attachment; filename="data.bin"'),
+    "ContentEncoding": ("content-encoding", "identity"),
+    "ContentLanguage": ("content-language", "de-CH"),
+    "Expires": ("expires", "Wed, 21 Oct 2099 07:28:00 GMT"),
+}
+
+
+def stored_args():
+    return {arg: (datetime.datetime(2099, 10, 21, 7, 28) if arg == "Expires" else value) for arg, (_, value) in STORED.items()}
+
+
+def expect_stored(response, what, expected=None):
+    """The STORED headers in a HeadObject or GetObject answer."""
+    headers = response["ResponseMetadata"]["HTTPHeaders"]
+    for arg, (name, value) in STORED.items():
+        want = value if expected is None else expected.get(name)
+        expect_equal(headers.get(name), want, f"{what}: {name}")
+
+
 def area_buckets(s3, buckets):
     bucket = buckets.create(s3)
     ok(f"CreateBucket {bucket}")
@@ -433,6 +456,34 @@ def area_put(s3, buckets):
     )
     expect_equal(body_of(s3.get_object(Bucket=bucket, Key="once")), b"third", "refused conditional PUTs wrote nothing")
 
+    s3.put_object(Bucket=bucket, Key="headers", Body=b"with headers", **stored_args())
+    expect_stored(s3.head_object(Bucket=bucket, Key="headers"), "HeadObject keeps PutObject's headers")
+    got = s3.get_object(Bucket=bucket, Key="headers")
+    expect_stored(got, "GetObject keeps PutObject's headers")
+    expect(body_of(got) == b"with headers", "... and the bytes")
+    overrides = s3.get_object(
+        Bucket=bucket,
+        Key="headers",
+        ResponseCacheControl="no-store",
+        ResponseContentDisposition="inline",
+        ResponseContentEncoding="gzip",
+        ResponseContentLanguage="fr",
+        ResponseExpires=datetime.datetime(2030, 1, 1),
+    )
+    expect_stored(
+        overrides,
+        "GetObject response-* parameters override the stored headers",
+        {
+            "cache-control": "no-store",
+            "content-disposition": "inline",
+            "content-encoding": "gzip",
+            "content-language": "fr",
+            "expires": "Tue, 01 Jan 2030 00:00:00 GMT",
+        },
+    )
+    s3.put_object(Bucket=bucket, Key="headers", Body=b"without")
+    expect_stored(s3.head_object(Bucket=bucket, Key="headers"), "an overwrite without headers drops them", {})
+
     empty = s3.put_object(Bucket=bucket, Key="empty", Body=b"")
     expect_equal(empty["ETag"], '"d41d8cd98f00b204e9800998ecf8427e"', "an empty object's ETag is the MD5 of nothing")
     got = s3.get_object(Bucket=bucket, Key="empty")
@@ -562,7 +613,12 @@ def area_copy(s3, buckets):
     other = buckets.create(s3, "dst")
     body = data(50_000, 4)
     src_etag = s3.put_object(
-        Bucket=bucket, Key="src/orig", Body=body, ContentType="text/x-orig", Metadata={"origin": "source"}
+        Bucket=bucket,
+        Key="src/orig",
+        Body=body,
+        ContentType="text/x-orig",
+        Metadata={"origin": "source"},
+        **stored_args(),
     )["ETag"]
     source = {"Bucket": bucket, "Key": "src/orig"}
 
@@ -571,6 +627,7 @@ def area_copy(s3, buckets):
     head = s3.head_object(Bucket=bucket, Key="dst/copy")
     expect_equal(head["Metadata"], {"origin": "source"}, "CopyObject (COPY) keeps the metadata")
     expect_equal(head["ContentType"], "text/x-orig", "CopyObject (COPY) keeps the Content-Type")
+    expect_stored(head, "CopyObject (COPY) keeps the stored headers")
     expect(body_of(s3.get_object(Bucket=bucket, Key="dst/copy")) == body, "the copy holds the source's bytes")
 
     s3.copy_object(
@@ -584,6 +641,7 @@ def area_copy(s3, buckets):
     head = s3.head_object(Bucket=bucket, Key="dst/replaced")
     expect_equal(head["Metadata"], {"fresh": "yes"}, "CopyObject (REPLACE) sets the new metadata only")
     expect_equal(head["ContentType"], "application/x-new", "CopyObject (REPLACE) sets the new Content-Type")
+    expect_stored(head, "CopyObject (REPLACE) without headers drops the stored ones", {})
     expect(body_of(s3.get_object(Bucket=bucket, Key="dst/replaced")) == body, "the replaced copy holds the bytes")
 
     expect_error(
@@ -823,7 +881,7 @@ def area_multipart(s3, buckets):
     key = "mp/object"
 
     created = s3.create_multipart_upload(
-        Bucket=bucket, Key=key, ContentType="application/x-parts", Metadata={"kind": "multipart"}
+        Bucket=bucket, Key=key, ContentType="application/x-parts", Metadata={"kind": "multipart"}, **stored_args()
     )
     upload = created["UploadId"]
     expect(bool(upload), "CreateMultipartUpload answers an UploadId")
@@ -901,6 +959,7 @@ def area_multipart(s3, buckets):
     expect_equal(got["ETag"], multipart_etag(parts), "GetObject: the multipart ETag")
     expect_equal(got["ContentType"], "application/x-parts", "the Content-Type given at creation")
     expect_equal(got["Metadata"], {"kind": "multipart"}, "the metadata given at creation")
+    expect_stored(got, "the headers given at creation")
     uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     expect(all(u["UploadId"] != upload for u in uploads), "a completed upload is no longer listed", short(uploads))
     again = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=completion)

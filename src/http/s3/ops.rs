@@ -9,7 +9,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use super::body::{Checked, Failure};
 use super::{may_use, to_s3};
-use crate::catalog::{ListPage, ListQuery, ObjectRecord, Precondition, from_millis};
+use crate::catalog::{ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::store::{NewMetadata, PutOptions, Store, StoreError, UploadQuery};
@@ -55,6 +55,47 @@ fn metadata_list(m: Option<Metadata>) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = m.unwrap_or_default().into_iter().collect();
     v.sort();
     v
+}
+
+/// What a writer says about its object besides the bytes: PutObject,
+/// CopyObject (with REPLACE) and CreateMultipartUpload name these fields
+/// alike.
+macro_rules! about {
+    ($input:expr) => {
+        NewMetadata {
+            content_type: $input.content_type.clone(),
+            metadata: metadata_list($input.metadata.clone()),
+            headers: stored_headers([
+                $input.cache_control.clone(),
+                $input.content_disposition.clone(),
+                $input.content_encoding.clone(),
+                $input.content_language.clone(),
+                $input.expires.as_ref().map(http_date),
+            ]),
+        }
+    };
+}
+
+/// The given values of [`STORED_HEADERS`], in that order.
+fn stored_headers(values: [Option<String>; STORED_HEADERS.len()]) -> Vec<(String, String)> {
+    STORED_HEADERS.iter().zip(values).filter_map(|(name, value)| Some((name.to_string(), value?))).collect()
+}
+
+fn http_date(t: &Timestamp) -> String {
+    let mut date = Vec::new();
+    t.format(TimestampFormat::HttpDate, &mut date).expect("a timestamp formats as an HTTP date");
+    String::from_utf8(date).expect("HTTP dates are ASCII")
+}
+
+/// The stored `Expires` of an object (an HTTP date, as stored).
+fn expires(record: &ObjectRecord) -> Option<Timestamp> {
+    record.header("expires").and_then(|v| Timestamp::parse(TimestampFormat::HttpDate, v).ok())
+}
+
+/// A stored header of the object, unless the request's `response-*`
+/// parameter overrides it, as S3 lets presigned download links do.
+fn stored(record: &ObjectRecord, name: &str, response: &Option<String>) -> Option<String> {
+    response.clone().or_else(|| record.header(name).map(str::to_string))
 }
 
 fn caller<T>(req: &S3Request<T>) -> String {
@@ -379,11 +420,13 @@ impl S3 for DepotS3 {
         let mut req = req;
         let body = req.input.body.take();
         let input = &req.input;
+        let about = about!(input);
         let opts = PutOptions {
-            content_type: input.content_type.clone(),
+            content_type: about.content_type,
             expected_md5: content_md5(input.content_md5.as_deref())?,
             precondition: precondition(input.if_match.as_ref(), input.if_none_match.as_ref()),
-            metadata: metadata_list(input.metadata.clone()),
+            metadata: about.metadata,
+            headers: about.headers,
             ..PutOptions::default()
         };
         let (bucket, key) = (input.bucket.clone(), input.key.clone());
@@ -424,7 +467,11 @@ impl S3 for DepotS3 {
             // The response-* query parameters override what is stored, as
             // in S3 (presigned download links name the file this way).
             content_type: Some(input.response_content_type.clone().unwrap_or_else(|| record.content_type.clone())),
-            content_disposition: input.response_content_disposition.clone(),
+            cache_control: stored(&record, "cache-control", &input.response_cache_control),
+            content_disposition: stored(&record, "content-disposition", &input.response_content_disposition),
+            content_encoding: stored(&record, "content-encoding", &input.response_content_encoding),
+            content_language: stored(&record, "content-language", &input.response_content_language),
+            expires: input.response_expires.clone().or_else(|| expires(&record)),
             e_tag: Some(etag(&record)),
             last_modified: Some(modified(&record)),
             metadata: metadata(&record),
@@ -445,6 +492,11 @@ impl S3 for DepotS3 {
             content_range,
             accept_ranges: Some("bytes".into()),
             content_type: Some(record.content_type.clone()),
+            cache_control: stored(&record, "cache-control", &None),
+            content_disposition: stored(&record, "content-disposition", &None),
+            content_encoding: stored(&record, "content-encoding", &None),
+            content_language: stored(&record, "content-language", &None),
+            expires: expires(&record),
             e_tag: Some(etag(&record)),
             last_modified: Some(modified(&record)),
             metadata: metadata(&record),
@@ -510,9 +562,7 @@ impl S3 for DepotS3 {
         let input = req.input;
         let replace = match input.metadata_directive.as_ref().map(|d| d.as_str()) {
             None | Some(MetadataDirective::COPY) => None,
-            Some(MetadataDirective::REPLACE) => {
-                Some(NewMetadata { content_type: input.content_type, metadata: metadata_list(input.metadata) })
-            }
+            Some(MetadataDirective::REPLACE) => Some(about!(input)),
             Some(other) => return Err(bad_argument(format!("metadata directive {other:?} is not COPY or REPLACE"))),
         };
         if let CopySource::Bucket { bucket, key, .. } = &input.copy_source
@@ -644,11 +694,7 @@ impl S3 for DepotS3 {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let input = req.input;
-        let upload_id = self
-            .store
-            .create_upload(&input.bucket, &input.key, input.content_type, metadata_list(input.metadata))
-            .await
-            .map_err(to_s3)?;
+        let upload_id = self.store.create_upload(&input.bucket, &input.key, about!(input)).await.map_err(to_s3)?;
         ok(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
