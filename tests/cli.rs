@@ -68,3 +68,51 @@ fn unreachable_server_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the depot server"));
 }
+
+/// Keys are keys: `a/../b` is not `b`, though URL libraries would make it
+/// so; a folder is not a file; a pipe is uploaded whole.
+#[test]
+fn odd_keys_folders_and_pipes() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dotted"), b"dotted").unwrap();
+    std::fs::write(dir.path().join("plain"), b"plain").unwrap();
+    ok(&depot(&server, &["put", "plain", "files/b"], dir.path()));
+    for key in ["a/../b", "../up", "./here"] {
+        let said = ok(&depot(&server, &["put", "dotted", &format!("files/{key}")], dir.path()));
+        assert!(said.contains(key), "{said}");
+        let got = depot(&server, &["get", &format!("files/{key}"), "-"], dir.path());
+        assert_eq!(ok(&got), "dotted", "{key}");
+    }
+    ok(&depot(&server, &["rm", "files/a/../b"], dir.path()));
+    assert_eq!(ok(&depot(&server, &["get", "files/b", "-"], dir.path())), "plain", "rm took the key it was given");
+    assert_eq!(depot(&server, &["get", "files/a/../b", "-"], dir.path()).status.code(), Some(1));
+    let out = depot(&server, &["put", "plain", "files/.."], dir.path());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be put in a URL"), "{out:?}");
+
+    let out = depot(&server, &["get", "files/folder/"], dir.path());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names a folder"), "{out:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "nothing written");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let out = depot(&server, &["put", "sub", "files/dir"], dir.path());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"), "{out:?}");
+
+    let mut child = Command::new(BIN)
+        .current_dir(dir.path())
+        .args(["put", "/dev/stdin", "files/piped", "--server", &server.url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let body = pattern(300_000, 9);
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(ok(&out).contains("292.97 KiB"), "the pipe's size: {out:?}");
+    let got = Command::new(BIN).args(["get", "files/piped", "-", "--server", &server.url]).output().unwrap();
+    assert!(got.stdout == body, "the pipe's bytes");
+
+    std::fs::write(dir.path().join("plain"), b"x").unwrap();
+    ok(&depot(&server, &["put", "plain", "files/line\nbreak\u{1b}[31m"], dir.path()));
+    let listing = ok(&depot(&server, &["ls", "files"], dir.path()));
+    assert!(listing.contains("line\\nbreak\\u{1b}[31m") && !listing.contains('\u{1b}'), "{listing}");
+}

@@ -48,8 +48,8 @@ impl Client {
         Ok(Client { base, http: reqwest::Client::new(), secret: args.secret.clone() })
     }
 
-    pub(crate) fn url(&self, bucket: &str, key: &str) -> String {
-        format!("{}/{}/{}", self.base, bucket, percent_encoding::utf8_percent_encode(key, KEY))
+    pub(crate) fn url(&self, bucket: &str, key: &str) -> anyhow::Result<String> {
+        Ok(format!("{}/{}/{}", self.base, bucket, key_path(key)?))
     }
 
     pub(crate) fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
@@ -71,6 +71,28 @@ impl Client {
             Err(_) => bail!("the server answered {status}"),
         }
     }
+}
+
+/// A key as a URL path, which reaches the server unchanged. URL libraries
+/// and browsers remove `.` and `..` segments, escaped or not (RFC 3986
+/// section 5.2.4, the WHATWG URL standard), and would send `a/../b` as `b`.
+/// So the `/` that makes such a segment one, before it or (first in the
+/// key) after it, goes as `%2F`, which the server reads as `/`. A key that
+/// is nothing but `.` or `..` has no `/` to hide behind.
+fn key_path(key: &str) -> anyhow::Result<String> {
+    let dot = |s: &str| s == "." || s == "..";
+    if dot(key) {
+        bail!("the key {key:?} cannot be put in a URL: clients remove it; use the S3 API");
+    }
+    let segments: Vec<&str> = key.split('/').collect();
+    let mut path = String::new();
+    for (i, segment) in segments.iter().enumerate() {
+        if i > 0 {
+            path.push_str(if dot(segment) || (i == 1 && dot(segments[0])) { "%2F" } else { "/" });
+        }
+        path.extend(percent_encoding::utf8_percent_encode(segment, KEY));
+    }
+    Ok(path)
 }
 
 /// Splits `bucket/key` (the key may be empty).
@@ -121,24 +143,29 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
 
 async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyhow::Result<()> {
     let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
-    let len = f.metadata().await?.len();
-    let progress = bar(len, &format!("{bucket}/{key}"));
+    let meta = f.metadata().await?;
+    if meta.is_dir() {
+        bail!("{} is a directory: upload its files, or import it with depot import", file.display());
+    }
+    // A pipe or a device has no length to declare: its bytes go chunked.
+    let len = meta.is_file().then_some(meta.len());
+    let progress = bar(len.unwrap_or(0), &format!("{bucket}/{key}"));
     let p = progress.clone();
     let stream = tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).inspect(move |c| {
         if let Ok(c) = c {
             p.inc(c.len() as u64);
         }
     });
-    let req = client
-        .request(reqwest::Method::PUT, &client.url(bucket, key))
-        .header(reqwest::header::CONTENT_LENGTH, len)
-        .body(reqwest::Body::wrap_stream(stream));
-    let resp = client.send(req).await;
+    let mut req = client.request(reqwest::Method::PUT, &client.url(bucket, key)?);
+    if let Some(len) = len {
+        req = req.header(reqwest::header::CONTENT_LENGTH, len);
+    }
+    let resp = client.send(req.body(reqwest::Body::wrap_stream(stream))).await;
     progress.finish_and_clear();
     let body: serde_json::Value = resp?.json().await?;
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
-    println!("{bucket}/{key}  {}  sha256 {}{dedup}", HumanBytes(len), body["sha256"].as_str().unwrap_or("?"));
-    Ok(())
+    let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
+    say(format_args!("{bucket}/{key}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
 }
 
 /// `depot get BUCKET/KEY [FILE]`: to FILE (`-` for standard output), or a
@@ -149,9 +176,12 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
     if key.is_empty() {
         bail!("give BUCKET/KEY, e.g. files/photo.jpg");
     }
+    if key.ends_with('/') {
+        bail!("{target} names a folder: list it with depot ls {target}");
+    }
     let client = Client::new(args)?;
     runtime()?.block_on(async {
-        let resp = client.send(client.request(reqwest::Method::GET, &client.url(bucket, key))).await?;
+        let resp = client.send(client.request(reqwest::Method::GET, &client.url(bucket, key)?)).await?;
         let len = resp.content_length().unwrap_or(0);
         let mut body = resp.bytes_stream();
         if out == Some(Path::new("-")) {
@@ -189,8 +219,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
             return Err(e);
         }
         tokio::fs::rename(&partial, &dest).await?;
-        println!("{}  {}", dest.display(), HumanBytes(len));
-        Ok(())
+        say(format_args!("{}  {}", dest.display(), HumanBytes(len)))
     })
 }
 
@@ -228,7 +257,7 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
                 client.request(reqwest::Method::GET, &format!("{}/", client.base)).header("accept", "application/json");
             let list: Buckets = client.send(req).await?.json().await?;
             for b in list.buckets {
-                println!("{:<24}  {}/", b.created, b.name);
+                say(format_args!("{:<24}  {}/", b.created, b.name))?;
             }
             return Ok(());
         };
@@ -236,7 +265,7 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
         let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
         let mut after: Option<String> = None;
         loop {
-            let mut url = client.url(bucket, &prefix);
+            let mut url = client.url(bucket, &prefix)?;
             if let Some(a) = &after {
                 url.push_str(&format!(
                     "?after={}",
@@ -246,10 +275,10 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
             let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
             let page: Listing = client.send(req).await?.json().await?;
             for d in &page.dirs {
-                println!("{:>10}  {:<24}  {d}", "-", "");
+                say(format_args!("{:>10}  {:<24}  {}", "-", "", printable(d)))?;
             }
             for e in &page.entries {
-                println!("{:>10}  {:<24}  {}", HumanBytes(e.size).to_string(), e.modified, e.key);
+                say(format_args!("{:>10}  {:<24}  {}", HumanBytes(e.size).to_string(), e.modified, printable(&e.key)))?;
             }
             match page.next {
                 Some(n) => after = Some(n),
@@ -268,9 +297,55 @@ pub fn rm(args: &ClientArgs, targets: &[String]) -> anyhow::Result<()> {
             if key.is_empty() {
                 bail!("give BUCKET/KEY, e.g. files/photo.jpg (to remove a bucket: curl -X DELETE)");
             }
-            client.send(client.request(reqwest::Method::DELETE, &client.url(bucket, key))).await?;
-            println!("removed {target}");
+            client.send(client.request(reqwest::Method::DELETE, &client.url(bucket, key)?)).await?;
+            say(format_args!("removed {}", printable(target)))?;
         }
         Ok(())
     })
+}
+
+/// One line of output. A reader that went away (`depot ls | head`) ends
+/// the command quietly, as it would end `ls`.
+fn say(line: std::fmt::Arguments) -> anyhow::Result<()> {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{line}") {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        result => Ok(result?),
+    }
+}
+
+/// A key for a terminal: control characters (a newline, an escape
+/// sequence) are shown escaped rather than acted on.
+fn printable(key: &str) -> std::borrow::Cow<'_, str> {
+    if !key.chars().any(char::is_control) {
+        return key.into();
+    }
+    key.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The path the server gets, after a URL library has had its way.
+    fn sent(key: &str) -> String {
+        let url = reqwest::Url::parse(&format!("http://depot/files/{}", key_path(key).unwrap())).unwrap();
+        let path = url.path().strip_prefix("/files/").expect("the bucket stays").to_string();
+        percent_encoding::percent_decode_str(&path).decode_utf8().unwrap().into_owned()
+    }
+
+    #[test]
+    fn keys_with_dot_segments_reach_the_server_whole() {
+        for key in ["a/../b", "../x", "./x", "a/.", "a/..", "../..", "a/./b/../c", "a//b", "%2e%2e/x", "x y/é?#"] {
+            assert_eq!(sent(key), key);
+        }
+        assert_eq!(key_path("plain/key.txt").unwrap(), "plain/key.txt", "no needless escapes");
+        assert!(key_path("..").is_err() && key_path(".").is_err());
+    }
+
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(printable("a\nb\u{1b}]0;x\u{7}"), "a\\nb\\u{1b}]0;x\\u{7}");
+        assert_eq!(printable("plain é"), "plain é");
+    }
 }

@@ -378,7 +378,7 @@ async fn ensure_bucket(client: &Client, bucket: &str) -> anyhow::Result<()> {
 }
 
 async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, item: &Item) -> anyhow::Result<Outcome> {
-    let url = client.url(bucket, key);
+    let url = client.url(bucket, key)?;
     let modified = item.modified.map(httpdate::fmt_http_date);
     let head = client.request(reqwest::Method::HEAD, &url).send().await?;
     // (A HEAD response's length is in its header: it has no body to size.)

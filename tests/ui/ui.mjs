@@ -189,6 +189,22 @@ try {
   await row(page, 'random.bin').waitFor({ state: 'detached' });
   assert.equal((await fetch(OPEN + '/photos/random.bin', { method: 'HEAD' })).status, 404);
 
+  step('keys with dot segments are not the keys they would collapse to');
+  // Node's fetch, like a browser, would collapse a/../b: the test sends %2F.
+  assert.equal((await fetch(OPEN + '/photos/dots%2F..%2Fnotes.txt', { method: 'PUT', body: 'dotted\n' })).status, 201);
+  await page.goto(OPEN + '/photos/dots/');
+  await row(page, 'dots/../').locator('a').click();
+  await row(page, 'dots/../notes.txt').locator('button.file').click();
+  await page.waitForSelector('#pv-body pre');
+  assert.equal(await page.textContent('#pv-body pre'), 'dotted\n', 'the preview reads the dotted key');
+  await page.keyboard.press('Escape');
+  await row(page, 'dots/../notes.txt').getByRole('button', { name: /^Delete/ }).click();
+  await page.click('#ask-ok');
+  await row(page, 'dots/../notes.txt').waitFor({ state: 'detached' });
+  assert.equal((await fetch(OPEN + '/photos/dots%2F..%2Fnotes.txt', { method: 'HEAD' })).status, 404);
+  assert.equal((await fetch(OPEN + '/photos/notes.txt', { method: 'HEAD' })).status, 200, 'notes.txt is untouched');
+  await page.goto(OPEN + '/photos/');
+
   step('create a folder, upload into it, breadcrumbs');
   await page.click('#new-folder');
   await ask(page, { name: 'trips' });

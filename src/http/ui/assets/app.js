@@ -63,7 +63,14 @@
     const c = String.fromCharCode(b);
     return /[A-Za-z0-9_.~-]/.test(c) || (!slash && c === '/') ? c : '%' + b.toString(16).toUpperCase().padStart(2, '0');
   }).join('');
-  const path = (bucket, key) => '/' + uri(bucket, true) + '/' + (key ? uri(key, false) : '');
+  // Browsers remove `.` and `..` segments from URLs, escaped or not, and
+  // would send `a/../b` as `b`: the `/` that makes such a segment one
+  // (before it, or after it first in the key) goes as %2F, which the
+  // server reads as `/`. The command line does the same.
+  const dot = (s) => s === '.' || s === '..';
+  const keyPath = (key) => key.split('/').map((s, i, all) =>
+    (i === 0 ? '' : dot(s) || (i === 1 && dot(all[0])) ? '%2F' : '/') + uri(s, true)).join('');
+  const path = (bucket, key) => '/' + uri(bucket, true) + '/' + (key ? keyPath(key) : '');
 
   /** A SigV4 presigned URL (query authentication) for `method` on `p`. */
   function presign(method, p, params = {}, headers = {}, expires = 3600) {
