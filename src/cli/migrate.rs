@@ -168,10 +168,15 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args.from)?;
     let to: EngineKind = args.to_engine.parse().map_err(anyhow::Error::msg)?;
     let from = settings.engine;
+    if from == EngineKind::Memory || to == EngineKind::Memory {
+        bail!("the memory engine keeps nothing once its process ends: a store cannot move into it or out of it");
+    }
     let data = settings.data.clone();
     let marker = std::fs::read_to_string(data.join(ENGINE_MARKER))
         .with_context(|| format!("{} holds no depot store", data.display()))?;
-    let state = match State::read(&data)? {
+    // A new migration is recorded once the catalog is open: a server
+    // holding the store refuses the migration before anything is written.
+    let (state, new) = match State::read(&data)? {
         Some(s) if args.cancel && s.phase == Phase::Copy => {
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
@@ -188,7 +193,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             s.from.name(),
             s.to.name()
         ),
-        Some(s) => s,
+        Some(s) => (s, false),
         None => {
             if marker.trim() != from.name() {
                 bail!("{} holds a store of the {} engine, not {}", data.display(), marker.trim(), from.name());
@@ -196,14 +201,15 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             if same_place(from, &settings.engine_config, to, &target_config(args, &settings.engine_config)) {
                 bail!("the store is in that {} engine already", from.name());
             }
-            let state = State { phase: Phase::Copy, from, to };
-            state.write(&data)?;
-            state
+            (State { phase: Phase::Copy, from, to }, true)
         }
     };
     let to_config = target_config(args, &settings.engine_config);
     runtime(2)?.block_on(async {
         let catalog = open_catalog(&settings).await?;
+        if new {
+            state.write(&data)?;
+        }
         let source = engine::open(from, &engine_root(&data, from), &settings.engine_config).await?;
         let target = engine::open(to, &engine_root(&data, to), &to_config).await?;
         let mut state = state;
@@ -212,12 +218,18 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             if !copy(&*catalog, &source, &target, &journal, args).await? {
                 return Ok(());
             }
-            switch(&*catalog, &journal).await?;
+            switch(&*catalog, &target, &journal).await?;
             write_durably(&data, ENGINE_MARKER, &format!("{}\n", to.name()))?;
             state.phase = Phase::Cleanup;
             state.write(&data)?;
         }
         cleanup(&source).await?;
+        if from.is_embedded() {
+            // Emptied, an engine's files keep their space (SQLite's pages,
+            // RocksDB's tables until compaction): its directory goes.
+            drop(source);
+            std::fs::remove_dir_all(engine_root(&data, from)).or_else(ignore_missing)?;
+        }
         std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
         std::fs::remove_file(data.join(STATE))?;
         println!("the store now lives in the {} engine: start it with --engine {}", to.name(), to.name());
@@ -313,11 +325,18 @@ async fn copy(
     Ok(true)
 }
 
-/// Points the catalog at the copies.
-async fn switch(catalog: &dyn Catalog, journal: &Path) -> anyhow::Result<()> {
+/// Points the catalog at the copies. A blob collected while the store
+/// served between slices has no record left to point: its copy goes.
+async fn switch(catalog: &dyn Catalog, target: &DynEngine, journal: &Path) -> anyhow::Result<()> {
     let moved: Vec<(Digest, Locator)> = read_journal(journal)?.into_iter().collect();
     for batch in moved.chunks(1000) {
         catalog.set_locators(batch).await?;
+        let digests: Vec<Digest> = batch.iter().map(|(digest, _)| *digest).collect();
+        for ((digest, locator), record) in batch.iter().zip(catalog.get_blobs(&digests).await?) {
+            if record.is_none() {
+                target.delete(&BlobRef { digest: *digest, size: 0, locator: locator.clone() }).await?;
+            }
+        }
     }
     Ok(())
 }
