@@ -26,14 +26,17 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     let data = dir.path().join("data");
     let mut server = Server::start_in(&data, &["--engine", "fs"]);
     let (damaged, lost, kept) = (pattern(50_000, 1), pattern(60_000, 2), pattern(70_000, 3));
+    let (cut, grown) = (pattern(80_000, 5), pattern(90_000, 6));
     put(&server, "damaged", damaged.clone()).await;
     put(&server, "lost", lost.clone()).await;
     put(&server, "kept", kept.clone()).await;
+    put(&server, "cut", cut.clone()).await;
+    put(&server, "grown", grown.clone()).await;
     server.stop();
     let d = data.to_str().unwrap();
     let clean = depot(&["verify", "--data", d, "--engine", "fs"]);
     assert!(clean.status.success(), "{}", text(&clean));
-    assert!(text(&clean).contains("3 objects, 3 blobs"), "{}", text(&clean));
+    assert!(text(&clean).contains("5 objects, 5 blobs"), "{}", text(&clean));
 
     let blob_file = |bytes: &[u8]| {
         let sha = sha256_hex(bytes);
@@ -43,6 +46,9 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     bytes[100] ^= 1;
     std::fs::write(blob_file(&damaged), bytes).unwrap();
     std::fs::remove_file(blob_file(&lost)).unwrap();
+    std::fs::OpenOptions::new().write(true).open(blob_file(&cut)).unwrap().set_len(1000).unwrap();
+    let mut longer = std::fs::OpenOptions::new().append(true).open(blob_file(&grown)).unwrap();
+    std::io::Write::write_all(&mut longer, b"0123456789").unwrap();
     let stray = pattern(1234, 4);
     let stray_sha = sha256_hex(&stray);
     let stray_at = data.join("fs/blobs").join(&stray_sha[..2]).join(&stray_sha[2..4]).join(&stray_sha);
@@ -57,6 +63,11 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     assert!(report.contains(&format!("blob {}: 1234 bytes in the engine", sha256_hex(&stray))), "{report}");
     assert!(report.contains("lost or damaged: files/damaged"), "{report}");
     assert!(report.contains("lost or damaged: files/lost"), "{report}");
+    // Every damaged blob is named, a cut one among them: it does not end the check.
+    assert!(report.contains(&format!("blob {}: fs engine: damaged blob: ", sha256_hex(&cut))), "{report}");
+    let longer = format!("blob {}: 90010 bytes stored where 90000 were written", sha256_hex(&grown));
+    assert!(report.contains(&longer), "{report}");
+    assert!(report.contains("lost or damaged: files/cut") && report.contains("lost or damaged: files/grown"));
 
     let repair = depot(&["verify", "--data", d, "--engine", "fs", "--repair"]);
     assert_eq!(repair.status.code(), Some(1), "lost bytes cannot be repaired: {}", text(&repair));
@@ -183,7 +194,30 @@ async fn a_backup_of_a_stopped_store_needs_no_server_and_refuses_a_used_director
     let again = depot(&["backup", "--data", d, "--engine", "sqlite", b]);
     assert!(!again.status.success());
     assert!(text(&again).contains("not empty"), "{}", text(&again));
+    let inside = data.join("backup");
+    let nested = depot(&["backup", "--data", d, "--engine", "sqlite", inside.to_str().unwrap()]);
+    assert!(text(&nested).contains("inside the data directory") && !inside.exists(), "{}", text(&nested));
     let copy = Server::start_in(&backup, &["--engine", "sqlite"]);
     let r = client().get(copy.object_url("files", "a/b.bin")).send().await.unwrap();
     assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&pattern(300_000, 9)));
+}
+
+/// A mistyped `--data` is an error, not a fresh store checked and found
+/// sound: nothing is created there.
+#[test]
+fn maintenance_of_a_directory_without_a_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let d = missing.to_str().unwrap();
+    let backup_dir = dir.path().join("backup");
+    for args in [
+        vec!["verify", "--data", d],
+        vec!["gc", "--data", d],
+        vec!["backup", "--data", d, backup_dir.to_str().unwrap()],
+    ] {
+        let out = depot(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains("holds no depot store"), "{args:?}: {}", text(&out));
+        assert!(!missing.exists(), "{args:?} created the directory");
+    }
 }

@@ -62,6 +62,15 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     Ok(Store::open(catalog, engine, config).await?)
 }
 
+/// Opens a store that must exist already: maintenance of a mistyped
+/// `--data` would otherwise check a new, empty store and call it sound.
+async fn open_existing_store(settings: &Settings) -> anyhow::Result<Store> {
+    if !settings.data.join(ENGINE_MARKER).exists() {
+        bail!("{} holds no depot store (it has no {ENGINE_MARKER} file): check --data", settings.data.display());
+    }
+    open_store(settings).await
+}
+
 pub(crate) fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()?)
 }
@@ -122,7 +131,7 @@ async fn shutdown_signal() {
 pub fn gc(args: &ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(args)?;
     runtime(1)?.block_on(async {
-        let store = open_store(&settings).await?;
+        let store = open_existing_store(&settings).await?;
         let report = store.gc().await?;
         println!(
             "removed {} unreferenced blob(s) and {} orphan(s), {} freed",
@@ -138,7 +147,7 @@ pub fn gc(args: &ServeArgs) -> anyhow::Result<()> {
 pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
     let settings = Settings::resolve(args)?;
     runtime(1)?.block_on(async {
-        let store = open_store(&settings).await?;
+        let store = open_existing_store(&settings).await?;
         let total = store.stats().await?.blob_bytes.max(0) as u64;
         let progress = super::progress_bar(total, super::BYTES_BAR);
         progress.set_message("verifying");
@@ -171,8 +180,12 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
 pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
     let settings = Settings::resolve(args)?;
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let data = std::path::absolute(&settings.data)?;
+    if dir.starts_with(&data) {
+        bail!("{} is inside the data directory {}: a backup goes elsewhere", dir.display(), data.display());
+    }
     runtime(1)?.block_on(async {
-        let report = match open_store(&settings).await {
+        let report = match open_existing_store(&settings).await {
             Ok(store) => {
                 let progress = super::progress_bar(0, super::BYTES_BAR);
                 progress.set_message("copying");

@@ -476,7 +476,7 @@ async fn read_chunk(file: &Arc<File>, offset: u64, n: usize) -> Result<Bytes> {
 }
 
 fn truncated() -> EngineError {
-    EngineError::other(NAME, "blob file is shorter than its record: it was truncated on disk")
+    EngineError::damaged(NAME, "the blob file is shorter than its record: it was truncated on disk")
 }
 
 #[cfg(test)]

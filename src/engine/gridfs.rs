@@ -552,7 +552,7 @@ struct ChunkReader {
 
 impl ChunkReader {
     fn fail(&self, what: &str) -> EngineError {
-        EngineError::other(NAME, format!("chunk {} of file {} is {what}", self.next, self.file.id))
+        EngineError::damaged(NAME, format!("chunk {} of file {} is {what}", self.next, self.file.id))
     }
 
     /// The next piece of the range, or `None` after the last.

@@ -135,6 +135,10 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    /// The stored bytes are not as written: cut short, or their chunks
+    /// missing or of the wrong size. The blob is lost; the engine is not.
+    #[error("{engine} engine: damaged blob: {message}")]
+    Damaged { engine: &'static str, message: String },
     #[error("{engine} engine: {message}")]
     Other { engine: &'static str, message: String },
 }
@@ -151,6 +155,10 @@ impl EngineError {
 
     pub fn other(engine: &'static str, message: impl fmt::Display) -> EngineError {
         EngineError::Other { engine, message: message.to_string() }
+    }
+
+    pub fn damaged(engine: &'static str, message: impl fmt::Display) -> EngineError {
+        EngineError::Damaged { engine, message: message.to_string() }
     }
 }
 

@@ -274,8 +274,10 @@ impl Inner {
         .map_err(pg_err)?;
         match row {
             Some(data) if data.len() == len => Ok(Bytes::from(data)),
-            Some(_) => Err(EngineError::other(NAME, format!("chunk {n} of blob {id} does not match its blob's size"))),
-            None => Err(EngineError::other(NAME, format!("chunk {n} of blob {id} is missing"))),
+            Some(_) => {
+                Err(EngineError::damaged(NAME, format!("chunk {n} of blob {id} does not match its blob's size")))
+            }
+            None => Err(EngineError::damaged(NAME, format!("chunk {n} of blob {id} is missing"))),
         }
     }
 

@@ -526,8 +526,8 @@ impl BlobEngine for SqliteEngine {
             })?;
             match found {
                 Some(Some(bytes)) => Ok(bytes),
-                Some(None) => Err(EngineError::other(NAME, format!("chunk {n} of blob {} is short", head.id))),
-                None => Err(EngineError::other(NAME, format!("chunk {n} of blob {} is missing", head.id))),
+                Some(None) => Err(EngineError::damaged(NAME, format!("chunk {n} of blob {} is short", head.id))),
+                None => Err(EngineError::damaged(NAME, format!("chunk {n} of blob {} is missing", head.id))),
             }
         }))
     }

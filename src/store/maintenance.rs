@@ -36,6 +36,9 @@ pub enum Problem {
     MissingBytes { digest: Digest },
     /// A blob's bytes no longer hash to its digest (or have another length).
     CorruptBytes { digest: Digest, actual: Digest, size: u64 },
+    /// A blob's bytes cannot be read whole (cut short, chunks missing), or
+    /// more are stored than were written.
+    DamagedBytes { digest: Digest, reason: String },
     /// A blob's reference count is not the number of parts referring to it.
     WrongRefs { digest: Digest, recorded: u64, counted: u64 },
     /// Bytes in the engine that no catalog record points at.
@@ -64,6 +67,7 @@ impl fmt::Display for Problem {
             Problem::CorruptBytes { digest, actual, size } => {
                 write!(f, "blob {digest}: its bytes hash to {actual} ({size} bytes)")
             }
+            Problem::DamagedBytes { digest, reason } => write!(f, "blob {digest}: {reason}"),
             Problem::WrongRefs { digest, recorded, counted } => {
                 write!(f, "blob {digest}: {recorded} references recorded, {counted} counted")
             }
@@ -236,10 +240,18 @@ impl Store {
                         report.bytes_read += size;
                         if actual != blob.digest || size != blob.size {
                             report.problems.push(Problem::CorruptBytes { digest: blob.digest, actual, size });
+                        } else if let Some(stored) = self.engine.stat(&blob.blob_ref()).await?
+                            && stored != blob.size
+                        {
+                            let reason = format!("{stored} bytes stored where {} were written", blob.size);
+                            report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason });
                         }
                     }
                     Err(EngineError::NotFound(_)) => {
                         report.problems.push(Problem::MissingBytes { digest: blob.digest })
+                    }
+                    Err(e @ EngineError::Damaged { .. }) => {
+                        report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason: e.to_string() })
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -265,7 +277,9 @@ impl Store {
             .problems
             .iter()
             .filter_map(|p| match p {
-                Problem::MissingBytes { digest } | Problem::CorruptBytes { digest, .. } => Some(*digest),
+                Problem::MissingBytes { digest }
+                | Problem::CorruptBytes { digest, .. }
+                | Problem::DamagedBytes { digest, .. } => Some(*digest),
                 _ => None,
             })
             .collect();
@@ -357,7 +371,9 @@ impl Store {
         // Lost bytes of a blob nothing refers to went with its record.
         let dropped = |d: &Digest| scan.unreferenced.iter().any(|b| b.digest == *d);
         let fixed = problems.iter().filter(|p| match p {
-            Problem::MissingBytes { digest } | Problem::CorruptBytes { digest, .. } => dropped(digest),
+            Problem::MissingBytes { digest }
+            | Problem::CorruptBytes { digest, .. }
+            | Problem::DamagedBytes { digest, .. } => dropped(digest),
             p => p.repairable(),
         });
         Ok(fixed.count() as u64)
@@ -374,14 +390,14 @@ impl Store {
             return Err(StoreError::Internal("this store does not know how its engine was opened".into()));
         };
         if !kind.is_embedded() {
-            return Err(StoreError::Internal(format!(
+            return Err(StoreError::InvalidArgument(format!(
                 "the {} engine keeps its bytes in its own server: back that up with its own tools",
                 kind.name()
             )));
         }
         match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
             Ok(true) => {}
-            Ok(false) => return Err(StoreError::Internal(format!("{} is not empty", dir.display()))),
+            Ok(false) => return Err(StoreError::InvalidArgument(format!("{} is not empty", dir.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(dir)
                 .map_err(|e| StoreError::Internal(format!("creating {}: {e}", dir.display())))?,
             Err(e) => return Err(StoreError::Internal(format!("reading {}: {e}", dir.display()))),
@@ -524,7 +540,7 @@ mod tests {
         assert_eq!((report.objects, report.blobs), (2, 3));
         put(&store, "later", b"written after the backup").await;
         let refused = store.backup(&target, &hidden()).await;
-        assert!(matches!(refused, Err(StoreError::Internal(m)) if m.contains("not empty")));
+        assert!(matches!(refused, Err(StoreError::InvalidArgument(m)) if m.contains("not empty")));
 
         let copy_engine = engine::open(EngineKind::Hybrid, &target.join("hybrid"), &config).await.unwrap();
         let copy_catalog = Arc::new(RocksCatalog::open(&target.join("catalog")).unwrap());
