@@ -197,8 +197,21 @@ impl Settings {
         let engine_name = args.engine.clone().or(file.engine).unwrap_or_else(|| "hybrid".into());
         let engine: EngineKind = engine_name.parse().map_err(anyhow::Error::msg)?;
         let mut credentials = file.credentials;
+        for (i, c) in credentials.iter().enumerate() {
+            // A Bearer token is a secret alone: it must name one credential.
+            if credentials[..i].iter().any(|o| o.access_key == c.access_key || o.secret_key == c.secret_key) {
+                bail!("credential {:?}: its access key or its secret is given twice in the file", c.access_key);
+            }
+        }
         match (&args.access_key, &args.secret_key) {
-            (Some(a), Some(s)) => credentials.insert(0, Credential { access_key: a.clone(), secret_key: s.clone() }),
+            (Some(a), Some(s)) => {
+                // The flags win over the file's entry for the same key.
+                credentials.retain(|c| c.access_key != *a);
+                if credentials.iter().any(|c| c.secret_key == *s) {
+                    bail!("--secret-key is also the secret of another credential: a secret must name one");
+                }
+                credentials.insert(0, Credential { access_key: a.clone(), secret_key: s.clone() })
+            }
             (None, None) => {}
             _ => bail!("--access-key and --secret-key go together"),
         }
@@ -330,6 +343,27 @@ mod tests {
         assert_eq!((s.engine, s.threads, s.credentials.len()), (EngineKind::Fs, 5, 1));
         std::fs::write(&path, "engin = \"fs\"\n").unwrap();
         assert!(Settings::resolve(&args).is_err(), "unknown settings are errors, not ignored");
+    }
+
+    #[test]
+    fn each_access_key_and_each_secret_names_one_credential() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        let entry = |a: &str, s: &str| format!("[[credentials]]\naccess_key = \"{a}\"\nsecret_key = \"{s}\"\n");
+        let args = ServeArgs { config: Some(path.clone()), ..Default::default() };
+        for twice in
+            [entry("a", "secret-one") + &entry("a", "secret-two"), entry("a", "secret-one") + &entry("b", "secret-one")]
+        {
+            std::fs::write(&path, twice).unwrap();
+            assert!(Settings::resolve(&args).unwrap_err().to_string().contains("given twice"));
+        }
+        std::fs::write(&path, entry("a", "secret-one") + &entry("b", "secret-two")).unwrap();
+        let flag = ServeArgs { access_key: Some("a".into()), secret_key: Some("secret-new".into()), ..args.clone() };
+        let s = Settings::resolve(&flag).unwrap();
+        let keys: Vec<_> = s.credentials.iter().map(|c| (c.access_key.as_str(), c.secret_key.as_str())).collect();
+        assert_eq!(keys, [("a", "secret-new"), ("b", "secret-two")], "the flag replaces the file's entry");
+        let clash = ServeArgs { access_key: Some("c".into()), secret_key: Some("secret-two".into()), ..args };
+        assert!(Settings::resolve(&clash).is_err());
     }
 
     #[test]

@@ -317,6 +317,14 @@ async fn json_listing_gives_entries_dirs_and_next() {
     let docs = list(&s, "docs/", "").await;
     assert_eq!(keys_of(&docs), ["docs/a.txt", "docs/b.txt"]);
     assert_eq!(docs["dirs"], json!(["docs/sub/"]));
+
+    // The form follows Accept, and says so to caches.
+    let url = format!("{}/{B}/docs/", s.url);
+    for accept in ["application/json", "text/html", "*/*"] {
+        let r = send(Method::GET, &url, &[("accept", accept)], None).await;
+        assert_eq!(header(&r, "vary"), "Accept", "{accept}");
+    }
+    assert_eq!(header(&send(Method::GET, &s.url, &[("accept", "application/json")], None).await, "vary"), "Accept");
 }
 
 #[tokio::test]
@@ -714,6 +722,24 @@ async fn headers_given_with_a_put_come_back_with_the_object() {
     let r = raw(&s, "PUT", &format!("/{B}/bad"), &[("Content-Language", "français")], b"x");
     assert_eq!(r.status, 400);
     assert_absent(&s, "bad").await;
+}
+
+/// An uploaded page would run in the web UI's origin: it gets a sandbox
+/// of its own. A PDF must not (browsers refuse to show sandboxed PDFs).
+#[tokio::test]
+async fn uploaded_pages_are_sandboxed_and_types_are_not_sniffed() {
+    let s = Server::start(&[]);
+    put_new(&s, "page.html", b"<script>sessionStorage</script>").await;
+    put_new(&s, "drawing.svg", b"<svg xmlns='http://www.w3.org/2000/svg'/>").await;
+    put_new(&s, "doc.pdf", b"%PDF-1.4").await;
+    for key in ["page.html", "drawing.svg"] {
+        let r = get(&s, key, &[]).await;
+        assert!(header(&r, "content-security-policy").starts_with("sandbox"), "{key}");
+        assert!(!header(&r, "content-security-policy").contains("allow-same-origin"), "{key}");
+    }
+    let r = get(&s, "doc.pdf", &[]).await;
+    assert_eq!(header(&r, "content-security-policy"), "");
+    assert_eq!(header(&r, "x-content-type-options"), "nosniff");
 }
 
 #[tokio::test]

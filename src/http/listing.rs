@@ -20,6 +20,13 @@ fn wants_json(req: &Request) -> bool {
     accept.contains("application/json") || query_value(&query(req), "format") == Some("json")
 }
 
+/// A listing's form depends on `Accept`: caches must know (RFC 9110
+/// section 12.5.5), or one would hand a browser's page to a program.
+pub(super) fn negotiated(mut r: Response) -> Response {
+    r.headers_mut().append(header::VARY, http::HeaderValue::from_static("Accept"));
+    r
+}
+
 fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(from_millis(ms)).to_string()
 }
@@ -28,7 +35,7 @@ pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, A
     let buckets = app.store.buckets().await?;
     if wants_json(req) {
         let list: Vec<_> = buckets.iter().map(|b| json!({ "name": b.name, "created": rfc3339(b.created) })).collect();
-        return Ok(json(StatusCode::OK, &json!({ "buckets": list })));
+        return Ok(negotiated(json(StatusCode::OK, &json!({ "buckets": list }))));
     }
     let mut rows = String::new();
     for b in &buckets {
@@ -39,7 +46,7 @@ pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, A
             rfc3339(b.created)
         ));
     }
-    Ok(page("Buckets", "<tr><th>Bucket</th><th>Created</th></tr>", &rows))
+    Ok(negotiated(page("Buckets", "<tr><th>Bucket</th><th>Created</th></tr>", &rows)))
 }
 
 pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix: &str) -> Result<Response, ApiError> {
@@ -83,7 +90,7 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
             "dirs": page_of.prefixes,
             "next": page_of.next,
         });
-        return Ok(json(StatusCode::OK, &body));
+        return Ok(negotiated(json(StatusCode::OK, &body)));
     }
     let link = |key: &str| escape(&format!("/{bucket}/{}", percent_encoding::utf8_percent_encode(key, PATH)));
     let mut rows = String::new();
@@ -114,7 +121,7 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
         rows.push_str(&format!("<tr><td><a href=\"{}\">next page</a></td><td></td><td></td></tr>\n", escape(&href)));
     }
     let title = format!("/{bucket}/{prefix}");
-    Ok(page(&title, "<tr><th>Name</th><th>Size</th><th>Modified</th></tr>", &rows))
+    Ok(negotiated(page(&title, "<tr><th>Name</th><th>Size</th><th>Modified</th></tr>", &rows)))
 }
 
 /// The folder above `prefix` (`a/b/` → `a/`, `a/` → ``).

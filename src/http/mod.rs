@@ -252,6 +252,23 @@ pub fn error_response(e: &ApiError) -> Response {
     r
 }
 
+/// Headers for a stored object's answer, on either API. Uploaded pages
+/// (HTML, SVG, XML) would run in the web UI's origin, where the UI keeps
+/// its secret: they get a sandbox, an origin of their own (their scripts
+/// still run). Other types are left alone: a sandbox stops browsers from
+/// showing PDFs. And no type is guessed over the one stored.
+pub(crate) fn object_safety(h: &mut http::HeaderMap, content_type: &str) {
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if matches!(
+        essence.as_str(),
+        "text/html" | "application/xhtml+xml" | "image/svg+xml" | "text/xml" | "application/xml" | "text/xsl"
+    ) {
+        let policy = "sandbox allow-scripts allow-forms allow-popups allow-downloads";
+        h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy));
+    }
+}
+
 pub fn full(status: StatusCode, content_type: &str, bytes: impl Into<Bytes>) -> Response {
     let bytes = bytes.into();
     let len = bytes.len();

@@ -355,6 +355,7 @@ fn object_headers(h: &mut HeaderMap, record: &ObjectRecord, req: &Request) {
     if let Ok(v) = HeaderValue::from_str(&record.content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
+    super::object_safety(h, &record.content_type);
     copy_stored(h, record, [header::CONTENT_DISPOSITION, header::CONTENT_ENCODING, header::CONTENT_LANGUAGE]);
     for (name, value) in &record.metadata {
         if let (Ok(n), Ok(v)) =

@@ -484,6 +484,12 @@ def area_put(s3, buckets):
     s3.put_object(Bucket=bucket, Key="headers", Body=b"without")
     expect_stored(s3.head_object(Bucket=bucket, Key="headers"), "an overwrite without headers drops them", {})
 
+    s3.put_object(Bucket=bucket, Key="page.html", Body=b"<script>1</script>", ContentType="text/html")
+    headers = s3.get_object(Bucket=bucket, Key="page.html")["ResponseMetadata"]["HTTPHeaders"]
+    expect(headers.get("content-security-policy", "").startswith("sandbox"), "an uploaded page is sandboxed", short(headers))
+    headers = s3.get_object(Bucket=bucket, Key="page.html", ResponseContentType="text/plain")["ResponseMetadata"]["HTTPHeaders"]
+    expect("content-security-policy" not in headers, "... unless served as another type", short(headers))
+
     empty = s3.put_object(Bucket=bucket, Key="empty", Body=b"")
     expect_equal(empty["ETag"], '"d41d8cd98f00b204e9800998ecf8427e"', "an empty object's ETag is the MD5 of nothing")
     got = s3.get_object(Bucket=bucket, Key="empty")

@@ -30,11 +30,15 @@ fn ok<T>(output: T) -> S3Result<S3Response<T>> {
 }
 
 /// An object's answer, with its SHA-256 as the native API gives it.
-fn with_sha256<T>(output: T, record: &ObjectRecord) -> S3Result<S3Response<T>> {
+/// A GetObject or HeadObject answer, with the headers S3 has no field
+/// for: the SHA-256, and those for the type served (`content_type`, which
+/// a `response-content-type` may have changed).
+fn object_response<T>(output: T, record: &ObjectRecord, content_type: &str) -> S3Result<S3Response<T>> {
     let mut r = S3Response::new(output);
     if let Ok(v) = http::HeaderValue::from_str(&record.sha256.to_hex()) {
         r.headers.insert("x-depot-sha256", v);
     }
+    crate::http::object_safety(&mut r.headers, content_type);
     Ok(r)
 }
 
@@ -477,7 +481,8 @@ impl S3 for DepotS3 {
             metadata: metadata(&record),
             ..Default::default()
         };
-        with_sha256(output, &record)
+        let served = output.content_type.clone().unwrap_or_default();
+        object_response(output, &record, &served)
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
@@ -502,7 +507,7 @@ impl S3 for DepotS3 {
             metadata: metadata(&record),
             ..Default::default()
         };
-        with_sha256(output, &record)
+        object_response(output, &record, &record.content_type)
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {

@@ -41,7 +41,8 @@ pub(super) async fn answer(app: &Arc<App>, req: &Request, anonymous: bool) -> Op
             _ => error_response(&ApiError::new(StatusCode::NOT_FOUND, "NoSuchRoute", format!("no route {path}"))),
         });
     }
-    (read && is_page(req, anonymous)).then(|| asset(req, "text/html; charset=utf-8", INDEX_HTML))
+    let page = || super::listing::negotiated(asset(req, "text/html; charset=utf-8", INDEX_HTML));
+    (read && is_page(req, anonymous)).then(page)
 }
 
 /// A browser navigating to the buckets or to a folder: it accepts HTML,
