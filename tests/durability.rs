@@ -175,3 +175,59 @@ fn a_data_directory_keeps_its_engine() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds a store of the hybrid engine"), "{err}");
 }
+
+/// A device of its own, mounted for one test and unmounted after it.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// None where mounting is not allowed (not root, no CAP_SYS_ADMIN).
+    fn mount(at: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Filling the device answers 507 (or, once the catalog cannot write its
+/// log, 503), never a bare 500, and every acknowledged object reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_device_is_507_and_keeps_what_was_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_device) = Tmpfs::mount(dir.path(), "24m") else {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let server = Server::start_in(&dir.path().join("data"), &[]);
+    let http = client();
+    let (mut stored, mut refused) = (Vec::new(), Vec::new());
+    for i in 0..2000u64 {
+        // Small ones go to RocksDB, large ones to files.
+        let len = if i % 2 == 0 { 60_000 } else { 700_000 };
+        let r = http.put(server.object_url("files", &format!("k{i}"))).body(pattern(len, i)).send().await.unwrap();
+        match r.status().as_u16() {
+            200 | 201 => stored.push((i, len)),
+            status => refused.push(status),
+        }
+        if refused.len() >= 20 {
+            break;
+        }
+    }
+    assert!(!stored.is_empty() && refused.len() >= 20, "the device filled: {} stored", stored.len());
+    assert!(refused.iter().all(|s| [503, 507].contains(s)), "{refused:?}");
+    assert_eq!(refused[0], 507, "{refused:?}");
+    for (i, len) in stored {
+        let r = http.get(server.object_url("files", &format!("k{i}"))).send().await.unwrap();
+        assert_eq!(r.status(), 200, "k{i}");
+        assert!(r.bytes().await.unwrap() == pattern(len, i), "k{i} reads back");
+    }
+    server.assert_no_panic();
+}

@@ -197,6 +197,15 @@ async fn a_backup_of_a_stopped_store_needs_no_server_and_refuses_a_used_director
     let inside = data.join("backup");
     let nested = depot(&["backup", "--data", d, "--engine", "sqlite", inside.to_str().unwrap()]);
     assert!(text(&nested).contains("inside the data directory") && !inside.exists(), "{}", text(&nested));
+    // A backup cut short has no engine marker yet: it is not served.
+    let cut = dir.path().join("cut");
+    std::fs::create_dir_all(cut.join("catalog")).unwrap();
+    let serve = std::process::Command::new(common::BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert!(text(&serve).contains("a backup that did not finish"), "{}", text(&serve));
     let copy = Server::start_in(&backup, &["--engine", "sqlite"]);
     let r = client().get(copy.object_url("files", "a/b.bin")).send().await.unwrap();
     assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&pattern(300_000, 9)));
@@ -220,4 +229,25 @@ fn maintenance_of_a_directory_without_a_store_is_refused() {
         assert!(text(&out).contains("holds no depot store"), "{args:?}: {}", text(&out));
         assert!(!missing.exists(), "{args:?} created the directory");
     }
+}
+
+/// Writers that lose a race for `If-None-Match: *` leave no bytes behind:
+/// the store verifies clean as soon as the server stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_that_lose_a_race_leave_no_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &["--engine", "fs"]);
+    let url = server.object_url("files", "once");
+    let racers = (0..8u64).map(|i| {
+        let request = client().put(&url).header("if-none-match", "*").body(pattern(400_000, 100 + i));
+        async move { request.send().await.unwrap().status().as_u16() }
+    });
+    let mut statuses = futures::future::join_all(racers).await;
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 412, 412, 412, 412, 412, 412, 412]);
+    server.stop();
+    let out = depot(&["verify", "--data", data.to_str().unwrap(), "--engine", "fs"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(files_under(&data.join("fs")).iter().filter(|p| p.is_file()).count(), 1, "the winner's bytes alone");
 }

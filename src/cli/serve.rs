@@ -26,6 +26,13 @@ fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
             existing.trim(),
             existing.trim()
         ),
+        // A store writes its marker before anything else, and a backup
+        // after everything else: a catalog without one is a backup that
+        // did not finish.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && data.join("catalog").exists() => bail!(
+            "{} holds a catalog but no {ENGINE_MARKER} file: a backup that did not finish; make the backup again",
+            data.display()
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             engine::write_engine_marker(data, kind).with_context(|| format!("writing {}", marker.display()))
         }
@@ -38,7 +45,9 @@ pub(crate) async fn open_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn 
     let data = &settings.data;
     Ok(match &settings.catalog {
         CatalogKind::Rocksdb => Arc::new(RocksCatalog::open(&data.join("catalog")).map_err(|e| {
-            anyhow::anyhow!("opening the catalog in {} (is another depot using it?): {e}", data.display())
+            let e = e.to_string();
+            let hint = if e.contains("lock") { " (is another depot using it?)" } else { "" };
+            anyhow::anyhow!("opening the catalog in {}{hint}: {e}", data.display())
         })?),
         CatalogKind::Postgres(url) => Arc::new(
             PostgresCatalog::connect(url).await.map_err(|e| anyhow::anyhow!("opening the PostgreSQL catalog: {e}"))?,

@@ -71,7 +71,8 @@ pub(crate) fn table_options() -> BlockBasedOptions {
 }
 
 fn db_err(e: rocksdb::Error) -> EngineError {
-    EngineError::other(NAME, e)
+    // RocksDB reports a full device only in its message.
+    if e.as_ref().contains("No space left on device") { EngineError::NoSpace } else { EngineError::other(NAME, e) }
 }
 
 fn synced() -> WriteOptions {

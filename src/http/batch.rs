@@ -170,12 +170,25 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
     app.store.bucket(&bucket).await?;
     let mut batch = app.store.batch(&bucket)?;
     let mut body = Framed::new(req.into_body().into_data_stream());
-    while let Some((key, len)) = body.entry(app.store.max_key_bytes()).await? {
-        if batch.len() >= app.limits.max_batch_entries {
-            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "TooManyKeys", "too many entries in one batch"));
+    let read: Result<(), ApiError> = async {
+        while let Some((key, len)) = body.entry(app.store.max_key_bytes()).await? {
+            if batch.len() >= app.limits.max_batch_entries {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "TooManyKeys",
+                    "too many entries in one batch",
+                ));
+            }
+            batch.add(&key, len, body.take(len)).await?;
+            body.end_of_entry(&key, len).await?;
         }
-        batch.add(&key, len, body.take(len)).await?;
-        body.end_of_entry(&key, len).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = read {
+        // All or nothing: the entries read so far are not kept.
+        batch.abandon().await;
+        return Err(e);
     }
     let stored = batch.commit().await?;
     Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "stored": stored.len() })))

@@ -1,10 +1,11 @@
 //! Keeps the collector and writers of the same content apart.
 //!
 //! A writer holds a guard on its blob's digest from the moment it makes the
-//! bytes durable until the catalog has the reference; the collector takes a
-//! guard only when no writer holds one, and writers wait while the collector
-//! deletes. So the collector never deletes bytes that a writer has just
-//! written (or found already stored) and is about to reference.
+//! bytes durable until the catalog has the reference, and a reader of a
+//! large object while it streams; the collector takes a guard only when no
+//! one holds one, and writers and readers wait while the collector deletes.
+//! So the collector never deletes bytes that a writer has just written (or
+//! found already stored) and is about to reference, nor bytes being sent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,6 +48,12 @@ impl BlobGuards {
             }
             wait.await;
         }
+    }
+
+    /// Holds `digest` while its bytes are read: the collector leaves them
+    /// alone meanwhile, as it does for a writer.
+    pub async fn reading(&self, digest: Digest) -> Guard {
+        self.writing(digest).await
     }
 
     /// Holds `digest` for the collector, unless a writer holds it.

@@ -447,7 +447,15 @@ impl Store {
         };
         // A sync may have failed elsewhere while the body streamed.
         self.check_writable()?;
-        let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
+        let outcome = match self.note(self.catalog.put_object(put).await.map_err(Into::into)) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // Refused (a precondition lost to another writer, the bucket
+                // gone) or failed.
+                self.forget(written).await;
+                return Err(e);
+            }
+        };
         self.put_time.catalog_ns.fetch_add(registering.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.drop_redundant(&outcome.redundant).await;
         drop(written.guard);
@@ -534,6 +542,31 @@ impl Store {
         Ok(Written { blob, md5, guard })
     }
 
+    /// Deletes bytes no catalog record points at, unless a writer or a
+    /// reader holds their digest. Whether it did.
+    async fn drop_if_orphan(&self, blob: &BlobRef) -> Result<bool> {
+        let Some(_guard) = self.guards.collecting(blob.digest) else {
+            return Ok(false);
+        };
+        let known = self.catalog.get_blob(&blob.digest).await?;
+        if known.is_some_and(|b| b.locator == blob.locator) {
+            return Ok(false);
+        }
+        self.engine.delete(blob).await?;
+        Ok(true)
+    }
+
+    /// Gives up bytes written for a write that will not be recorded: they
+    /// go, unless the catalog shows a record for them after all (a commit
+    /// whose answer was lost) or another writer holds them.
+    async fn forget(&self, written: Written) {
+        let Written { blob, guard, .. } = written;
+        drop(guard);
+        if let Err(e) = self.drop_if_orphan(&blob).await {
+            tracing::warn!("could not remove the bytes of an unrecorded write {}: {e}", blob.digest);
+        }
+    }
+
     /// Deletes bytes the catalog said it already had elsewhere.
     async fn drop_redundant(&self, redundant: &[BlobRef]) {
         for blob in redundant {
@@ -579,23 +612,35 @@ impl Store {
                 blob.ok_or_else(|| StoreError::Internal(format!("blob {digest} of an object is not in the catalog")))?;
             refs.push((blob.blob_ref(), within));
         }
-        if refs.len() == 1 {
-            let (blob, within) = refs.pop().expect("one part");
-            if blob.size <= hot::LARGEST {
-                let whole = self.read_blob_range(&blob, ByteRange::full(blob.size)).await?;
-                let body = self.hot.fill(blob.digest, blob.size, whole).await.map_err(missing_bytes)?;
-                return Ok(slice_of(body, within));
-            }
-            return self.read_blob_range(&blob, within).await;
+        if let [(blob, within)] = refs.as_slice()
+            && blob.size <= hot::LARGEST
+        {
+            let whole = self.read_blob_range(blob, ByteRange::full(blob.size)).await?;
+            let body = self.hot.fill(blob.digest, blob.size, whole).await.map_err(missing_bytes)?;
+            return Ok(slice_of(body, *within));
         }
-        let engine = self.engine.clone();
-        let stream = futures::stream::iter(refs)
-            .then(move |(blob, within)| {
-                let engine = engine.clone();
-                async move { engine.read(&blob, within).await }
-            })
-            .try_flatten();
-        Ok(Box::pin(stream))
+        // A long download may outlive its object: the collector leaves the
+        // blobs alone until the last byte is sent.
+        let mut held = Vec::with_capacity(refs.len());
+        for (blob, _) in &refs {
+            held.push(self.guards.reading(blob.digest).await);
+        }
+        let stream = if let [(blob, within)] = refs.as_slice() {
+            self.read_blob_range(blob, *within).await?
+        } else {
+            let engine = self.engine.clone();
+            Box::pin(
+                futures::stream::iter(refs)
+                    .then(move |(blob, within)| {
+                        let engine = engine.clone();
+                        async move { engine.read(&blob, within).await }
+                    })
+                    .try_flatten(),
+            )
+        };
+        Ok(Box::pin(stream.inspect(move |_| {
+            let _ = &held;
+        })))
     }
 
     async fn read_blob_range(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -721,17 +766,11 @@ impl Store {
             if info.modified > cutoff {
                 continue;
             }
-            let Some(_guard) = self.guards.collecting(info.digest) else {
-                continue;
-            };
-            let known = self.catalog.get_blob(&info.digest).await?;
-            if known.is_some_and(|b| b.locator == info.locator) {
-                continue;
-            }
             let blob = BlobRef { digest: info.digest, size: info.size, locator: info.locator };
-            self.engine.delete(&blob).await?;
-            report.orphans += 1;
-            report.bytes_freed += info.size;
+            if self.drop_if_orphan(&blob).await? {
+                report.orphans += 1;
+                report.bytes_freed += info.size;
+            }
         }
         Ok(report)
     }
@@ -768,8 +807,30 @@ impl PutBatch<'_> {
         self.entries.is_empty()
     }
 
+    /// Gives up every entry: nothing is recorded, and their bytes go.
+    pub async fn abandon(self) {
+        for (_, written) in self.entries {
+            self.store.forget(written).await;
+        }
+    }
+
     /// Commits every entry, or none.
     pub async fn commit(self) -> Result<Vec<ObjectRecord>> {
+        match self.record().await {
+            Ok(outcomes) => {
+                for o in &outcomes {
+                    self.store.drop_redundant(&o.redundant).await;
+                }
+                Ok(self.entries.into_iter().map(|(r, _)| r).collect())
+            }
+            Err(e) => {
+                self.abandon().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn record(&self) -> Result<Vec<crate::catalog::PutOutcome>> {
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
         let puts = self
@@ -782,11 +843,7 @@ impl PutBatch<'_> {
                 precondition: Precondition::default(),
             })
             .collect();
-        let outcomes = self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))?;
-        for o in &outcomes {
-            self.store.drop_redundant(&o.redundant).await;
-        }
-        Ok(self.entries.into_iter().map(|(r, _)| r).collect())
+        self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))
     }
 }
 
@@ -821,6 +878,35 @@ mod tests {
             out.extend_from_slice(&c);
         }
         out
+    }
+
+    /// A write the catalog refuses (a lost race for a condition, a bucket
+    /// deleted meanwhile, a failure) leaves no bytes behind.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn bytes_of_writes_the_catalog_refuses_are_removed() {
+        use crate::catalog::faulty::FaultyCatalog;
+        let dir = tempfile::tempdir().unwrap();
+        let rocks: Arc<dyn Catalog> = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let catalog = Arc::new(FaultyCatalog::new(rocks, 7));
+        let engine: DynEngine = Arc::new(MemoryEngine::new());
+        let store = Store::open(catalog.clone(), engine.clone(), StoreConfig::default()).await.unwrap();
+        store.put("files", "kept", body(b"kept"), PutOptions::default()).await.unwrap();
+        catalog.faults.commits.set(Trigger::Always);
+        assert!(store.put("files", "refused", body(b"refused"), PutOptions::default()).await.is_err());
+        let mut batch = store.batch("files").unwrap();
+        batch.add("a", 1, body(b"a")).await.unwrap();
+        batch.add("b", 1, body(b"b")).await.unwrap();
+        assert!(batch.commit().await.is_err());
+        catalog.faults.off();
+        let mut batch = store.batch("files").unwrap();
+        batch.add("c", 1, body(b"c")).await.unwrap();
+        batch.abandon().await;
+        let left: Vec<Digest> = engine.list().await.unwrap().into_iter().map(|b| b.digest).collect();
+        assert_eq!(
+            left,
+            [Digest(<sha2::Sha256 as sha2::Digest>::digest(b"kept").into())],
+            "only the recorded write's bytes"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -578,6 +578,32 @@ mod tests {
         assert!(s.buckets().await.unwrap().iter().all(|b| !b.name.starts_with('_')), "the uploads bucket is hidden");
     }
 
+    /// A download that outlives its object still gets every byte: the
+    /// collector leaves the parts alone until the stream is dropped.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_in_progress_keeps_its_blobs_from_the_collector() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let config = StoreConfig { gc_grace: std::time::Duration::ZERO, ..StoreConfig::default() };
+        let s = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let (first, second) = (vec![1u8; MIN_PART_SIZE as usize], vec![2u8; 300_000]);
+        let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, second.clone()).await];
+        s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        let record = s.head("files", "k").await.unwrap();
+        let mut stream = s.read(&record, ByteRange::full(record.size)).await.unwrap();
+        let mut got = stream.try_next().await.unwrap().unwrap().to_vec();
+        s.delete("files", "k", &Precondition::default()).await.unwrap();
+        s.gc().await.unwrap();
+        while let Some(chunk) = stream.try_next().await.unwrap() {
+            got.extend_from_slice(&chunk);
+        }
+        assert!(got == [first, second].concat(), "the whole body, after the delete and a collection");
+        drop(stream);
+        s.gc().await.unwrap();
+        assert!(s.engine().list().await.unwrap().is_empty(), "collected once the read is over");
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_copy_shares_the_blobs() {
         let (s, _dir) = store().await;
