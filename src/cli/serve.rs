@@ -168,18 +168,31 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         for (bucket, key) in &report.damaged_objects {
             println!("lost or damaged: {bucket}/{key} (upload it again)");
         }
+        for b in &report.leftovers {
+            println!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size);
+        }
+        let leftover_bytes: u64 = report.leftovers.iter().map(|b| b.size).sum();
         println!(
-            "{} objects, {} blobs, {} read and hashed: {} problem(s){}",
+            "{} objects, {} blobs, {} read and hashed: {} problem(s){}; {} leftover blob(s), {}{}",
             report.objects,
             report.blobs,
             indicatif::HumanBytes(report.bytes_read),
             report.problems.len(),
-            if repair { format!(", {} repaired", report.repaired) } else { String::new() }
+            if repair { format!(", {} repaired", report.repaired) } else { String::new() },
+            report.leftovers.len(),
+            indicatif::HumanBytes(leftover_bytes),
+            if repair {
+                format!("; removed {} leftover and unreferenced blob(s)", report.removed)
+            } else if !report.leftovers.is_empty() {
+                " (from writes a crash cut short: the collector removes them after --gc-grace, --repair now)".into()
+            } else {
+                String::new()
+            }
         );
         match report.unresolved() {
             0 => Ok(()),
             n if repair => bail!("{n} problem(s) cannot be repaired: those objects' bytes are lost or damaged"),
-            n => bail!("{n} problem(s); `depot verify --repair` fixes counts and removes orphans"),
+            n => bail!("{n} problem(s); `depot verify --repair` fixes counts and totals"),
         }
     })
 }

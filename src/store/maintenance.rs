@@ -17,7 +17,9 @@ use sha2::Digest as _;
 use super::{Result, Store, StoreError};
 use crate::catalog::rocks::RocksCatalog;
 use crate::catalog::{BlobRecord, Catalog, CatalogStats, ListQuery, ObjectRecord};
-use crate::engine::{self, BlobEngine, BlobRef, BlobWriter, ByteRange, Digest, DynEngine, EngineError, Locator};
+use crate::engine::{
+    self, BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, Digest, DynEngine, EngineError, Locator,
+};
 
 /// Records read per catalog call while scanning.
 const PAGE: usize = 1000;
@@ -41,8 +43,6 @@ pub enum Problem {
     DamagedBytes { digest: Digest, reason: String },
     /// A blob's reference count is not the number of parts referring to it.
     WrongRefs { digest: Digest, recorded: u64, counted: u64 },
-    /// Bytes in the engine that no catalog record points at.
-    Orphan { digest: Digest, size: u64 },
     /// The running totals disagree with what the scan counted.
     WrongTotals { recorded: CatalogStats, counted: CatalogStats },
 }
@@ -51,7 +51,7 @@ impl Problem {
     /// Whether `--repair` fixes it. Lost or damaged bytes cannot be
     /// recreated: those objects need their data uploaded again.
     pub fn repairable(&self) -> bool {
-        matches!(self, Problem::WrongRefs { .. } | Problem::Orphan { .. } | Problem::WrongTotals { .. })
+        matches!(self, Problem::WrongRefs { .. } | Problem::WrongTotals { .. })
     }
 }
 
@@ -71,9 +71,6 @@ impl fmt::Display for Problem {
             Problem::WrongRefs { digest, recorded, counted } => {
                 write!(f, "blob {digest}: {recorded} references recorded, {counted} counted")
             }
-            Problem::Orphan { digest, size } => {
-                write!(f, "blob {digest}: {size} bytes in the engine that no record points at")
-            }
             Problem::WrongTotals { recorded, counted } => {
                 write!(f, "totals: recorded {recorded:?}, counted {counted:?}")
             }
@@ -91,6 +88,12 @@ pub struct VerifyReport {
     pub problems: Vec<Problem>,
     /// Problems fixed (with `repair`).
     pub repaired: u64,
+    /// Bytes in the engine that no record points at: left by writes that
+    /// a crash interrupted before their record, and wasting space only.
+    /// The collector removes them after the grace period; `repair` now.
+    pub leftovers: Vec<BlobInfo>,
+    /// Leftovers and unreferenced blobs `repair` removed.
+    pub removed: u64,
     /// Objects (bucket, key) whose bytes are lost or damaged: they need
     /// uploading again.
     pub damaged_objects: Vec<(String, String)>,
@@ -143,8 +146,6 @@ impl<'a> ObjectPages<'a> {
 struct Scan {
     /// Blobs whose recorded count is wrong, with the counted one.
     wrong_refs: Vec<(Digest, u64)>,
-    /// Engine bytes no record points at.
-    orphans: Vec<BlobRef>,
     /// Blob records nothing refers to.
     unreferenced: Vec<BlobRecord>,
 }
@@ -263,8 +264,7 @@ impl Store {
 
         for info in self.engine.list().await? {
             if known.get(&info.digest) != Some(&hash_of(&info.locator)) {
-                report.problems.push(Problem::Orphan { digest: info.digest, size: info.size });
-                scan.orphans.push(BlobRef { digest: info.digest, size: info.size, locator: info.locator });
+                report.leftovers.push(info);
             }
         }
 
@@ -287,7 +287,12 @@ impl Store {
             report.damaged_objects = self.objects_using(&damaged).await?;
         }
         if repair {
-            report.repaired = self.repair(&report.problems, counted_totals, scan).await?;
+            report.repaired = self.repair(&report.problems, counted_totals, &scan).await?;
+            for leftover in &report.leftovers {
+                let (digest, size, locator) = (leftover.digest, leftover.size, leftover.locator.clone());
+                self.engine.delete(&BlobRef { digest, size, locator }).await?;
+            }
+            report.removed = (report.leftovers.len() + scan.unreferenced.len()) as u64;
         }
         Ok(report)
     }
@@ -350,12 +355,9 @@ impl Store {
 
     /// Fixes what can be fixed; returns how many problems that was.
     /// `counted` are the totals the scan found.
-    async fn repair(&self, problems: &[Problem], counted: CatalogStats, scan: Scan) -> Result<u64> {
+    async fn repair(&self, problems: &[Problem], counted: CatalogStats, scan: &Scan) -> Result<u64> {
         for batch in scan.wrong_refs.chunks(PAGE) {
             self.catalog.set_refs(batch).await?;
-        }
-        for orphan in &scan.orphans {
-            self.engine.delete(orphan).await?;
         }
         let mut totals = counted;
         for blob in &scan.unreferenced {
@@ -489,14 +491,15 @@ mod tests {
 
         let report = store.verify(false, &hidden()).await.unwrap();
         assert!(report.problems.contains(&Problem::WrongRefs { digest: shared, recorded: 5, counted: 2 }));
-        assert!(report.problems.contains(&Problem::Orphan { digest: orphan.digest, size: 8 }));
         assert!(report.problems.iter().any(|p| matches!(p, Problem::WrongTotals { .. })));
-        assert_eq!(report.unresolved(), 3, "{:?}", report.problems);
+        assert_eq!(report.unresolved(), 2, "{:?}", report.problems);
+        let leftovers: Vec<_> = report.leftovers.iter().map(|b| (b.digest, b.size)).collect();
+        assert_eq!(leftovers, [(orphan.digest, 8)], "bytes no record points at are leftovers, not damage");
 
         let repaired = store.verify(true, &hidden()).await.unwrap();
-        assert_eq!((repaired.repaired, repaired.unresolved()), (3, 0));
+        assert_eq!((repaired.repaired, repaired.unresolved(), repaired.removed), (2, 0, 2));
         let after = store.verify(false, &hidden()).await.unwrap();
-        assert_eq!(after.problems, vec![]);
+        assert_eq!((after.problems, after.leftovers.len()), (vec![], 0));
         assert_eq!(store.catalog.get_blob(&shared).await.unwrap().unwrap().refs, 2);
         // The unreferenced blob went with the orphan; the objects stayed.
         assert!(store.catalog.get_blob(&dropped).await.unwrap().is_none());
