@@ -290,12 +290,19 @@ impl Store {
         self.note(r).map(drop)
     }
 
-    /// Abandons an upload and releases its parts.
+    /// Abandons an upload and releases its parts. Racing a completion,
+    /// one of the two wins: the completion writes its object only while
+    /// the upload's record is there, and an abort that finds the
+    /// completion's record afterwards says the upload is gone.
     pub async fn abort_upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
         self.check_writable()?;
         self.upload(bucket, key, upload_id).await?;
         let keys = self.upload_records(bucket, upload_id).await?;
-        self.remove_upload_records(&keys).await
+        self.remove_upload_records(&keys).await?;
+        if self.catalog.get_object(UPLOADS, &done_key(upload_id)).await?.is_some() {
+            return Err(StoreError::NoSuchUpload(upload_id.into()));
+        }
+        Ok(())
     }
 
     /// Completes an upload from `parts` (number, ETag), in ascending order:
@@ -377,6 +384,9 @@ impl Store {
             headers: Vec::new(),
             ..object.clone()
         };
+        // The upload must still be there when the object is written: an
+        // abort that removed it first wins (see `abort_upload`).
+        let still_there = Precondition { if_match: Some(vec!["*".into()]), ..Precondition::default() };
         let puts = vec![
             ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
             ObjectPut {
@@ -385,9 +395,14 @@ impl Store {
                 blobs: Vec::new(),
                 precondition: Precondition::default(),
             },
+            ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: still_there },
         ];
-        let r = self.catalog.put_objects(puts).await.map_err(Into::into);
-        self.note(r)?;
+        match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
+            Err(StoreError::PreconditionFailed) if self.upload(bucket, key, upload_id).await.is_err() => {
+                return Err(StoreError::NoSuchUpload(upload_id.into()));
+            }
+            r => r?,
+        };
         let keys = self.upload_records(bucket, upload_id).await?;
         self.remove_upload_records(&keys).await?;
         Ok(object)
@@ -602,6 +617,29 @@ mod tests {
         drop(stream);
         s.gc().await.unwrap();
         assert!(s.engine().list().await.unwrap().is_empty(), "collected once the read is over");
+    }
+
+    /// Complete and Abort racing on one upload: exactly one succeeds, and
+    /// the object exists exactly when Complete did.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn complete_and_abort_racing_have_one_winner() {
+        let (s, _dir) = store().await;
+        let s = Arc::new(s);
+        for round in 0..40 {
+            let key = format!("race-{round}");
+            let id = s.create_upload("files", &key, NewMetadata::default()).await.unwrap();
+            let r = s.upload_part("files", &key, &id, 1, body(vec![round as u8; 100]), PutOptions::default());
+            let parts = vec![(1, format!("\"{}\"", r.await.unwrap().etag))];
+            let (a, b, k, i) = (s.clone(), s.clone(), key.clone(), id.clone());
+            let complete = tokio::spawn(async move {
+                a.complete_upload("files", &k, &i, &parts, Precondition::default()).await.is_ok()
+            });
+            let (k, i) = (key.clone(), id.clone());
+            let abort = tokio::spawn(async move { b.abort_upload("files", &k, &i).await.is_ok() });
+            let (completed, aborted) = (complete.await.unwrap(), abort.await.unwrap());
+            assert!(completed != aborted, "round {round}: completed {completed}, aborted {aborted}");
+            assert_eq!(s.head("files", &key).await.is_ok(), completed, "round {round}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]
