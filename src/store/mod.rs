@@ -638,6 +638,7 @@ impl Store {
                     .try_flatten(),
             )
         };
+        // The guards live in the stream, and go when it is dropped.
         Ok(Box::pin(stream.inspect(move |_| {
             let _ = &held;
         })))
