@@ -228,6 +228,22 @@ impl Settings {
         if threads == 0 {
             bail!("--threads must be at least 1");
         }
+        // A setting only another engine reads is a mistake to point out,
+        // not one to ignore.
+        use EngineKind::*;
+        let for_other_engines = [
+            ("inline-threshold", args.inline_threshold.or(file.inline_threshold).is_some(), &[Hybrid][..]),
+            ("chunk-size", args.chunk_size.or(file.chunk_size).is_some(), &[Sqlite, Postgres, Gridfs]),
+            ("gridfs-bucket", args.gridfs_bucket.is_some() || file.gridfs_bucket.is_some(), &[Gridfs]),
+            ("s3-bucket", args.s3_bucket.is_some() || file.s3_bucket.is_some(), &[S3]),
+            ("s3-region", args.s3_region.is_some() || file.s3_region.is_some(), &[S3]),
+        ];
+        if let Some((name, _, engines)) =
+            for_other_engines.iter().find(|(_, given, kinds)| *given && !kinds.contains(&engine))
+        {
+            let names: Vec<&str> = engines.iter().map(|e| e.name()).collect();
+            bail!("--{name} is a setting of the {} engine, not of {}", names.join(", "), engine.name());
+        }
         let max_key_bytes = args.max_key_bytes.or(file.max_key_bytes).unwrap_or(MAX_KEY_BYTES);
         if max_key_bytes == 0 {
             bail!("--max-key-bytes must be at least 1");
@@ -343,6 +359,17 @@ mod tests {
         assert_eq!((s.engine, s.threads, s.credentials.len()), (EngineKind::Fs, 5, 1));
         std::fs::write(&path, "engin = \"fs\"\n").unwrap();
         assert!(Settings::resolve(&args).is_err(), "unknown settings are errors, not ignored");
+    }
+
+    #[test]
+    fn settings_of_another_engine_are_refused() {
+        let args = ServeArgs { engine: Some("fs".into()), inline_threshold: Some(100), ..Default::default() };
+        let e = Settings::resolve(&args).unwrap_err().to_string();
+        assert!(e.contains("--inline-threshold is a setting of the hybrid engine, not of fs"), "{e}");
+        let args = ServeArgs { engine: Some("hybrid".into()), chunk_size: Some(4096), ..Default::default() };
+        assert!(Settings::resolve(&args).unwrap_err().to_string().contains("sqlite, postgres, gridfs"));
+        let args = ServeArgs { engine: Some("sqlite".into()), chunk_size: Some(4096), ..Default::default() };
+        assert!(Settings::resolve(&args).is_ok());
     }
 
     #[test]
