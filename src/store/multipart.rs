@@ -261,6 +261,15 @@ impl Store {
             }
         })
         .await?;
+        // A crash between a completion and the removal of its upload's
+        // records leaves them: a completed upload is not in progress.
+        let done: Vec<String> = out.iter().map(|u| done_key(&u.upload_id)).collect();
+        let mut completed = Vec::with_capacity(done.len());
+        for keys in done.chunks(1000) {
+            completed.extend(self.catalog.get_objects(UPLOADS, keys).await?.into_iter().map(|d| d.is_some()));
+        }
+        let mut completed = completed.into_iter();
+        out.retain(|_| !completed.next().unwrap_or(false));
         out.sort_by(|a, b| (&a.key, a.initiated, &a.upload_id).cmp(&(&b.key, b.initiated, &b.upload_id)));
         Ok(out)
     }
@@ -528,6 +537,7 @@ mod tests {
             headers: vec![("cache-control".into(), "max-age=60".into())],
         };
         let id = s.create_upload("files", "k", about.clone()).await.unwrap();
+        let upload_record = s.upload("files", "k", &id).await.unwrap();
         let big = vec![7u8; MIN_PART_SIZE as usize];
         let parts = vec![part(&s, &id, 1, big.clone()).await, part(&s, &id, 3, b"tail".to_vec()).await];
         part(&s, &id, 2, b"never used".to_vec()).await;
@@ -548,6 +558,16 @@ mod tests {
         // The upload's records are gone; only the object holds blobs: the
         // part never used is unreferenced.
         assert!(s.list_uploads("files", "").await.unwrap().is_empty());
+        // As a crash right after the completion would leave it: the upload's
+        // record is back, and still the upload is not listed.
+        let put = ObjectPut {
+            bucket: UPLOADS.into(),
+            record: upload_record,
+            blobs: Vec::new(),
+            precondition: Precondition::default(),
+        };
+        s.catalog.put_object(put).await.unwrap();
+        assert!(s.list_uploads("files", "").await.unwrap().is_empty(), "a completed upload is not listed");
         assert!(matches!(s.abort_upload("files", "k", &id).await, Err(StoreError::NoSuchUpload(_))));
         let unused = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"never used").into())).await.unwrap().unwrap();
         assert_eq!(unused.refs, 0);
