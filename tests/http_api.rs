@@ -732,7 +732,9 @@ async fn uploaded_pages_are_sandboxed_and_types_are_not_sniffed() {
     put_new(&s, "page.html", b"<script>sessionStorage</script>").await;
     put_new(&s, "drawing.svg", b"<svg xmlns='http://www.w3.org/2000/svg'/>").await;
     put_new(&s, "doc.pdf", b"%PDF-1.4").await;
-    for key in ["page.html", "drawing.svg"] {
+    let r = put(&s, "feed", b"<rss/>", &[("content-type", "application/rss+xml")]).await;
+    assert_eq!(r.status(), 201);
+    for key in ["page.html", "drawing.svg", "feed"] {
         let r = get(&s, key, &[]).await;
         assert!(header(&r, "content-security-policy").starts_with("sandbox"), "{key}");
         assert!(!header(&r, "content-security-policy").contains("allow-same-origin"), "{key}");

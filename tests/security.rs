@@ -139,3 +139,56 @@ async fn every_answer_and_every_logged_error_has_a_request_id() {
     );
     assert!(log.lines().any(|l| l.contains(&failed_id) && l.contains("bytes are missing")), "{log}");
 }
+
+/// With several credentials the native API keeps bucket owners apart, as
+/// the S3 API does; the routes that see every account's data are the
+/// operator's (the first credential).
+#[tokio::test]
+async fn native_requests_keep_to_their_own_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dir.path().join("depot.toml");
+    std::fs::write(&settings, "[[credentials]]\naccess_key = \"bob\"\nsecret_key = \"bob-secret-2\"\n").unwrap();
+    let flags = ["--access-key", "alice", "--secret-key", "alice-secret-1", "--config", settings.to_str().unwrap()];
+    let server = Server::start(&flags);
+    let http = client();
+    let (alice, bob) = ("Bearer alice-secret-1", "Bearer bob-secret-2");
+    let send = |method: reqwest::Method, url: String, who: &'static str| {
+        http.request(method, url).header("authorization", who).header("accept", "application/json").send()
+    };
+    use reqwest::Method;
+    assert_eq!(send(Method::PUT, format!("{}/alices", server.url), alice).await.unwrap().status(), 201);
+    let put = send(Method::PUT, server.object_url("alices", "secret.txt"), alice).await.unwrap();
+    assert_eq!(put.status(), 201);
+    let sha: serde_json::Value = put.json().await.unwrap();
+    let sha = sha["sha256"].as_str().unwrap().to_string();
+    assert_eq!(send(Method::PUT, format!("{}/bobs", server.url), bob).await.unwrap().status(), 201);
+
+    let theirs = [
+        (Method::GET, server.object_url("alices", "secret.txt")),
+        (Method::HEAD, server.object_url("alices", "secret.txt")),
+        (Method::PUT, server.object_url("alices", "secret.txt")),
+        (Method::DELETE, server.object_url("alices", "secret.txt")),
+        (Method::GET, format!("{}/alices/", server.url)),
+        (Method::DELETE, format!("{}/alices", server.url)),
+        (Method::POST, format!("{}/_/batch/get?bucket=alices", server.url)),
+        (Method::POST, format!("{}/_/batch/delete?bucket=alices", server.url)),
+        (Method::GET, format!("{}/_/blobs/{sha}", server.url)),
+        (Method::GET, format!("{}/_/stats", server.url)),
+        (Method::GET, format!("{}/_/metrics", server.url)),
+        (Method::POST, format!("{}/_/backup?dir={}", server.url, dir.path().join("copy").display())),
+    ];
+    for (method, url) in theirs {
+        let r = send(method.clone(), url.clone(), bob).await.unwrap();
+        assert_eq!(r.status(), 403, "bob: {method} {url}");
+    }
+    assert_eq!(send(Method::GET, server.object_url("alices", "secret.txt"), alice).await.unwrap().status(), 200);
+    assert_eq!(send(Method::GET, format!("{}/_/blobs/{sha}", server.url), alice).await.unwrap().status(), 200);
+    assert_eq!(send(Method::GET, format!("{}/bobs/", server.url), alice).await.unwrap().status(), 403);
+    for (who, theirs) in [(bob, ["bobs", "files"]), (alice, ["alices", "files"])] {
+        let v: serde_json::Value =
+            send(Method::GET, format!("{}/", server.url), who).await.unwrap().json().await.unwrap();
+        let names: Vec<&str> = v["buckets"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+        assert_eq!(names, theirs, "each sees its own buckets and the shared one");
+    }
+    assert!(!dir.path().join("copy").exists());
+}

@@ -32,7 +32,13 @@ fn rfc3339(ms: u64) -> String {
 }
 
 pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
-    let buckets = app.store.buckets().await?;
+    let mut buckets = app.store.buckets().await?;
+    // With several accounts, each sees the buckets it may use.
+    if app.several_accounts()
+        && let Some(caller) = req.extensions().get::<super::Caller>()
+    {
+        buckets.retain(|b| super::may_use(b, &caller.access_key));
+    }
     if wants_json(req) {
         let list: Vec<_> = buckets.iter().map(|b| json!({ "name": b.name, "created": rfc3339(b.created) })).collect();
         return Ok(negotiated(json(StatusCode::OK, &json!({ "buckets": list }))));

@@ -44,14 +44,31 @@ pub type Request = http::Request<RequestBody>;
 
 pub use limits::{BodyError, Limits, RequestBody};
 
+/// Who sent a native request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Caller {
+    /// The credential's access key; empty on a store without credentials.
+    pub access_key: String,
+    /// The first credential (or anyone, without credentials): the one that
+    /// may use the routes that see past bucket owners (backups, blobs by
+    /// their address, totals). Other accounts' buckets stay theirs.
+    pub operator: bool,
+}
+
+/// Whether `access_key` may use the bucket: its own, or one made without
+/// credentials, which every credential shares.
+pub(crate) fn may_use(bucket: &crate::catalog::BucketRecord, access_key: &str) -> bool {
+    bucket.owner.is_empty() || bucket.owner == access_key
+}
+
 /// What every request handler shares.
 pub struct App {
     pub store: Arc<Store>,
     pub limits: Limits,
     pub metrics: Metrics,
-    /// Secrets accepted as `Authorization: Bearer`; empty: no
-    /// authentication.
-    secrets: Vec<String>,
+    /// The credentials, whose secrets are accepted as `Authorization:
+    /// Bearer`; none: no authentication.
+    credentials: Vec<Credential>,
     s3: s3s::service::S3Service,
     /// One permit per request body being read: `limits.max_uploads`.
     uploads: Arc<tokio::sync::Semaphore>,
@@ -67,30 +84,46 @@ impl App {
     ) -> anyhow::Result<App> {
         let store = Arc::new(store);
         let s3 = s3::service(store.clone(), credentials, s3_domain)?;
-        let secrets = credentials.iter().map(|c| c.secret_key.clone()).collect();
+        let credentials = credentials.to_vec();
         let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
-        Ok(App { store, limits, metrics: Metrics::default(), secrets, s3, uploads })
+        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads })
     }
 
     /// Whether requests need a secret or a signature.
     pub fn auth_required(&self) -> bool {
-        !self.secrets.is_empty()
+        !self.credentials.is_empty()
     }
 
-    /// Whether the request may proceed: always without configured secrets,
-    /// and for the health check. Secrets are compared in constant time.
-    fn authorized<B>(&self, req: &http::Request<B>) -> bool {
+    /// Whether buckets may belong to different accounts: there are several
+    /// credentials.
+    pub(crate) fn several_accounts(&self) -> bool {
+        self.credentials.len() > 1
+    }
+
+    /// Who sent a native request: anyone without configured credentials,
+    /// anyone for the health check, else the credential whose secret is
+    /// the Bearer token (compared in constant time with every secret).
+    /// `None`: not authorized.
+    fn caller<B>(&self, req: &http::Request<B>) -> Option<Caller> {
         use subtle::ConstantTimeEq;
-        if self.secrets.is_empty() || req.uri().path() == "/_/health" {
-            return true;
+        if self.credentials.is_empty() {
+            return Some(Caller { access_key: String::new(), operator: true });
+        }
+        if req.uri().path() == "/_/health" {
+            return Some(Caller { access_key: String::new(), operator: false });
         }
         let token = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let Some(token) = token else { return false };
-        self.secrets.iter().fold(false, |ok, s| ok | bool::from(s.as_bytes().ct_eq(token.as_bytes())))
+            .and_then(|v| v.strip_prefix("Bearer "))?;
+        let mut found = None;
+        for (i, c) in self.credentials.iter().enumerate() {
+            if bool::from(c.secret_key.as_bytes().ct_eq(token.as_bytes())) {
+                found = Some(i);
+            }
+        }
+        found.map(|i| Caller { access_key: self.credentials[i].access_key.clone(), operator: i == 0 })
     }
 
     /// Answers one request; never fails (errors are responses). Every
@@ -124,10 +157,14 @@ impl App {
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
         // buckets and answers everything else with AccessDenied.
-        let authorized = self.authorized(&req);
+        let caller = self.caller(&req);
+        let authorized = caller.is_some();
         let s3 = s3::is_s3(&req) || !authorized;
         let timed_out = limits::TimedOut::default();
-        let req = req.map(|b| RequestBody::new(b, self.limits.body_timeout, timed_out.clone()));
+        let mut req = req.map(|b| RequestBody::new(b, self.limits.body_timeout, timed_out.clone()));
+        if let Some(caller) = caller {
+            req.extensions_mut().insert(caller);
+        }
         let mut response = self.clone().answer(req, s3, !authorized).await;
         let refused = response.status().is_client_error() || response.status().is_server_error();
         // A body that stopped coming is a timeout, whatever the handler
@@ -253,17 +290,18 @@ pub fn error_response(e: &ApiError) -> Response {
 }
 
 /// Headers for a stored object's answer, on either API. Uploaded pages
-/// (HTML, SVG, XML) would run in the web UI's origin, where the UI keeps
-/// its secret: they get a sandbox, an origin of their own (their scripts
-/// still run). Other types are left alone: a sandbox stops browsers from
-/// showing PDFs. And no type is guessed over the one stored.
+/// (HTML, SVG and every other XML, multipart bodies a browser may render)
+/// would run in the web UI's origin, where the UI keeps its secret: they
+/// get a sandbox, an origin of their own (their scripts still run). Other
+/// types are left alone: a sandbox stops browsers from showing PDFs. And
+/// no type is guessed over the one stored.
 pub(crate) fn object_safety(h: &mut http::HeaderMap, content_type: &str) {
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if matches!(
-        essence.as_str(),
-        "text/html" | "application/xhtml+xml" | "image/svg+xml" | "text/xml" | "application/xml" | "text/xsl"
-    ) {
+    let active = matches!(essence.as_str(), "text/html" | "text/xml" | "application/xml" | "text/xsl")
+        || essence.ends_with("+xml")
+        || essence.starts_with("multipart/");
+    if active {
         let policy = "sandbox allow-scripts allow-forms allow-popups allow-downloads";
         h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy));
     }

@@ -11,7 +11,9 @@ use serde_json::json;
 use super::conditional::{self, Validators, Verdict};
 use super::error::ApiError;
 use super::range::{self, RangeAnswer};
-use super::{App, Request, Response, batch, content_length, content_md5, empty, json, listing, streamed};
+use super::{
+    App, Caller, Request, Response, batch, content_length, content_md5, empty, json, listing, may_use, streamed,
+};
 use crate::catalog::{ObjectRecord, Part, STORED_HEADERS, from_millis};
 use crate::engine::{ByteRange, Digest};
 use crate::store::{PutOptions, StoreError};
@@ -101,6 +103,48 @@ impl Endpoint {
     }
 }
 
+/// With several credentials, a bucket is its owner's (as on the S3 API),
+/// and the routes that see past owners are the operator's (the first
+/// credential): a blob by its address may be anyone's bytes, totals count
+/// everyone's, and a backup copies every bucket to a path of the server's.
+async fn check_access(app: &App, caller: &Caller, endpoint: &Endpoint, req: &Request) -> Result<(), ApiError> {
+    if !app.several_accounts() {
+        return Ok(());
+    }
+    let bucket = match endpoint {
+        Endpoint::Bucket(b) | Endpoint::Object { bucket: b, .. } => b.clone(),
+        Endpoint::BatchGet | Endpoint::BatchPut | Endpoint::BatchDelete => match query_value(&query(req), "bucket") {
+            Some(b) => b.to_string(),
+            None => return Ok(()),
+        },
+        Endpoint::Blob(_) | Endpoint::Stats | Endpoint::Metrics | Endpoint::Backup if caller.operator => {
+            return Ok(());
+        }
+        Endpoint::Blob(_) | Endpoint::Stats | Endpoint::Metrics | Endpoint::Backup => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                "this route sees every account's data: it is the operator's (the first credential)",
+            ));
+        }
+        Endpoint::Root | Endpoint::Health | Endpoint::UnknownInternal => return Ok(()),
+    };
+    // Creating a bucket needs none to exist; everything else, one the
+    // caller may use.
+    if matches!(endpoint, Endpoint::Bucket(_)) && req.method() == Method::PUT {
+        return Ok(());
+    }
+    match app.store.bucket(&bucket).await {
+        Ok(b) if !may_use(&b, &caller.access_key) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "AccessDenied",
+            format!("the bucket {bucket} belongs to another account"),
+        )),
+        // A missing or invalid bucket is for the route to report.
+        _ => Ok(()),
+    }
+}
+
 /// The query string's pairs.
 pub(super) fn query(req: &Request) -> Vec<(String, String)> {
     form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().collect()
@@ -133,6 +177,8 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
     let endpoint = Endpoint::parse(req.uri().path())?;
     let method = req.method().clone();
     let read = method == Method::GET || method == Method::HEAD;
+    let caller = req.extensions().get::<Caller>().cloned().unwrap_or_default();
+    check_access(app, &caller, &endpoint, &req).await?;
     match endpoint {
         Endpoint::Health if read => Ok(json(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Metrics if read => {
@@ -153,7 +199,7 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         }
         Endpoint::Bucket(bucket) if read => listing::objects(app, &req, &bucket, "").await,
         Endpoint::Bucket(bucket) if method == Method::PUT => {
-            app.store.create_bucket(&bucket, "", false).await?;
+            app.store.create_bucket(&bucket, &caller.access_key, false).await?;
             Ok(json(StatusCode::CREATED, &json!({ "bucket": bucket })))
         }
         Endpoint::Bucket(bucket) if method == Method::DELETE => {

@@ -168,8 +168,9 @@ def http_get(url, headers=None):
         return e.code, e.headers, e.read()
 
 
-def http_put(url, body, content_type):
-    request = urllib.request.Request(url, data=body, method="PUT", headers={"Content-Type": content_type})
+def http_put(url, body, content_type, extra=None):
+    headers = {"Content-Type": content_type, **(extra or {})}
+    request = urllib.request.Request(url, data=body, method="PUT", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, r.read()
@@ -1138,6 +1139,33 @@ def area_presign(s3, buckets):
     expect(
         status == 403 and error_code(got) == "SignatureDoesNotMatch",
         "a SigV4 presigned URL with a changed signature is SignatureDoesNotMatch",
+        f"status {status}: {got[:300]!r}",
+    )
+
+    # A header the signer did not sign cannot change what the URL does: a
+    # copy source added to a presigned PUT would copy the signer's objects.
+    put_v4 = v4.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "pre/v4put"}, ExpiresIn=300)
+    copy = {"x-amz-copy-source": f"/{bucket}/{urllib.parse.quote(key)}"}
+    status, answer = http_put(put_v4, b"", "application/octet-stream", copy)
+    expect(
+        status == 403 and error_code(answer) == "AccessDenied",
+        "an x-amz-* header the presigned URL did not sign is AccessDenied",
+        f"status {status}: {answer[:300]!r}",
+    )
+    expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4put"))
+    status, answer = http_put(put_v4, b"signed body", "application/octet-stream")
+    expect(status == 200, "the same URL without the header works", f"status {status}: {answer[:300]!r}")
+
+    # SigV2 signs a Date: one far from the server's clock is a replay.
+    path = f"/{bucket}/{urllib.parse.quote(key)}"
+    stale = "Thu, 01 Jan 2015 00:00:00 GMT"
+    v2_signature = base64.b64encode(
+        hmac.new(SECRET_KEY.encode(), f"GET\n\n\n{stale}\n{path}".encode(), hashlib.sha1).digest()
+    ).decode()
+    status, _, got = http_get(ENDPOINT + path, {"Date": stale, "Authorization": f"AWS {ACCESS_KEY}:{v2_signature}"})
+    expect(
+        status == 403 and error_code(got) == "RequestTimeTooSkewed",
+        "a SigV2 request signed in 2015 is RequestTimeTooSkewed",
         f"status {status}: {got[:300]!r}",
     )
 

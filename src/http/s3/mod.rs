@@ -29,6 +29,7 @@ use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
 use super::error::ApiError;
 use super::{Request, Response};
 use crate::config::Credential;
+use crate::http::may_use;
 use crate::store::{Store, StoreError};
 
 /// Query parameters that only S3 requests carry: an unsigned request with
@@ -81,9 +82,76 @@ pub(super) fn bad_expiry<B>(req: &http::Request<B>) -> Option<S3Error> {
     }
 }
 
+/// Most a SigV2 request's date may be off from the server's clock, as S3
+/// allows.
+const MAX_SKEW: u64 = 15 * 60;
+
+/// A SigV4 request carrying an `x-amz-*` header it did not sign. S3
+/// refuses these ("There were headers present in the request which were
+/// not signed"): a header added to a presigned URL or a signed request
+/// could turn a PUT into a copy of the signer's private object, or a new
+/// bucket public.
+fn unsigned_amz_headers<B>(req: &http::Request<B>) -> Option<S3Error> {
+    let auth = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let signed = if auth.starts_with("AWS4-") {
+        auth.split(',').find_map(|part| part.trim().strip_prefix("SignedHeaders="))?.to_string()
+    } else {
+        let query = req.uri().query()?;
+        form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-SignedHeaders")?.1.into_owned()
+    };
+    let unsigned: Vec<&str> = req
+        .headers()
+        .keys()
+        .map(|name| name.as_str())
+        .filter(|name| name.starts_with("x-amz-") && !signed.split(';').any(|s| s.eq_ignore_ascii_case(name)))
+        .collect();
+    (!unsigned.is_empty()).then(|| {
+        let message =
+            format!("There were headers present in the request which were not signed: {}", unsigned.join(", "));
+        S3Error::with_message(S3ErrorCode::AccessDenied, message)
+    })
+}
+
+/// A SigV2 request signed too long ago to be fresh, or a SigV2 presigned
+/// URL valid for longer than seven days: the signature would let anyone
+/// who saw it replay the request for ever.
+fn stale_sigv2<B>(req: &http::Request<B>) -> Option<S3Error> {
+    let now = std::time::SystemTime::now();
+    let auth = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if auth.starts_with("AWS ") {
+        let date = ["x-amz-date", "date"].iter().find_map(|h| req.headers().get(*h)?.to_str().ok());
+        let skew = date
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .map(|t| t.duration_since(now).or_else(|_| now.duration_since(t)).unwrap_or_default().as_secs());
+        return match skew {
+            Some(s) if s <= MAX_SKEW => None,
+            _ => Some(S3Error::with_message(
+                S3ErrorCode::RequestTimeTooSkewed,
+                "a SigV2 request needs a Date within 15 minutes of the server's time",
+            )),
+        };
+    }
+    let query = req.uri().query()?;
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+    let has = |name: &str| pairs.iter().any(|(n, _)| n == name);
+    if !(has("Signature") && has("AWSAccessKeyId")) {
+        return None;
+    }
+    let expires = pairs.iter().find(|(n, _)| n == "Expires").and_then(|(_, v)| v.parse::<u64>().ok());
+    let latest = crate::catalog::to_millis(now) / 1000 + MAX_EXPIRES;
+    match expires {
+        Some(e) if e <= latest => None,
+        _ => Some(bad_request(
+            "AuthorizationQueryParametersError",
+            "a SigV2 presigned URL needs Expires within 7 days from now",
+        )),
+    }
+}
+
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request) -> Response {
-    let answer = match bad_expiry(&req) {
+    let refused = bad_expiry(&req).or_else(|| unsigned_amz_headers(&req)).or_else(|| stale_sigv2(&req));
+    let answer = match refused {
         Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
         None => service.call(req.map(s3s::Body::http_body)).await,
     };
@@ -212,10 +280,6 @@ fn anonymous() -> S3Error {
 }
 
 /// Whether an access key may use a bucket as its owner.
-fn may_use(bucket: &crate::catalog::BucketRecord, access_key: &str) -> bool {
-    bucket.owner.is_empty() || bucket.owner == access_key
-}
-
 /// A store error as an S3 error: the same code and status as the native
 /// API gives.
 fn to_s3(e: StoreError) -> S3Error {

@@ -8,10 +8,11 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use super::body::{Checked, Failure};
-use super::{may_use, to_s3};
+use super::to_s3;
 use crate::catalog::{ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
+use crate::http::may_use;
 use crate::store::{NewMetadata, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
