@@ -400,9 +400,11 @@ impl Store {
         match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
             Ok(true) => {}
             Ok(false) => return Err(StoreError::InvalidArgument(format!("{} is not empty", dir.display()))),
+            // The directory is the caller's choice: what is wrong with it
+            // is theirs to fix (400), not the server's failure.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(dir)
-                .map_err(|e| StoreError::Internal(format!("creating {}: {e}", dir.display())))?,
-            Err(e) => return Err(StoreError::Internal(format!("reading {}: {e}", dir.display()))),
+                .map_err(|e| StoreError::InvalidArgument(format!("creating {}: {e}", dir.display())))?,
+            Err(e) => return Err(StoreError::InvalidArgument(format!("reading {}: {e}", dir.display()))),
         }
 
         let _maintenance = self.maintenance.lock().await;
