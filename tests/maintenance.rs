@@ -15,6 +15,17 @@ fn text(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
+/// Writes `bytes` where the fs engine of `data` keeps a blob, with no
+/// record pointing at them: what a crash between a blob's sync and its
+/// record leaves. Returns the file.
+fn plant_leftover(data: &std::path::Path, bytes: &[u8]) -> std::path::PathBuf {
+    let sha = sha256_hex(bytes);
+    let at = data.join("fs/blobs").join(&sha[..2]).join(&sha[2..4]).join(&sha);
+    std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+    std::fs::write(&at, bytes).unwrap();
+    at
+}
+
 async fn put(server: &Server, key: &str, body: Vec<u8>) {
     let r = client().put(server.object_url("files", key)).body(body).send().await.unwrap();
     assert!(r.status().is_success(), "{key}: {}", r.status());
@@ -50,10 +61,7 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     let mut longer = std::fs::OpenOptions::new().append(true).open(blob_file(&grown)).unwrap();
     std::io::Write::write_all(&mut longer, b"0123456789").unwrap();
     let stray = pattern(1234, 4);
-    let stray_sha = sha256_hex(&stray);
-    let stray_at = data.join("fs/blobs").join(&stray_sha[..2]).join(&stray_sha[2..4]).join(&stray_sha);
-    std::fs::create_dir_all(stray_at.parent().unwrap()).unwrap();
-    std::fs::write(&stray_at, &stray).unwrap();
+    let stray_at = plant_leftover(&data, &stray);
 
     let found = depot(&["verify", "--data", d, "--engine", "fs"]);
     let report = text(&found);
@@ -262,10 +270,7 @@ async fn leftover_bytes_are_named_but_do_not_fail_verify() {
     put(&server, "kept", pattern(10_000, 1)).await;
     server.stop();
     let stray = pattern(4321, 2);
-    let sha = sha256_hex(&stray);
-    let at = data.join("fs/blobs").join(&sha[..2]).join(&sha[2..4]).join(&sha);
-    std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-    std::fs::write(&at, &stray).unwrap();
+    let (sha, at) = (sha256_hex(&stray), plant_leftover(&data, &stray));
     let d = data.to_str().unwrap();
     let out = depot(&["verify", "--data", d, "--engine", "fs"]);
     assert!(out.status.success(), "{}", text(&out));

@@ -349,7 +349,7 @@ async fn cleanup(source: &DynEngine) -> anyhow::Result<()> {
     futures::stream::iter(blobs)
         .map(|b| {
             let source = &source;
-            async move { source.delete(&BlobRef { digest: b.digest, size: b.size, locator: b.locator }).await }
+            async move { source.delete(&b.blob_ref()).await }
         })
         .buffer_unordered(8)
         .try_for_each(|()| {

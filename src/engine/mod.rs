@@ -114,6 +114,13 @@ pub struct BlobInfo {
     pub modified: SystemTime,
 }
 
+impl BlobInfo {
+    /// The blob as the engine's calls name it.
+    pub fn blob_ref(&self) -> BlobRef {
+        BlobRef { digest: self.digest, size: self.size, locator: self.locator.clone() }
+    }
+}
+
 /// Errors from an engine.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

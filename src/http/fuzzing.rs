@@ -56,11 +56,11 @@ pub fn batch_keys(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
 }
 
 /// Whether a request with this target and headers goes to the S3 API, and
-/// whether its presigned expiry is refused.
+/// whether its signing is refused before the protocol layer sees it.
 pub fn s3_routing(target: &str, headers: HeaderMap) -> Option<(bool, bool)> {
     let mut req = http::Request::builder().uri(target).body(()).ok()?;
     *req.headers_mut() = headers;
-    Some((super::s3::is_s3(&req), super::s3::bad_expiry(&req).is_some()))
+    Some((super::s3::is_s3(&req), super::s3::refused_signing(&req).is_some()))
 }
 
 /// The bucket a Host header names under `domain` (virtual-host style), and

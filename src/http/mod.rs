@@ -297,10 +297,15 @@ pub fn error_response(e: &ApiError) -> Response {
 /// no type is guessed over the one stored.
 pub(crate) fn object_safety(h: &mut http::HeaderMap, content_type: &str) {
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    let active = matches!(essence.as_str(), "text/html" | "text/xml" | "application/xml" | "text/xsl")
-        || essence.ends_with("+xml")
-        || essence.starts_with("multipart/");
+    // Compared in place, without a lower-cased copy: this is on every GET.
+    let essence = content_type.split(';').next().unwrap_or("").trim().as_bytes();
+    let is = |t: &str| essence.eq_ignore_ascii_case(t.as_bytes());
+    let ends =
+        |t: &str| essence.len() >= t.len() && essence[essence.len() - t.len()..].eq_ignore_ascii_case(t.as_bytes());
+    let starts = |t: &str| essence.len() >= t.len() && essence[..t.len()].eq_ignore_ascii_case(t.as_bytes());
+    let active = ["text/html", "text/xml", "application/xml", "text/xsl"].into_iter().any(is)
+        || ends("+xml")
+        || starts("multipart/");
     if active {
         let policy = "sandbox allow-scripts allow-forms allow-popups allow-downloads";
         h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy));

@@ -287,12 +287,7 @@ impl Store {
             report.damaged_objects = self.objects_using(&damaged).await?;
         }
         if repair {
-            report.repaired = self.repair(&report.problems, counted_totals, &scan).await?;
-            for leftover in &report.leftovers {
-                let (digest, size, locator) = (leftover.digest, leftover.size, leftover.locator.clone());
-                self.engine.delete(&BlobRef { digest, size, locator }).await?;
-            }
-            report.removed = (report.leftovers.len() + scan.unreferenced.len()) as u64;
+            self.repair(&mut report, counted_totals, scan).await?;
         }
         Ok(report)
     }
@@ -353,11 +348,15 @@ impl Store {
         Ok(found)
     }
 
-    /// Fixes what can be fixed; returns how many problems that was.
-    /// `counted` are the totals the scan found.
-    async fn repair(&self, problems: &[Problem], counted: CatalogStats, scan: &Scan) -> Result<u64> {
+    /// Fixes what can be fixed, and says in `report` how many problems
+    /// that was and how many blobs went. `counted` are the totals the scan
+    /// found.
+    async fn repair(&self, report: &mut VerifyReport, counted: CatalogStats, scan: Scan) -> Result<()> {
         for batch in scan.wrong_refs.chunks(PAGE) {
             self.catalog.set_refs(batch).await?;
+        }
+        for leftover in &report.leftovers {
+            self.engine.delete(&leftover.blob_ref()).await?;
         }
         let mut totals = counted;
         for blob in &scan.unreferenced {
@@ -372,13 +371,15 @@ impl Store {
         self.catalog.set_stats(totals).await?;
         // Lost bytes of a blob nothing refers to went with its record.
         let dropped = |d: &Digest| scan.unreferenced.iter().any(|b| b.digest == *d);
-        let fixed = problems.iter().filter(|p| match p {
+        let fixed = report.problems.iter().filter(|p| match p {
             Problem::MissingBytes { digest }
             | Problem::CorruptBytes { digest, .. }
             | Problem::DamagedBytes { digest, .. } => dropped(digest),
             p => p.repairable(),
         });
-        Ok(fixed.count() as u64)
+        report.repaired = fixed.count() as u64;
+        report.removed = (report.leftovers.len() + scan.unreferenced.len()) as u64;
+        Ok(())
     }
 
     /// Writes a copy of the store into `dir` (which must not exist, or be

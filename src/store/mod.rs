@@ -767,8 +767,7 @@ impl Store {
             if info.modified > cutoff {
                 continue;
             }
-            let blob = BlobRef { digest: info.digest, size: info.size, locator: info.locator };
-            if self.drop_if_orphan(&blob).await? {
+            if self.drop_if_orphan(&info.blob_ref()).await? {
                 report.orphans += 1;
                 report.bytes_freed += info.size;
             }

@@ -68,90 +68,74 @@ pub fn service(store: Arc<Store>, credentials: &[Credential], domain: Option<&st
 /// Longest validity of a presigned URL, as S3 has it: seven days.
 const MAX_EXPIRES: u64 = 7 * 24 * 3600;
 
-/// A presigned URL whose `X-Amz-Expires` is outside 1 s to 7 days (which
-/// the protocol layer does not check).
-pub(super) fn bad_expiry<B>(req: &http::Request<B>) -> Option<S3Error> {
-    let query = req.uri().query()?;
-    let (_, expires) = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-Expires")?;
-    match expires.parse::<u64>() {
-        Ok(secs) if (1..=MAX_EXPIRES).contains(&secs) => None,
-        _ => Some(bad_request(
-            "AuthorizationQueryParametersError",
-            "X-Amz-Expires must be between 1 and 604800 seconds (7 days)",
-        )),
-    }
-}
-
 /// Most a SigV2 request's date may be off from the server's clock, as S3
 /// allows.
 const MAX_SKEW: u64 = 15 * 60;
 
-/// A SigV4 request carrying an `x-amz-*` header it did not sign. S3
-/// refuses these ("There were headers present in the request which were
-/// not signed"): a header added to a presigned URL or a signed request
-/// could turn a PUT into a copy of the signer's private object, or a new
-/// bucket public.
-fn unsigned_amz_headers<B>(req: &http::Request<B>) -> Option<S3Error> {
+/// What S3 refuses about a request's signing and the protocol layer lets
+/// through, checked before it; the authorization and the query are read
+/// once for all of it:
+/// - a presigned URL whose `X-Amz-Expires` is outside 1 s to 7 days;
+/// - a SigV4 request carrying an `x-amz-*` header it did not sign ("There
+///   were headers present in the request which were not signed"): added to
+///   a presigned URL or a signed request, one could turn a PUT into a copy
+///   of the signer's private object, or a new bucket public;
+/// - a SigV2 request signed more than 15 minutes from now, or a SigV2
+///   presigned URL valid for longer than 7 days: either could be replayed
+///   for ever.
+pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
     let auth = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let signed = if auth.starts_with("AWS4-") {
-        auth.split(',').find_map(|part| part.trim().strip_prefix("SignedHeaders="))?.to_string()
-    } else {
-        let query = req.uri().query()?;
-        form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-SignedHeaders")?.1.into_owned()
-    };
-    let unsigned: Vec<&str> = req
-        .headers()
-        .keys()
-        .map(|name| name.as_str())
-        .filter(|name| name.starts_with("x-amz-") && !signed.split(';').any(|s| s.eq_ignore_ascii_case(name)))
-        .collect();
-    (!unsigned.is_empty()).then(|| {
-        let message =
-            format!("There were headers present in the request which were not signed: {}", unsigned.join(", "));
-        S3Error::with_message(S3ErrorCode::AccessDenied, message)
-    })
-}
-
-/// A SigV2 request signed too long ago to be fresh, or a SigV2 presigned
-/// URL valid for longer than seven days: the signature would let anyone
-/// who saw it replay the request for ever.
-fn stale_sigv2<B>(req: &http::Request<B>) -> Option<S3Error> {
+    let query: Vec<_> = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).collect();
+    let param = |name: &str| query.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_ref());
     let now = std::time::SystemTime::now();
-    let auth = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let refuse = |message: &'static str| Some(bad_request("AuthorizationQueryParametersError", message));
+
+    if let Some(expires) = param("X-Amz-Expires")
+        && !expires.parse::<u64>().is_ok_and(|secs| (1..=MAX_EXPIRES).contains(&secs))
+    {
+        return refuse("X-Amz-Expires must be between 1 and 604800 seconds (7 days)");
+    }
+    let signed = match auth.starts_with("AWS4-") {
+        true => auth.split(',').find_map(|part| part.trim().strip_prefix("SignedHeaders=")),
+        false => param("X-Amz-SignedHeaders"),
+    };
+    if let Some(signed) = signed {
+        let unsigned: Vec<&str> = req
+            .headers()
+            .keys()
+            .map(|name| name.as_str())
+            .filter(|name| name.starts_with("x-amz-") && !signed.split(';').any(|s| s.eq_ignore_ascii_case(name)))
+            .collect();
+        if !unsigned.is_empty() {
+            let message =
+                format!("There were headers present in the request which were not signed: {}", unsigned.join(", "));
+            return Some(S3Error::with_message(S3ErrorCode::AccessDenied, message));
+        }
+    }
     if auth.starts_with("AWS ") {
         let date = ["x-amz-date", "date"].iter().find_map(|h| req.headers().get(*h)?.to_str().ok());
         let skew = date
             .and_then(|d| httpdate::parse_http_date(d).ok())
             .map(|t| t.duration_since(now).or_else(|_| now.duration_since(t)).unwrap_or_default().as_secs());
-        return match skew {
-            Some(s) if s <= MAX_SKEW => None,
-            _ => Some(S3Error::with_message(
+        if skew.is_none_or(|s| s > MAX_SKEW) {
+            return Some(S3Error::with_message(
                 S3ErrorCode::RequestTimeTooSkewed,
                 "a SigV2 request needs a Date within 15 minutes of the server's time",
-            )),
-        };
+            ));
+        }
     }
-    let query = req.uri().query()?;
-    let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
-    let has = |name: &str| pairs.iter().any(|(n, _)| n == name);
-    if !(has("Signature") && has("AWSAccessKeyId")) {
-        return None;
+    if param("Signature").is_some() && param("AWSAccessKeyId").is_some() {
+        let latest = crate::catalog::to_millis(now) / 1000 + MAX_EXPIRES;
+        if param("Expires").and_then(|e| e.parse::<u64>().ok()).is_none_or(|e| e > latest) {
+            return refuse("a SigV2 presigned URL needs Expires within 7 days from now");
+        }
     }
-    let expires = pairs.iter().find(|(n, _)| n == "Expires").and_then(|(_, v)| v.parse::<u64>().ok());
-    let latest = crate::catalog::to_millis(now) / 1000 + MAX_EXPIRES;
-    match expires {
-        Some(e) if e <= latest => None,
-        _ => Some(bad_request(
-            "AuthorizationQueryParametersError",
-            "a SigV2 presigned URL needs Expires within 7 days from now",
-        )),
-    }
+    None
 }
 
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request) -> Response {
-    let refused = bad_expiry(&req).or_else(|| unsigned_amz_headers(&req)).or_else(|| stale_sigv2(&req));
-    let answer = match refused {
+    let answer = match refused_signing(&req) {
         Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
         None => service.call(req.map(s3s::Body::http_body)).await,
     };
