@@ -212,18 +212,25 @@ async fn a_full_device_is_507_and_keeps_what_was_acknowledged() {
     for i in 0..2000u64 {
         // Small ones go to RocksDB, large ones to files.
         let len = if i % 2 == 0 { 60_000 } else { 700_000 };
-        let r = http.put(server.object_url("files", &format!("k{i}"))).body(pattern(len, i)).send().await.unwrap();
-        match r.status().as_u16() {
-            200 | 201 => stored.push((i, len)),
-            status => refused.push(status),
+        let sent = http.put(server.object_url("files", &format!("k{i}"))).body(pattern(len, i)).send().await;
+        // A refusal that comes while the client still sends closes the
+        // connection (the rest of the body is not read), and the reset can
+        // overtake the answer: counted as 0, a refusal whose status was lost.
+        match sent.map(|r| r.status().as_u16()) {
+            Ok(200 | 201) => stored.push((i, len)),
+            Ok(status) => refused.push(status),
+            Err(e) if e.is_request() => refused.push(0),
+            Err(e) => panic!("k{i}: {e}"),
         }
         if refused.len() >= 20 {
             break;
         }
     }
     assert!(!stored.is_empty() && refused.len() >= 20, "the device filled: {} stored", stored.len());
-    assert!(refused.iter().all(|s| [503, 507].contains(s)), "{refused:?}");
-    assert_eq!(refused[0], 507, "{refused:?}");
+    assert!(refused.iter().all(|s| [0, 503, 507].contains(s)), "{refused:?}");
+    assert_eq!(refused.iter().find(|s| **s != 0), Some(&507), "the first answered refusal: {refused:?}");
+    // Read back on new connections: those the refusals closed stay out.
+    let http = client();
     for (i, len) in stored {
         let r = http.get(server.object_url("files", &format!("k{i}"))).send().await.unwrap();
         assert_eq!(r.status(), 200, "k{i}");
