@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 
 use super::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, Millis, ObjectPut,
     ObjectRecord, Precondition, PutOutcome, Result,
 };
 pub use crate::engine::faulty::{Switch, Trigger};
-use crate::engine::{Digest, Locator};
+use crate::engine::{BlobRef, Digest, Locator};
 
 /// The fault switches of one [`FaultyCatalog`].
 pub struct CatalogFaults {
@@ -137,6 +137,25 @@ impl Catalog for FaultyCatalog {
 
     async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
         self.commit(self.inner.remove_dead_blob(digest, before)).await
+    }
+
+    // Claims and deletes in progress pass through: the faults are those of
+    // the records, and a delete begins with a lookup.
+    async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
+        self.inner.claim_blob(digest).await
+    }
+
+    async fn release_claims(&self, claims: &[ClaimId]) -> Result<()> {
+        self.inner.release_claims(claims).await
+    }
+
+    async fn begin_delete(&self, blob: &BlobRef) -> Result<bool> {
+        self.read()?;
+        self.inner.begin_delete(blob).await
+    }
+
+    async fn end_delete(&self, digest: &Digest) -> Result<()> {
+        self.inner.end_delete(digest).await
     }
 
     async fn stats(&self) -> Result<CatalogStats> {

@@ -24,6 +24,16 @@ use crate::engine::{BlobRef, Digest, Locator};
 /// Milliseconds since the Unix epoch: how the catalog keeps time.
 pub type Millis = u64;
 
+/// The longest a delete of one blob's bytes may take between
+/// [`Catalog::begin_delete`] and [`Catalog::end_delete`]: a shared catalog
+/// lets writers of the digest go on some time after, in case the deleting
+/// node crashed.
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A writer's claim on a digest, in a catalog shared by several nodes (see
+/// [`Catalog::claim_blob`]).
+pub type ClaimId = i64;
+
 pub fn now_millis() -> Millis {
     to_millis(SystemTime::now())
 }
@@ -352,8 +362,45 @@ pub trait Catalog: Send + Sync + 'static {
     async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>>;
 
     /// Removes a blob record if it is still unreferenced since at or before
-    /// `before`; returns whether it did. The caller then deletes the bytes.
+    /// `before` and no writer claims its digest; returns whether it did.
+    /// The caller then deletes the bytes and calls [`Catalog::end_delete`],
+    /// as after [`Catalog::begin_delete`].
     async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool>;
+
+    /// Announces a writer about to make bytes of `digest` durable and then
+    /// reference them: until the claim is released, no node deletes bytes
+    /// of `digest`. Waits while a node is deleting them (between
+    /// [`Catalog::begin_delete`] and [`Catalog::end_delete`]), so the
+    /// writer's bytes land after that delete, never before it.
+    ///
+    /// Only a catalog that several processes share needs this (`Some`
+    /// claim); within one process the store's guards keep writers and the
+    /// collector apart, and a catalog only one process opens keeps none.
+    async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
+        let _ = digest;
+        Ok(None)
+    }
+
+    /// Ends claims of [`Catalog::claim_blob`].
+    async fn release_claims(&self, claims: &[ClaimId]) -> Result<()> {
+        let _ = claims;
+        Ok(())
+    }
+
+    /// Whether bytes of `blob.digest` stored under `blob.locator` may be
+    /// deleted: no record points at that locator and no writer claims the
+    /// digest. When it answers yes, claims of the digest wait until the
+    /// caller has deleted the bytes and called [`Catalog::end_delete`].
+    async fn begin_delete(&self, blob: &BlobRef) -> Result<bool> {
+        Ok(self.get_blobs(&[blob.digest]).await?.pop().flatten().is_none_or(|b| b.locator != blob.locator))
+    }
+
+    /// Ends a delete of [`Catalog::begin_delete`] or
+    /// [`Catalog::remove_dead_blob`]: writers of the digest go on.
+    async fn end_delete(&self, digest: &Digest) -> Result<()> {
+        let _ = digest;
+        Ok(())
+    }
 
     async fn stats(&self) -> Result<CatalogStats>;
 

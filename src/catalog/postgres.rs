@@ -10,6 +10,8 @@
 //! | `depot_catalog_objects` | bucket, key (`COLLATE "C"`: byte order, as S3 lists), the record as postcard bytes |
 //! | `depot_catalog_blobs` | digest, size, locator, refs, unreferenced_since (indexed where refs = 0) |
 //! | `depot_catalog_stats` | 16 shards of running totals: a transaction adds its deltas to one random shard, so writers rarely wait on each other |
+//! | `depot_catalog_claims` | id, digest, since: a writer on some node is about to store bytes of the digest and reference them |
+//! | `depot_catalog_deleting` | digest, since: a node is deleting bytes of the digest |
 //!
 //! A write is one transaction at READ COMMITTED. It first takes
 //! transaction-scoped advisory locks on the hashes of the keys it writes (in
@@ -22,6 +24,16 @@
 //! start with bounded backoff ([`crate::pg::retry`]); replaying a put is
 //! harmless, because putting the same record again nets out to no change in
 //! reference counts.
+//!
+//! Writers and collectors on different nodes keep apart through the claims
+//! and the deletes in progress, each changed under a transaction-scoped
+//! advisory lock on the digest: a writer claims a digest before its bytes
+//! land, waiting while a delete of that digest is in progress; a collector
+//! deletes bytes only when no writer claims them, and marks the delete in
+//! progress first. So a collector's delete never reaches bytes a writer
+//! has just stored, though the engines address bytes by SHA-256 alone. A
+//! claim or a delete older than its node could still hold it (a node that
+//! crashed) no longer counts.
 
 use std::collections::BTreeMap;
 
@@ -29,7 +41,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Pool, Transaction};
 
 use super::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, Millis, ObjectPut,
     ObjectRecord, Precondition, PutOutcome, Result, now_millis,
 };
 use crate::engine::{BlobRef, Digest, Locator};
@@ -93,10 +105,35 @@ CREATE TABLE IF NOT EXISTS depot_catalog_stats (
     blob_bytes bigint NOT NULL DEFAULT 0
 );
 INSERT INTO depot_catalog_stats (shard) SELECT generate_series(0, 15) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS depot_catalog_claims (
+    id bigserial PRIMARY KEY,
+    digest bytea NOT NULL,
+    since timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS depot_catalog_claims_digest ON depot_catalog_claims (digest);
+CREATE TABLE IF NOT EXISTS depot_catalog_deleting (
+    digest bytea PRIMARY KEY,
+    since timestamptz NOT NULL DEFAULT now()
+);
 "#;
 
 /// Any advisory-lock key: the migration's, apart from the per-key locks.
 const MIGRATION_LOCK: i64 = 0x6465_706f_7400_0001;
+
+/// The first of the two keys of a digest's advisory lock: the two-key
+/// locks are apart from the one-key locks of object keys.
+const DIGEST_LOCKS: i32 = 0x6465_706f;
+
+/// How long a claim counts: from the end of an upload's body to its commit,
+/// seconds at most, unless its node crashed meanwhile.
+const CLAIM_LIFE: &str = "10 minutes";
+
+/// How long a delete in progress counts: a node's delete of one blob's
+/// bytes gives up long before ([`super::DELETE_TIMEOUT`]).
+const DELETE_LIFE: &str = "2 minutes";
+
+/// How often a writer looks again at a delete in progress it waits for.
+const DELETE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The PostgreSQL catalog.
 #[derive(Clone)]
@@ -228,6 +265,33 @@ async fn add_stats(txn: &Transaction<'_>, s: &CatalogStats) -> Result<(), TxnErr
         "UPDATE depot_catalog_stats SET objects = objects + $2, logical_bytes = logical_bytes + $3,
          blobs = blobs + $4, blob_bytes = blob_bytes + $5 WHERE shard = $1",
         &[&shard, &s.objects, &s.logical_bytes, &s.blobs, &s.blob_bytes],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Locks `digest` for the transaction: claims and deletes of one digest
+/// happen one after the other.
+async fn lock_digest(txn: &Transaction<'_>, digest: &Digest) -> Result<(), TxnError> {
+    let key = i32::from_be_bytes(digest.0[..4].try_into().expect("four bytes"));
+    txn.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&DIGEST_LOCKS, &key]).await?;
+    Ok(())
+}
+
+/// Whether a writer claims `digest`, under the lock of [`lock_digest`].
+async fn claimed(txn: &Transaction<'_>, digest: &Digest) -> Result<bool, TxnError> {
+    let sql = format!(
+        "SELECT 1 FROM depot_catalog_claims WHERE digest = $1 AND since > now() - interval '{CLAIM_LIFE}' LIMIT 1"
+    );
+    Ok(txn.query_opt(&sql, &[&&digest.0[..]]).await?.is_some())
+}
+
+/// Marks a delete of `digest`'s bytes in progress, under the lock of
+/// [`lock_digest`].
+async fn mark_deleting(txn: &Transaction<'_>, digest: &Digest) -> Result<(), TxnError> {
+    txn.execute(
+        "INSERT INTO depot_catalog_deleting (digest) VALUES ($1) ON CONFLICT (digest) DO UPDATE SET since = now()",
+        &[&&digest.0[..]],
     )
     .await?;
     Ok(())
@@ -458,6 +522,9 @@ impl Catalog for PostgresCatalog {
 
     async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>> {
         in_txn!(self.pool, "finding dead blobs", |txn| {
+            // The claims of writers whose node crashed go with each pass.
+            let sql = format!("DELETE FROM depot_catalog_claims WHERE since <= now() - interval '{CLAIM_LIFE}'");
+            txn.execute(&sql, &[]).await?;
             let rows = txn
                 .query(
                     "SELECT * FROM depot_catalog_blobs WHERE refs = 0 AND unreferenced_since <= $1
@@ -471,6 +538,10 @@ impl Catalog for PostgresCatalog {
 
     async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
         in_txn!(self.pool, "removing a dead blob", |txn| {
+            lock_digest(txn, digest).await?;
+            if claimed(txn, digest).await? {
+                return Ok(false);
+            }
             let row = txn
                 .query_opt(
                     "DELETE FROM depot_catalog_blobs WHERE digest = $1 AND refs = 0 AND unreferenced_since <= $2
@@ -481,7 +552,65 @@ impl Catalog for PostgresCatalog {
             let Some(row) = row else { return Ok(false) };
             let stats = CatalogStats { blobs: -1, blob_bytes: -row.get::<_, i64>(0), ..Default::default() };
             add_stats(txn, &stats).await?;
+            mark_deleting(txn, digest).await?;
             Ok(true)
+        })
+    }
+
+    async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
+        loop {
+            let claim = in_txn!(self.pool, "claiming a blob", |txn| {
+                lock_digest(txn, digest).await?;
+                // A delete in progress too long ago is a crashed node's.
+                let sql = format!(
+                    "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND since <= now() - interval '{DELETE_LIFE}'"
+                );
+                txn.execute(&sql, &[&&digest.0[..]]).await?;
+                let deleting =
+                    txn.query_opt("SELECT 1 FROM depot_catalog_deleting WHERE digest = $1", &[&&digest.0[..]]).await?;
+                if deleting.is_some() {
+                    return Ok(None);
+                }
+                let row = txn
+                    .query_one("INSERT INTO depot_catalog_claims (digest) VALUES ($1) RETURNING id", &[&&digest.0[..]])
+                    .await?;
+                Ok(Some(row.get::<_, i64>(0)))
+            })?;
+            match claim {
+                Some(id) => return Ok(Some(id)),
+                None => tokio::time::sleep(DELETE_POLL).await,
+            }
+        }
+    }
+
+    async fn release_claims(&self, claims: &[ClaimId]) -> Result<()> {
+        in_txn!(self.pool, "releasing claims", |txn| {
+            txn.execute("DELETE FROM depot_catalog_claims WHERE id = ANY($1)", &[&claims]).await?;
+            Ok(())
+        })
+    }
+
+    async fn begin_delete(&self, blob: &BlobRef) -> Result<bool> {
+        in_txn!(self.pool, "starting a delete", |txn| {
+            lock_digest(txn, &blob.digest).await?;
+            let recorded = txn
+                .query_opt(
+                    "SELECT 1 FROM depot_catalog_blobs WHERE digest = $1 AND locator = $2",
+                    &[&&blob.digest.0[..], &blob.locator],
+                )
+                .await?;
+            if recorded.is_some() || claimed(txn, &blob.digest).await? {
+                return Ok(false);
+            }
+            mark_deleting(txn, &blob.digest).await?;
+            Ok(true)
+        })
+    }
+
+    async fn end_delete(&self, digest: &Digest) -> Result<()> {
+        in_txn!(self.pool, "ending a delete", |txn| {
+            txn.execute("DELETE FROM depot_catalog_deleting WHERE digest = $1", &[&&digest.0[..]]).await?;
+            Ok(())
         })
     }
 
@@ -663,6 +792,54 @@ mod tests {
             b.create_bucket(&BucketRecord::new("shared", "", false)).await,
             Err(CatalogError::BucketExists(_))
         ));
+    }
+
+    /// Node `a` writes and `b` collects the same bytes: `b` deletes only
+    /// bytes no writer claims, and a writer's claim waits while `b` deletes.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn writers_and_collectors_on_two_nodes_keep_apart() {
+        use super::super::CatalogExt;
+        use super::super::conformance::{blob, bucket, put};
+        use std::time::Duration;
+        let url = pg::fresh_test_database().await;
+        let (a, b) = futures::join!(PostgresCatalog::connect(&url), PostgresCatalog::connect(&url));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        a.create_bucket(&bucket("shared")).await.unwrap();
+        let x = blob(7, 10);
+        a.put_object(put("shared", "k", std::slice::from_ref(&x))).await.unwrap();
+        a.delete_object("shared", "k", &Precondition::default()).await.unwrap();
+
+        // A claim keeps the dead blob, its bytes and any leftover of them.
+        let claim = a.claim_blob(&x.digest).await.unwrap().expect("a shared catalog claims");
+        assert!(!b.remove_dead_blob(&x.digest, u64::MAX).await.unwrap());
+        assert!(!b.begin_delete(&BlobRef { locator: vec![99], ..x.clone() }).await.unwrap());
+        a.release_claims(&[claim]).await.unwrap();
+        // Bytes the record points at are not leftovers.
+        assert!(!b.begin_delete(&x).await.unwrap());
+
+        // Once `b` has removed the record, a claim waits for its delete.
+        assert!(b.remove_dead_blob(&x.digest, u64::MAX).await.unwrap());
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.claim_blob(&x.digest).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "a claim went on while another node deleted the bytes");
+        b.end_delete(&x.digest).await.unwrap();
+        let claim = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+        assert!(claim.is_some());
+
+        // A leftover's delete holds claims back the same way.
+        let y = blob(8, 10);
+        assert!(b.begin_delete(&y).await.unwrap());
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.claim_blob(&y.digest).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished());
+        b.end_delete(&y.digest).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -363,7 +363,7 @@ impl Store {
             // Verification runs on a store nobody writes to: the grace
             // period protects writers that are not there.
             if self.catalog.remove_dead_blob(&blob.digest, u64::MAX).await? {
-                self.engine.delete(&blob.blob_ref()).await?;
+                self.delete_bytes(&blob.blob_ref()).await?;
             }
             totals.blobs -= 1;
             totals.blob_bytes -= blob.size as i64;

@@ -25,8 +25,8 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ListPage, ListQuery, Millis, ObjectPut,
-    ObjectRecord, Part, Precondition, now_millis, to_millis,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_TIMEOUT, ListPage,
+    ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{
     BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
@@ -204,7 +204,10 @@ struct Expected {
 struct Written {
     blob: BlobRef,
     md5: [u8; 16],
+    /// Keeps this node's collector away from the digest until the catalog
+    /// has the reference, and `claim` other nodes' (see [`Store::let_go`]).
     guard: guards::Guard,
+    claim: Option<ClaimId>,
 }
 
 impl Written {
@@ -446,8 +449,11 @@ impl Store {
             precondition: opts.precondition,
         };
         // A sync may have failed elsewhere while the body streamed.
-        self.check_writable()?;
-        let outcome = match self.note(self.catalog.put_object(put).await.map_err(Into::into)) {
+        let recorded = match self.check_writable() {
+            Ok(()) => self.note(self.catalog.put_object(put).await.map_err(Into::into)),
+            Err(e) => Err(e),
+        };
+        let outcome = match recorded {
             Ok(outcome) => outcome,
             Err(e) => {
                 // Refused (a precondition lost to another writer, the bucket
@@ -457,8 +463,8 @@ impl Store {
             }
         };
         self.put_time.catalog_ns.fetch_add(registering.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.let_go(written).await;
         self.drop_redundant(&outcome.redundant).await;
-        drop(written.guard);
         Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: outcome.deduplicated })
     }
 
@@ -538,39 +544,84 @@ impl Store {
             return Err(e);
         }
         let guard = self.guards.writing(digest).await;
-        let blob = if synced { writer.finish(digest).await? } else { writer.finish_unsynced(digest).await? };
-        Ok(Written { blob, md5, guard })
+        let claim = match self.catalog.claim_blob(&digest).await {
+            Ok(claim) => claim,
+            Err(e) => {
+                writer.abort().await;
+                return Err(e.into());
+            }
+        };
+        let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };
+        match finished {
+            Ok(blob) => Ok(Written { blob, md5, guard, claim }),
+            Err(e) => {
+                self.release(claim.as_slice()).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Releases a written blob's digest once the catalog has its reference
+    /// (or will not): the collector may take it again, on this node and on
+    /// the others.
+    async fn let_go(&self, written: Written) -> BlobRef {
+        let Written { blob, guard, claim, .. } = written;
+        drop(guard);
+        self.release(claim.as_slice()).await;
+        blob
+    }
+
+    async fn release(&self, claims: &[ClaimId]) {
+        if claims.is_empty() {
+            return;
+        }
+        if let Err(e) = self.catalog.release_claims(claims).await {
+            tracing::warn!("could not release claims on blobs (they lapse by themselves): {e}");
+        }
     }
 
     /// Deletes bytes no catalog record points at, unless a writer or a
-    /// reader holds their digest. Whether it did.
+    /// reader holds their digest, here or on another node. Whether it did.
     async fn drop_if_orphan(&self, blob: &BlobRef) -> Result<bool> {
         let Some(_guard) = self.guards.collecting(blob.digest) else {
             return Ok(false);
         };
-        let known = self.catalog.get_blob(&blob.digest).await?;
-        if known.is_some_and(|b| b.locator == blob.locator) {
+        if !self.catalog.begin_delete(blob).await? {
             return Ok(false);
         }
-        self.engine.delete(blob).await?;
+        self.delete_bytes(blob).await?;
         Ok(true)
+    }
+
+    /// Deletes bytes the catalog gave up ([`Catalog::begin_delete`],
+    /// [`Catalog::remove_dead_blob`]), then lets writers of the digest go
+    /// on. A delete that takes too long stays marked in the catalog: other
+    /// nodes' writers wait until the mark lapses, after the delete could
+    /// have landed.
+    pub(super) async fn delete_bytes(&self, blob: &BlobRef) -> Result<()> {
+        let deleted = tokio::time::timeout(DELETE_TIMEOUT, self.engine.delete(blob))
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("deleting blob {} took too long", blob.digest)))?;
+        self.catalog.end_delete(&blob.digest).await?;
+        Ok(deleted?)
     }
 
     /// Gives up bytes written for a write that will not be recorded: they
     /// go, unless the catalog shows a record for them after all (a commit
     /// whose answer was lost) or another writer holds them.
     async fn forget(&self, written: Written) {
-        let Written { blob, guard, .. } = written;
-        drop(guard);
+        let blob = self.let_go(written).await;
         if let Err(e) = self.drop_if_orphan(&blob).await {
             tracing::warn!("could not remove the bytes of an unrecorded write {}: {e}", blob.digest);
         }
     }
 
-    /// Deletes bytes the catalog said it already had elsewhere.
+    /// Deletes bytes the catalog said it already had under another
+    /// locator, unless a writer holds them (they are then a leftover for
+    /// the collector).
     async fn drop_redundant(&self, redundant: &[BlobRef]) {
         for blob in redundant {
-            if let Err(e) = self.engine.delete(blob).await {
+            if let Err(e) = self.drop_if_orphan(blob).await {
                 tracing::warn!("could not delete a redundant copy of {}: {e}", blob.digest);
             }
         }
@@ -752,7 +803,7 @@ impl Store {
                     continue;
                 };
                 if self.catalog.remove_dead_blob(&blob.digest, before).await? {
-                    self.engine.delete(&blob.blob_ref()).await?;
+                    self.delete_bytes(&blob.blob_ref()).await?;
                     report.dead_blobs += 1;
                     report.bytes_freed += blob.size;
                     progressed = true;
@@ -818,10 +869,13 @@ impl PutBatch<'_> {
     pub async fn commit(self) -> Result<Vec<ObjectRecord>> {
         match self.record().await {
             Ok(outcomes) => {
+                let (records, written): (Vec<_>, Vec<_>) = self.entries.into_iter().unzip();
+                let claims: Vec<ClaimId> = written.into_iter().filter_map(|w| w.claim).collect();
+                self.store.release(&claims).await;
                 for o in &outcomes {
                     self.store.drop_redundant(&o.redundant).await;
                 }
-                Ok(self.entries.into_iter().map(|(r, _)| r).collect())
+                Ok(records)
             }
             Err(e) => {
                 self.abandon().await;
@@ -878,6 +932,46 @@ mod tests {
             out.extend_from_slice(&c);
         }
         out
+    }
+
+    /// Two nodes over one PostgreSQL catalog and one directory of blobs:
+    /// node `b` collects bytes that were dead past the grace period while
+    /// node `a` uploads them anew. `a`'s upload waits until `b`'s delete is
+    /// done, so its bytes land after it: none of `a`'s bytes are lost.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_collector_on_another_node_never_deletes_bytes_just_uploaded() {
+        use crate::catalog::postgres::PostgresCatalog;
+        use crate::engine::fs::FsEngine;
+        let url = crate::pg::fresh_test_database().await;
+        let dir = tempfile::tempdir().unwrap();
+        let node = || async {
+            let catalog = Arc::new(PostgresCatalog::connect(&url).await.unwrap());
+            let engine: DynEngine = Arc::new(FsEngine::open(dir.path()).unwrap());
+            let config = StoreConfig { gc_grace: Duration::ZERO, ..StoreConfig::default() };
+            Arc::new(Store::open(catalog, engine, config).await.unwrap())
+        };
+        let (a, b) = (node().await, node().await);
+        a.create_bucket("shared", "", false).await.unwrap();
+        let first = a.put("shared", "old", body(b"the same bytes, twice"), PutOptions::default()).await.unwrap();
+        a.delete("shared", "old", &Precondition::default()).await.unwrap();
+        let digest = first.record.sha256;
+        let dead = b.catalog.get_blob(&digest).await.unwrap().unwrap();
+
+        // `b`'s collector takes the dead blob; `a` stores the same bytes.
+        assert!(b.catalog.remove_dead_blob(&digest, now_millis()).await.unwrap());
+        let upload = tokio::spawn({
+            let a = a.clone();
+            async move { a.put("shared", "new", body(b"the same bytes, twice"), PutOptions::default()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!upload.is_finished(), "the upload went on while another node deleted its bytes");
+        b.delete_bytes(&dead.blob_ref()).await.unwrap();
+        let put = tokio::time::timeout(Duration::from_secs(10), upload).await.unwrap().unwrap().unwrap();
+        assert!(!put.deduplicated);
+        assert_eq!(read_all(&b, "shared", "new").await, b"the same bytes, twice");
+        assert_eq!(b.gc().await.unwrap(), GcReport::default());
+        assert_eq!(read_all(&a, "shared", "new").await, b"the same bytes, twice");
+        assert!(a.verify(false, &indicatif::ProgressBar::hidden()).await.unwrap().problems.is_empty());
     }
 
     /// A write the catalog refuses (a lost race for a condition, a bucket
