@@ -592,6 +592,54 @@ def area_get(s3, buckets):
     )
 
 
+def area_empty_and_parts(s3, buckets):
+    bucket = buckets.create(s3)
+    s3.put_object(Bucket=bucket, Key="empty", Body=b"")
+    expect_error(
+        "a suffix Range of an empty object is 416",
+        "InvalidRange",
+        416,
+        lambda: s3.get_object(Bucket=bucket, Key="empty", Range="bytes=-5"),
+    )
+    s3.put_object(Bucket=bucket, Key="whole", Body=data(1000, 3))
+    expect_error(
+        "HeadObject by partNumber is 501, as GetObject by partNumber",
+        None,
+        501,
+        lambda: s3.head_object(Bucket=bucket, Key="whole", PartNumber=1),
+    )
+
+
+def area_object_acls(s3, buckets):
+    """Objects are as public as their bucket: a canned ACL that says
+    otherwise is refused, never ignored."""
+    public = buckets.create(s3, "public", ACL="public-read")
+    private = buckets.create(s3, "private")
+    expect_error(
+        "PutObject with ACL private into a public-read bucket is 501",
+        "NotImplemented",
+        501,
+        lambda: s3.put_object(Bucket=public, Key="secret", Body=b"secret", ACL="private"),
+    )
+    expect_error("... and stored nothing", None, 404, lambda: s3.head_object(Bucket=public, Key="secret"))
+    expect_error(
+        "PutObject with ACL public-read into a private bucket is 501",
+        "NotImplemented",
+        501,
+        lambda: s3.put_object(Bucket=private, Key="open", Body=b"open", ACL="public-read"),
+    )
+    expect_error(
+        "CreateMultipartUpload with ACL private into a public-read bucket is 501",
+        "NotImplemented",
+        501,
+        lambda: s3.create_multipart_upload(Bucket=public, Key="secret", ACL="private"),
+    )
+    s3.put_object(Bucket=public, Key="open", Body=b"open", ACL="public-read")
+    s3.put_object(Bucket=private, Key="mine", Body=b"mine", ACL="private")
+    s3.put_object(Bucket=private, Key="theirs", Body=b"theirs", ACL="bucket-owner-full-control")
+    ok("ACLs that match the bucket's access are accepted")
+
+
 def area_delete(s3, buckets):
     bucket = buckets.create(s3)
     for key in ["d1", "d2", "d3", "q1", "q2", "keep"]:
@@ -614,6 +662,25 @@ def area_delete(s3, buckets):
     expect_equal(r.get("Errors", []), [], "DeleteObjects in Quiet mode reports no errors")
     expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket)), ["keep"], "only the kept key remains")
 
+    # A document changed on the way, after boto3 computed its checksum and
+    # signed: another key than the one meant must not be deleted.
+    s3.put_object(Bucket=bucket, Key="keepmf", Body=b"kept")
+
+    def change_document(request, **_):
+        request.body = request.body.replace(b"<Key>keepme</Key>", b"<Key>keepmf</Key>")
+
+    s3.meta.events.register("before-send.s3.DeleteObjects", change_document)
+    try:
+        expect_error(
+            "a DeleteObjects document changed after its checksum is refused with 400",
+            None,
+            400,
+            lambda: s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "keepme"}]}),
+        )
+    finally:
+        s3.meta.events.unregister("before-send.s3.DeleteObjects", change_document)
+    expect_equal(s3.head_object(Bucket=bucket, Key="keepmf")["ContentLength"], 4, "... and deleted nothing")
+
 
 def area_copy(s3, buckets):
     bucket = buckets.create(s3)
@@ -631,6 +698,24 @@ def area_copy(s3, buckets):
 
     r = s3.copy_object(Bucket=bucket, Key="dst/copy", CopySource=source)
     expect_equal(r["CopyObjectResult"]["ETag"], src_etag, "CopyObject answers the source's ETag")
+
+    # The destination's own conditions, as on PutObject.
+    s3.put_object(Bucket=bucket, Key="dst/precious", Body=b"precious")
+    expect_error(
+        "CopyObject onto an existing key with If-None-Match: * is 412",
+        "PreconditionFailed",
+        412,
+        lambda: s3.copy_object(Bucket=bucket, Key="dst/precious", CopySource=source, IfNoneMatch="*"),
+    )
+    expect_error(
+        "CopyObject with an If-Match that does not hold is 412",
+        "PreconditionFailed",
+        412,
+        lambda: s3.copy_object(Bucket=bucket, Key="dst/precious", CopySource=source, IfMatch='"0000"'),
+    )
+    expect(body_of(s3.get_object(Bucket=bucket, Key="dst/precious")) == b"precious", "... and the key kept its bytes")
+    s3.copy_object(Bucket=bucket, Key="dst/fresh", CopySource=source, IfNoneMatch="*")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="dst/fresh")) == body, "If-None-Match: * copies onto a new key")
     head = s3.head_object(Bucket=bucket, Key="dst/copy")
     expect_equal(head["Metadata"], {"origin": "source"}, "CopyObject (COPY) keeps the metadata")
     expect_equal(head["ContentType"], "text/x-orig", "CopyObject (COPY) keeps the Content-Type")
@@ -1156,6 +1241,24 @@ def area_presign(s3, buckets):
     status, answer = http_put(put_v4, b"signed body", "application/octet-stream")
     expect(status == 200, "the same URL without the header works", f"status {status}: {answer[:300]!r}")
 
+    # x-amz-* parameters in a presigned URL's query are signed, and S3
+    # applies them as headers: metadata and checksums SDKs put there.
+    # (aws-sdk-go v1 puts metadata there; the JavaScript SDK v3 a checksum.)
+    status, answer = http_put(presigned_put(bucket, "pre/v4meta", {"x-amz-meta-color": "blue"}), b"meta", "text/plain")
+    expect(status == 200, "a presigned PUT with x-amz-meta-* in its query works", f"status {status}: {answer[:300]!r}")
+    expect_equal(
+        s3.head_object(Bucket=bucket, Key="pre/v4meta")["Metadata"], {"color": "blue"}, "... and stored the metadata"
+    )
+    wrong_crc = base64.b64encode(zlib.crc32(b"other bytes").to_bytes(4, "big")).decode()
+    crc_url = presigned_put(bucket, "pre/v4crc", {"x-amz-checksum-crc32": wrong_crc})
+    status, answer = http_put(crc_url, b"these bytes", "application/octet-stream")
+    expect(
+        status == 400 and error_code(answer) == "BadDigest",
+        "a presigned PUT whose body does not match the checksum in its query is BadDigest",
+        f"status {status}: {answer[:300]!r}",
+    )
+    expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4crc"))
+
     # SigV2 signs a Date: one far from the server's clock is a replay.
     path = f"/{bucket}/{urllib.parse.quote(key)}"
     stale = "Thu, 01 Jan 2015 00:00:00 GMT"
@@ -1455,6 +1558,31 @@ def signed_put(path, body, payload_hash, at, headers=None):
     return signature, key, amz_date, scope, headers
 
 
+def presigned_put(bucket, key, params):
+    """A SigV4 presigned PUT URL for bucket/key, signing only the host, with
+    `params` in its query as SDKs hoist x-amz-* headers there."""
+    amz_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    scope = f"{amz_date[:8]}/{REGION}/s3/aws4_request"
+    host = urllib.parse.urlsplit(ENDPOINT).netloc
+    query = dict(params)
+    query.update(
+        {
+            "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
+            "X-Amz-Credential": f"{ACCESS_KEY}/{scope}",
+            "X-Amz-Date": amz_date,
+            "X-Amz-Expires": "300",
+            "X-Amz-SignedHeaders": "host",
+        }
+    )
+    encode = lambda v: urllib.parse.quote(v, safe="~")  # noqa: E731
+    canonical_query = "&".join(f"{encode(k)}={encode(v)}" for k, v in sorted(query.items()))
+    path = f"/{bucket}/{urllib.parse.quote(key, safe='/~')}"
+    canonical = "\n".join(["PUT", path, canonical_query, f"host:{host}\n", "host", "UNSIGNED-PAYLOAD"])
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    signature = hmac.new(signing_key(amz_date[:8]), to_sign.encode(), hashlib.sha256).hexdigest()
+    return f"{ENDPOINT}{path}?{canonical_query}&X-Amz-Signature={signature}"
+
+
 def send_put(path, body, headers):
     parts = urllib.parse.urlsplit(ENDPOINT)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
@@ -1592,6 +1720,8 @@ AREAS = [
     area_users,
     area_put,
     area_get,
+    area_empty_and_parts,
+    area_object_acls,
     area_delete,
     area_copy,
     area_listing,

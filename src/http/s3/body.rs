@@ -35,6 +35,50 @@ fn field(c: &Checksum, name: &str) -> Option<String> {
     }
 }
 
+/// Checks a document sent whole (the XML of DeleteObjects or
+/// CompleteMultipartUpload) against what its headers declare: its
+/// Content-MD5, its `x-amz-content-sha256` and any `x-amz-checksum-*`. A
+/// document changed on the way would otherwise delete or assemble other
+/// objects than the client meant.
+pub fn check_document(headers: &HeaderMap, body: &[u8]) -> S3Result<()> {
+    if let Some(md5) = headers.get("content-md5") {
+        let declared = md5.to_str().ok().and_then(|v| crate::http::content_md5(v).ok());
+        let declared = declared.ok_or_else(|| s3_error!(InvalidDigest, "the Content-MD5 is not a base64 MD5"))?;
+        if declared != <md5::Md5 as md5::Digest>::digest(body)[..] {
+            return Err(s3_error!(BadDigest, "the body does not match its Content-MD5"));
+        }
+    }
+    let payload = headers.get("x-amz-content-sha256").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if payload.len() == 64
+        && payload.bytes().all(|b| b.is_ascii_hexdigit())
+        && !payload.eq_ignore_ascii_case(&hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)))
+    {
+        return Err(super::bad_request(
+            "XAmzContentSHA256Mismatch",
+            "the body does not match its x-amz-content-sha256",
+        ));
+    }
+    let mut hasher = ChecksumHasher::default();
+    let declared: Vec<(&str, String)> = ALGORITHMS
+        .iter()
+        .filter_map(|name| Some((*name, headers.get(*name)?.to_str().unwrap_or("").trim().to_string())))
+        .collect();
+    if declared.is_empty() {
+        return Ok(());
+    }
+    hasher.crc32 = Some(Crc32::new());
+    hasher.crc32c = Some(Crc32c::new());
+    hasher.crc64nvme = Some(Crc64Nvme::new());
+    hasher.sha1 = Some(Sha1::new());
+    hasher.sha256 = Some(Sha256::new());
+    hasher.update(body);
+    let computed = hasher.finalize();
+    match declared.iter().find(|(name, value)| field(&computed, name).as_deref() != Some(value.as_str())) {
+        Some((name, _)) => Err(s3_error!(BadDigest, "the body does not match its {name}")),
+        None => Ok(()),
+    }
+}
+
 /// Where a declared checksum's value comes from.
 enum Declared {
     Header(String),

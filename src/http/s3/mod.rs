@@ -133,11 +133,69 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
     None
 }
 
+/// The query parameters of a SigV4 presigned URL that are its signature,
+/// not request headers.
+const PRESIGNING: &[&str] = &[
+    "x-amz-algorithm",
+    "x-amz-credential",
+    "x-amz-date",
+    "x-amz-expires",
+    "x-amz-signedheaders",
+    "x-amz-signature",
+    "x-amz-security-token",
+];
+
+/// Largest document read whole to check it: a DeleteObjects of 1,000
+/// keys of 1,024 bytes, escaped, stays well below.
+const MAX_DOCUMENT: u64 = 16 << 20;
+
+/// Makes a request what the S3 service should see:
+/// - the other `x-amz-*` parameters of a presigned URL become headers, as
+///   S3 applies them (SDKs hoist checksums and metadata into the URL, where
+///   the signature covers them);
+/// - the XML document of DeleteObjects or CompleteMultipartUpload is read
+///   and checked against its declared digests ([`body::check_document`]).
+async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
+    let (mut parts, body) = req.into_parts();
+    let query: Vec<(String, String)> =
+        form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned().collect();
+    if query.iter().any(|(n, _)| n == "X-Amz-Signature") {
+        for (name, value) in &query {
+            let name = name.to_ascii_lowercase();
+            if !name.starts_with("x-amz-") || PRESIGNING.contains(&name.as_str()) || parts.headers.contains_key(&name) {
+                continue;
+            }
+            let (Ok(name), Ok(value)) =
+                (http::HeaderName::from_bytes(name.as_bytes()), http::HeaderValue::from_str(value))
+            else {
+                return Err(s3_error!(InvalidArgument, "the query parameter {name} is not a valid header"));
+            };
+            parts.headers.insert(name, value);
+        }
+    }
+    let document = parts.method == http::Method::POST && query.iter().any(|(n, _)| n == "delete" || n == "uploadId");
+    let streaming = parts.headers.get("x-amz-content-sha256").is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
+    if !document || streaming {
+        return Ok(http::Request::from_parts(parts, s3s::Body::http_body(body)));
+    }
+    let bytes = http_body_util::Limited::new(body, MAX_DOCUMENT as usize)
+        .collect()
+        .await
+        .map_err(|e| s3_error!(InvalidRequest, "reading the request's document failed: {e}"))?
+        .to_bytes();
+    body::check_document(&parts.headers, &bytes)?;
+    Ok(http::Request::from_parts(parts, s3s::Body::from(bytes)))
+}
+
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request) -> Response {
-    let answer = match refused_signing(&req) {
-        Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
-        None => service.call(req.map(s3s::Body::http_body)).await,
+    let prepared = match refused_signing(&req) {
+        Some(e) => Err(e),
+        None => prepare(req).await,
+    };
+    let answer = match prepared {
+        Err(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
+        Ok(req) => service.call(req).await,
     };
     let response = match answer {
         Ok(r) => r,
@@ -263,7 +321,6 @@ fn anonymous() -> S3Error {
     )
 }
 
-/// Whether an access key may use a bucket as its owner.
 /// A store error as an S3 error: the same code and status as the native
 /// API gives.
 fn to_s3(e: StoreError) -> S3Error {

@@ -9,7 +9,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use super::body::{Checked, Failure};
 use super::to_s3;
-use crate::catalog::{ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
+use crate::catalog::{BucketRecord, ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
@@ -160,7 +160,9 @@ fn resolve_range(range: Option<&Range>, record: &ObjectRecord) -> S3Result<(Byte
     let Some(r) = range else { return Ok((ByteRange::full(record.size), None)) };
     let within = r
         .check(record.size)
-        .map_err(|_| s3_error!(InvalidRange, "the range is not within the object's {} bytes", record.size))?;
+        .ok()
+        .filter(|w| w.start < w.end)
+        .ok_or_else(|| s3_error!(InvalidRange, "the range is not within the object's {} bytes", record.size))?;
     let content_range = format!("bytes {}-{}/{}", within.start, within.end - 1, record.size);
     Ok((ByteRange { start: within.start, end: within.end }, Some(content_range)))
 }
@@ -317,6 +319,38 @@ fn public_acl(acl: Option<&BucketCannedACL>) -> S3Result<Option<bool>> {
     }
 }
 
+/// Objects have no ACL of their own: they are as public as their bucket. A
+/// canned ACL that says otherwise is refused rather than ignored, so an
+/// object asked to be private is never left public.
+fn check_object_acl(acl: Option<&ObjectCannedACL>, bucket: &BucketRecord) -> S3Result<()> {
+    let Some(acl) = acl.map(|a| a.as_str()) else { return Ok(()) };
+    let private =
+        [ObjectCannedACL::PRIVATE, ObjectCannedACL::BUCKET_OWNER_READ, ObjectCannedACL::BUCKET_OWNER_FULL_CONTROL];
+    let holds = match bucket.public_read {
+        false => private.contains(&acl),
+        true => acl == ObjectCannedACL::PUBLIC_READ,
+    };
+    if holds {
+        return Ok(());
+    }
+    let access = if bucket.public_read { "public-read" } else { "private" };
+    Err(s3_error!(
+        NotImplemented,
+        "objects take their bucket's access, and the bucket {:?} is {access}: x-amz-acl: {acl} cannot be given",
+        bucket.name
+    ))
+}
+
+impl DepotS3 {
+    /// [`check_object_acl`] against the bucket as stored.
+    async fn check_object_acl(&self, acl: Option<&ObjectCannedACL>, bucket: &str) -> S3Result<()> {
+        if acl.is_none() {
+            return Ok(());
+        }
+        check_object_acl(acl, &self.store.bucket(bucket).await.map_err(to_s3)?)
+    }
+}
+
 #[async_trait::async_trait]
 impl S3 for DepotS3 {
     // ----- buckets -----
@@ -435,6 +469,7 @@ impl S3 for DepotS3 {
             ..PutOptions::default()
         };
         let (bucket, key) = (input.bucket.clone(), input.key.clone());
+        self.check_object_acl(input.acl.as_ref(), &bucket).await?;
         let store = &self.store;
         if input.if_match.is_some() {
             // S3 answers If-Match on a missing key with NoSuchKey, not 412.
@@ -487,6 +522,9 @@ impl S3 for DepotS3 {
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        if req.input.part_number.is_some() {
+            return Err(s3_error!(NotImplemented, "HEAD by partNumber is not supported"));
+        }
         check_version(req.input.version_id.as_deref())?;
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
@@ -565,7 +603,7 @@ impl S3 for DepotS3 {
         let me = caller(&req);
         let source = self.copy_source(&req.input.copy_source, &me).await?;
         check_copy_source(&req, &source)?;
-        let input = req.input;
+        let input = &req.input;
         let replace = match input.metadata_directive.as_ref().map(|d| d.as_str()) {
             None | Some(MetadataDirective::COPY) => None,
             Some(MetadataDirective::REPLACE) => Some(about!(input)),
@@ -581,9 +619,23 @@ impl S3 for DepotS3 {
                 "copying an object onto itself needs a change: send x-amz-metadata-directive: REPLACE"
             ));
         }
+        self.check_object_acl(input.acl.as_ref(), &input.bucket).await?;
+        // The destination's conditions, as for PutObject (s3s's input has
+        // no fields for them).
+        let condition = |name: &str| {
+            req.headers
+                .get(name)
+                .map(|v| ETagCondition::parse_http_header(v.as_bytes()))
+                .transpose()
+                .map_err(|_| bad_argument(format!("the {name} header is not an entity tag or *")))
+        };
+        let (if_match, if_none_match) = (condition("if-match")?, condition("if-none-match")?);
+        if if_match.is_some() {
+            self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
+        }
         let put = self
             .store
-            .copy(&source, &input.bucket, &input.key, replace, Precondition::default())
+            .copy(&source, &input.bucket, &input.key, replace, precondition(if_match.as_ref(), if_none_match.as_ref()))
             .await
             .map_err(to_s3)?;
         ok(CopyObjectOutput {
@@ -700,6 +752,7 @@ impl S3 for DepotS3 {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let input = req.input;
+        self.check_object_acl(input.acl.as_ref(), &input.bucket).await?;
         let upload_id = self.store.create_upload(&input.bucket, &input.key, about!(input)).await.map_err(to_s3)?;
         ok(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
