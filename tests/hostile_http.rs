@@ -272,6 +272,39 @@ fn a_partial_put_is_400_and_stores_nothing() {
     assert_absent(&s, "/files/cr");
 }
 
+/// A refusal sent before the body arrived says the connection closes: a
+/// keep-alive client must not send its next request on it. A refusal after
+/// the whole body was read keeps the connection.
+#[test]
+fn a_refusal_before_the_body_says_the_connection_closes() {
+    let s = Server::start(&[]);
+    // In the first answer's head.
+    let has_close = |a: &Answer| {
+        let text = a.text().to_ascii_lowercase();
+        text[..text.find("\r\n\r\n").unwrap_or(text.len())].contains("\r\nconnection: close")
+    };
+    for early in [
+        "PUT /nobucket/k HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n".to_string(),
+        format!("PUT /files/{} HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n", "k".repeat(2000)),
+        "PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\nContent-Range: bytes 0-9/20\r\n\r\n".to_string(),
+    ] {
+        let mut c = connect(&s);
+        c.write_all(early.as_bytes()).unwrap();
+        let a = read_all(c, Duration::from_secs(2));
+        assert!(a.status() >= 400 && has_close(&a), "{early:?} was answered:\n{}", a.text());
+    }
+    // Read to its end, then refused: the connection carries the next request.
+    let mut c = connect(&s);
+    let refused =
+        "PUT /files/md5 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-MD5: AAAAAAAAAAAAAAAAAAAAAA==\r\n\r\nhello";
+    c.write_all(refused.as_bytes()).unwrap();
+    c.write_all(b"GET /files/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let a = read_all(c, Duration::from_secs(5));
+    assert_eq!(a.status(), 400, "{}", a.text());
+    assert!(!has_close(&a), "{}", a.text());
+    assert_eq!(a.responses(), 2, "the second request was not answered:\n{}", a.text());
+}
+
 #[test]
 fn a_request_sent_before_the_client_closes_its_side_is_answered() {
     // `nc -N` and others shut down writing once the request is out: the

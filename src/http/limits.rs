@@ -59,14 +59,20 @@ pub enum BodyError {
     Http(#[from] hyper::Error),
 }
 
-/// Set on a request (as an extension) when its body timed out, so that the
-/// answer is 408 whatever the handler made of the failed read.
+/// What became of a request's body, for the answer: one that timed out is
+/// a 408 whatever the handler made of the failed read, and a refusal sent
+/// before the body ended closes the connection.
 #[derive(Clone, Default)]
-pub(crate) struct TimedOut(Arc<AtomicBool>);
+pub(crate) struct BodyState(Arc<[AtomicBool; 2]>);
 
-impl TimedOut {
-    pub(crate) fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+impl BodyState {
+    pub(crate) fn timed_out(&self) -> bool {
+        self.0[0].load(Ordering::Relaxed)
+    }
+
+    /// Whether the body was read to its end.
+    pub(crate) fn ended(&self) -> bool {
+        self.0[1].load(Ordering::Relaxed)
     }
 }
 
@@ -78,12 +84,12 @@ pub struct RequestBody {
     inner: Incoming,
     idle: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
-    timed_out: TimedOut,
+    state: BodyState,
 }
 
 impl RequestBody {
-    pub(crate) fn new(inner: Incoming, idle: Duration, timed_out: TimedOut) -> RequestBody {
-        RequestBody { inner, idle, sleep: None, timed_out }
+    pub(crate) fn new(inner: Incoming, idle: Duration, state: BodyState) -> RequestBody {
+        RequestBody { inner, idle, sleep: None, state }
     }
 }
 
@@ -95,13 +101,16 @@ impl Body for RequestBody {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             this.sleep = None;
+            if frame.is_none() || this.inner.is_end_stream() {
+                this.state.0[1].store(true, Ordering::Relaxed);
+            }
             return Poll::Ready(frame.map(|f| f.map_err(BodyError::from)));
         }
         let idle = this.idle;
         let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => {
-                this.timed_out.0.store(true, Ordering::Relaxed);
+                this.state.0[0].store(true, Ordering::Relaxed);
                 Poll::Ready(Some(Err(BodyError::Idle(idle))))
             }
             Poll::Pending => Poll::Pending,

@@ -160,8 +160,9 @@ impl App {
         let caller = self.caller(&req);
         let authorized = caller.is_some();
         let s3 = s3::is_s3(&req) || !authorized;
-        let timed_out = limits::TimedOut::default();
-        let mut req = req.map(|b| RequestBody::new(b, self.limits.body_timeout, timed_out.clone()));
+        let has_body = limits::has_body(req.headers());
+        let body = limits::BodyState::default();
+        let mut req = req.map(|b| RequestBody::new(b, self.limits.body_timeout, body.clone()));
         if let Some(caller) = caller {
             req.extensions_mut().insert(caller);
         }
@@ -170,7 +171,7 @@ impl App {
         // A body that stopped coming is a timeout, whatever the handler
         // made of the failed read (native answers only: S3 clients get the
         // S3 error s3s chose).
-        if timed_out.get() && refused && !s3 {
+        if body.timed_out() && refused && !s3 {
             let e = ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "RequestTimeout",
@@ -179,10 +180,10 @@ impl App {
             response = error_response(&e);
         }
         // A refusal sent before any 100 Continue, or before the body was
-        // read, leaves the body unsent or unread: the connection cannot
-        // carry another request (the server would read the next request as
-        // this one's body).
-        if refused && (expects_continue || timed_out.get() || response.status() == StatusCode::SERVICE_UNAVAILABLE) {
+        // read to its end, leaves the body unsent or unread: the connection
+        // cannot carry another request (the server would read the rest of
+        // the body as the next request), so the answer says it closes.
+        if refused && (expects_continue || (has_body && !body.ended())) {
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         let bytes_out = content_length(response.headers()).unwrap_or(0);
