@@ -58,7 +58,6 @@ pub fn check_document(headers: &HeaderMap, body: &[u8]) -> S3Result<()> {
             "the body does not match its x-amz-content-sha256",
         ));
     }
-    let mut hasher = ChecksumHasher::default();
     let declared: Vec<(&str, String)> = ALGORITHMS
         .iter()
         .filter_map(|name| Some((*name, headers.get(*name)?.to_str().unwrap_or("").trim().to_string())))
@@ -66,17 +65,28 @@ pub fn check_document(headers: &HeaderMap, body: &[u8]) -> S3Result<()> {
     if declared.is_empty() {
         return Ok(());
     }
-    hasher.crc32 = Some(Crc32::new());
-    hasher.crc32c = Some(Crc32c::new());
-    hasher.crc64nvme = Some(Crc64Nvme::new());
-    hasher.sha1 = Some(Sha1::new());
-    hasher.sha256 = Some(Sha256::new());
+    let mut hasher = hasher_for(declared.iter().map(|(name, _)| *name));
     hasher.update(body);
     let computed = hasher.finalize();
     match declared.iter().find(|(name, value)| field(&computed, name).as_deref() != Some(value.as_str())) {
         Some((name, _)) => Err(s3_error!(BadDigest, "the body does not match its {name}")),
         None => Ok(()),
     }
+}
+
+/// A hasher of the algorithms named (by header name, of [`ALGORITHMS`]).
+fn hasher_for<'a>(names: impl Iterator<Item = &'a str>) -> ChecksumHasher {
+    let mut hasher = ChecksumHasher::default();
+    for name in names {
+        match name {
+            "x-amz-checksum-crc32" => hasher.crc32 = Some(Crc32::new()),
+            "x-amz-checksum-crc32c" => hasher.crc32c = Some(Crc32c::new()),
+            "x-amz-checksum-crc64nvme" => hasher.crc64nvme = Some(Crc64Nvme::new()),
+            "x-amz-checksum-sha1" => hasher.sha1 = Some(Sha1::new()),
+            _ => hasher.sha256 = Some(Sha256::new()),
+        }
+    }
+    hasher
 }
 
 /// Where a declared checksum's value comes from.
@@ -160,16 +170,7 @@ impl Checked {
                 declared.push((known, Declared::Trailer(trailers)));
             }
         }
-        let mut hasher = ChecksumHasher::default();
-        for (name, _) in &declared {
-            match *name {
-                "x-amz-checksum-crc32" => hasher.crc32 = Some(Crc32::new()),
-                "x-amz-checksum-crc32c" => hasher.crc32c = Some(Crc32c::new()),
-                "x-amz-checksum-crc64nvme" => hasher.crc64nvme = Some(Crc64Nvme::new()),
-                "x-amz-checksum-sha1" => hasher.sha1 = Some(Sha1::new()),
-                _ => hasher.sha256 = Some(Sha256::new()),
-            }
-        }
+        let hasher = hasher_for(declared.iter().map(|(name, _)| *name));
         Ok(Checked { inner: body, hasher, declared, failure, ended: false, computed: Arc::default() })
     }
 
