@@ -79,6 +79,42 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, PgError> {
     config.create_pool(Some(Runtime::Tokio1), NoTls).map_err(|e| PgError::Query(format!("bad PostgreSQL URL: {e}")))
 }
 
+/// Waits until the pool has a connection, retrying as [`retry`] does; a
+/// failure names the server and database `url` points at (never its
+/// password), so a wrong host or port is plain in the error.
+pub async fn reach(pool: &Pool, url: &str) -> Result<(), PgError> {
+    let reached =
+        retry("connecting to PostgreSQL", || async { pool.get().await.map(drop).map_err(PgError::from) }).await;
+    reached.map_err(|e| {
+        let place = whereabouts(url);
+        match e {
+            PgError::Unavailable(m) => PgError::Unavailable(format!("{m} ({place})")),
+            PgError::Query(m) => PgError::Query(format!("{m} ({place})")),
+        }
+    })
+}
+
+/// "host:port, database name" of a connection URL, for messages.
+fn whereabouts(url: &str) -> String {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else { return "an unreadable URL".into() };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() { "localhost:5432".to_string() } else { hosts.join(",") };
+    format!("server {hosts}, database {}", config.get_dbname().or(config.get_user()).unwrap_or("?"))
+}
+
 /// Runs `op` until it succeeds, fails for good, or has failed transiently
 /// [`ATTEMPTS`] times with exponentially growing pauses (about 2.5 s in all).
 pub async fn retry<T, F, Fut>(what: &str, mut op: F) -> Result<T, PgError>
@@ -120,5 +156,28 @@ pub async fn fresh_test_database() -> String {
             format!("{base}/{name}{query}")
         }
         _ => panic!("DEPOT_TEST_POSTGRES must name a database: postgres://user:pass@host:port/db"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whereabouts_name_the_server_and_database_but_not_the_password() {
+        let place = whereabouts("postgres://depot:secret@db.example:5433/files");
+        assert_eq!(place, "server db.example:5433, database files");
+        assert_eq!(whereabouts("host=a,b port=1,2 user=u"), "server a:1,b:2, database u");
+        assert_eq!(whereabouts("postgres://"), "server localhost:5432, database ?");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_named_in_the_error() {
+        // Nothing listens on port 1.
+        let url = "postgres://depot:secret@127.0.0.1:1/depot";
+        let e = reach(&pool(url, 1).unwrap(), url).await.unwrap_err();
+        assert!(matches!(e, PgError::Unavailable(_)), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("127.0.0.1:1, database depot") && !text.contains("secret"), "{text}");
     }
 }

@@ -145,6 +145,7 @@ impl PostgresCatalog {
     /// Connects and applies the schema (idempotent).
     pub async fn connect(url: &str) -> Result<PostgresCatalog> {
         let pool = pg::pool(url, POOL_SIZE)?;
+        pg::reach(&pool, url).await?;
         let catalog = PostgresCatalog { pool };
         in_txn!(catalog.pool, "migrating the catalog schema", |txn| {
             txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;

@@ -160,6 +160,7 @@ impl PostgresEngine {
             ));
         }
         let pool = pg::pool(url, POOL_SIZE).map_err(pg_err)?;
+        pg::reach(&pool, url).await.map_err(pg_err)?;
         let engine = PostgresEngine { inner: Arc::new(Inner { pool, chunk }) };
         engine.migrate().await?;
         engine.remove_stale().await?;

@@ -676,19 +676,24 @@ impl Store {
         for (blob, _) in &refs {
             held.push(self.guards.reading(blob.digest).await);
         }
-        let stream = if let [(blob, within)] = refs.as_slice() {
-            self.read_blob_range(blob, *within).await?
-        } else {
-            let engine = self.engine.clone();
-            Box::pin(
-                futures::stream::iter(refs)
-                    .then(move |(blob, within)| {
-                        let engine = engine.clone();
-                        async move { engine.read(&blob, within).await }
-                    })
-                    .try_flatten(),
-            )
+        // The first part opens before the answer starts, so an engine that
+        // cannot read fails the request with a status rather than cutting a
+        // body after its 200; the other parts open as the body reaches them.
+        let mut refs = refs.into_iter();
+        let Some((first, within)) = refs.next() else {
+            return Ok(Box::pin(futures::stream::empty()));
         };
+        let mut stream = self.read_blob_range(&first, within).await?;
+        if refs.len() > 0 {
+            let engine = self.engine.clone();
+            let rest = futures::stream::iter(refs)
+                .then(move |(blob, within)| {
+                    let engine = engine.clone();
+                    async move { engine.read(&blob, within).await }
+                })
+                .try_flatten();
+            stream = Box::pin(stream.chain(rest));
+        }
         // The guards live in the stream, and go when it is dropped.
         Ok(Box::pin(stream.inspect(move |_| {
             let _ = &held;

@@ -679,4 +679,28 @@ mod tests {
         assert_eq!(s.catalog.get_blob(&src.sha256).await.unwrap().unwrap().refs, 2);
         assert_eq!(s.engine().list().await.unwrap().len(), 1, "no byte was copied");
     }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_engine_that_cannot_read_fails_the_read_of_a_completed_upload_before_its_first_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, engine, _) = crate::store::model_tests::open_faulty(
+            dir.path(),
+            crate::engine::EngineKind::Hybrid,
+            3,
+            StoreConfig::default(),
+        )
+        .await;
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let first = vec![5u8; MIN_PART_SIZE as usize];
+        let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, b"tail".to_vec()).await];
+        s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        assert_eq!(read(&s, "k").await, [first.as_slice(), b"tail"].concat());
+
+        engine.reads.set(crate::engine::faulty::Trigger::Always);
+        let record = s.head("files", "k").await.unwrap();
+        let opened = s.read(&record, ByteRange::full(record.size)).await;
+        assert!(opened.is_err(), "the read began although no part could be opened");
+        // A range within the second part alone fails the same way.
+        assert!(s.read(&record, ByteRange { start: MIN_PART_SIZE, end: record.size }).await.is_err());
+    }
 }

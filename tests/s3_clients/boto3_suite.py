@@ -520,7 +520,9 @@ def area_get(s3, buckets):
         lambda: get(Range="bytes=10000-"),
     )
     r = s3.head_object(Bucket=bucket, Key="obj", Range="bytes=100-199")
+    expect_equal(r["ResponseMetadata"]["HTTPStatusCode"], 206, "HeadObject Range: status 206")
     expect_equal(r["ContentLength"], 100, "HeadObject Range: the range's length")
+    expect_equal(r["ContentRange"], "bytes 100-199/10000", "HeadObject Range: Content-Range")
     expect_error(
         "HeadObject Range past the end is 416",
         "416",
@@ -638,6 +640,44 @@ def area_object_acls(s3, buckets):
     s3.put_object(Bucket=private, Key="mine", Body=b"mine", ACL="private")
     s3.put_object(Bucket=private, Key="theirs", Body=b"theirs", ACL="bucket-owner-full-control")
     ok("ACLs that match the bucket's access are accepted")
+
+
+def area_unsupported(s3, buckets):
+    """What a write asks that depot does not do is refused, never dropped."""
+    bucket = buckets.create(s3)
+    s3.put_object(Bucket=bucket, Key="src", Body=b"source")
+    asks = [
+        ("Tagging", {"Tagging": "team=a"}, "NotImplemented", 501),
+        ("SSE-S3", {"ServerSideEncryption": "AES256"}, "NotImplemented", 501),
+        ("SSE-C", {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32}, "NotImplemented", 501),
+        ("object lock", {"ObjectLockLegalHoldStatus": "ON"}, "NotImplemented", 501),
+        ("a grant", {"GrantRead": 'uri="http://acs.amazonaws.com/groups/global/AllUsers"'}, "NotImplemented", 501),
+        ("GLACIER", {"StorageClass": "GLACIER"}, "InvalidStorageClass", 400),
+    ]
+    for what, extra, code, status in asks:
+        expect_error(
+            f"PutObject with {what} is {status}",
+            code,
+            status,
+            lambda: s3.put_object(Bucket=bucket, Key="asked", Body=b"asked", **extra),
+        )
+        expect_error(
+            f"CopyObject with {what} is {status}",
+            code,
+            status,
+            lambda: s3.copy_object(Bucket=bucket, Key="asked", CopySource={"Bucket": bucket, "Key": "src"}, **extra),
+        )
+        expect_error(
+            f"CreateMultipartUpload with {what} is {status}",
+            code,
+            status,
+            lambda: s3.create_multipart_upload(Bucket=bucket, Key="asked", **extra),
+        )
+    expect_error("... and nothing was stored", None, 404, lambda: s3.head_object(Bucket=bucket, Key="asked"))
+    expect_equal(s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []), [], "... and no upload began")
+    s3.put_object(Bucket=bucket, Key="std", Body=b"std", StorageClass="STANDARD")
+    s3.put_object(Bucket=bucket, Key="rrs", Body=b"rrs", StorageClass="REDUCED_REDUNDANCY")
+    ok("StorageClass STANDARD and REDUCED_REDUNDANCY are accepted")
 
 
 def area_delete(s3, buckets):
@@ -1485,6 +1525,26 @@ def area_checksums(s3, buckets):
     )
     expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="lied"))
 
+    twice = client()
+    twice.meta.events.register("before-sign.s3.PutObject", second_checksum)
+    body = data(1000, 20)
+    expect_error(
+        "PutObject declaring two checksums (CRC32 and SHA-256, both right) is InvalidRequest",
+        "InvalidRequest",
+        400,
+        lambda: twice.put_object(Bucket=bucket, Key="twice", Body=body, ChecksumCRC32=crc32_b64(body)),
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="twice"))
+
+
+def second_checksum(request, **_):
+    """before-sign hook: a right SHA-256 checksum beside the CRC32."""
+    body = request.body
+    if not isinstance(body, bytes):
+        body = body.read()
+        request.body.seek(0)
+    request.headers["x-amz-checksum-sha256"] = base64.b64encode(hashlib.sha256(body).digest()).decode()
+
 
 def completed_part(number, uploaded):
     """A part for CompleteMultipartUpload, with its checksum when UploadPart
@@ -1722,6 +1782,7 @@ AREAS = [
     area_get,
     area_empty_and_parts,
     area_object_acls,
+    area_unsupported,
     area_delete,
     area_copy,
     area_listing,

@@ -65,12 +65,24 @@ pub fn check_document(headers: &HeaderMap, body: &[u8]) -> S3Result<()> {
     if declared.is_empty() {
         return Ok(());
     }
+    one_algorithm(declared.len())?;
     let mut hasher = hasher_for(declared.iter().map(|(name, _)| *name));
     hasher.update(body);
     let computed = hasher.finalize();
     match declared.iter().find(|(name, value)| field(&computed, name).as_deref() != Some(value.as_str())) {
         Some((name, _)) => Err(s3_error!(BadDigest, "the body does not match its {name}")),
         None => Ok(()),
+    }
+}
+
+/// As S3: a request declares at most one checksum.
+fn one_algorithm(declared: usize) -> S3Result<()> {
+    match declared {
+        0 | 1 => Ok(()),
+        _ => Err(s3_error!(
+            InvalidRequest,
+            "a request may declare one x-amz-checksum-* header or trailer, not {declared}"
+        )),
     }
 }
 
@@ -170,6 +182,7 @@ impl Checked {
                 declared.push((known, Declared::Trailer(trailers)));
             }
         }
+        one_algorithm(declared.len())?;
         let hasher = hasher_for(declared.iter().map(|(name, _)| *name));
         Ok(Checked { inner: body, hasher, declared, failure, ended: false, computed: Arc::default() })
     }

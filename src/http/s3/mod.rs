@@ -189,6 +189,7 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
 
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request) -> Response {
+    let head = req.method() == http::Method::HEAD;
     let prepared = match refused_signing(&req) {
         Some(e) => Err(e),
         None => prepare(req).await,
@@ -197,7 +198,7 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
         Err(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
         Ok(req) => service.call(req).await,
     };
-    let response = match answer {
+    let mut response = match answer {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("S3 request failed: {e:?}");
@@ -208,6 +209,12 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
             ));
         }
     };
+    // HeadObject of a range answers 206, as GetObject does; the protocol
+    // layer answers every HeadObject with 200.
+    if head && response.status() == http::StatusCode::OK && response.headers().contains_key(http::header::CONTENT_RANGE)
+    {
+        *response.status_mut() = http::StatusCode::PARTIAL_CONTENT;
+    }
     response.map(|b| b.map_err(io::Error::other).boxed_unsync())
 }
 

@@ -319,6 +319,55 @@ fn public_acl(acl: Option<&BucketCannedACL>) -> S3Result<Option<bool>> {
     }
 }
 
+/// What a write may ask that depot does not do, refused rather than
+/// dropped, so no client believes an object tagged, encrypted, locked,
+/// granted to others or archived when it is not. PutObject, CopyObject and
+/// CreateMultipartUpload name these fields alike.
+macro_rules! refuse_unsupported {
+    ($input:expr) => {
+        refuse_unsupported(
+            [
+                ("object tagging (x-amz-tagging)", $input.tagging.is_some()),
+                (
+                    "server-side encryption",
+                    $input.server_side_encryption.is_some()
+                        || $input.ssekms_key_id.is_some()
+                        || $input.ssekms_encryption_context.is_some()
+                        || $input.sse_customer_algorithm.is_some()
+                        || $input.sse_customer_key.is_some(),
+                ),
+                (
+                    "object lock",
+                    $input.object_lock_mode.is_some()
+                        || $input.object_lock_retain_until_date.is_some()
+                        || $input.object_lock_legal_hold_status.is_some(),
+                ),
+                (
+                    "x-amz-grant-* (objects take their bucket's access)",
+                    $input.grant_full_control.is_some()
+                        || $input.grant_read.is_some()
+                        || $input.grant_read_acp.is_some()
+                        || $input.grant_write_acp.is_some(),
+                ),
+            ],
+            $input.storage_class.as_ref(),
+        )
+    };
+}
+
+fn refuse_unsupported(asked: [(&str, bool); 4], class: Option<&StorageClass>) -> S3Result<()> {
+    if let Some((what, _)) = asked.iter().find(|(_, given)| *given) {
+        return Err(s3_error!(NotImplemented, "{what} is not supported"));
+    }
+    match class.map(StorageClass::as_str) {
+        None | Some(StorageClass::STANDARD | StorageClass::REDUCED_REDUNDANCY) => Ok(()),
+        Some(other) => Err(s3_error!(
+            InvalidStorageClass,
+            "objects are stored in one class, STANDARD: storage class {other:?} is not offered"
+        )),
+    }
+}
+
 /// Objects have no ACL of their own: they are as public as their bucket. A
 /// canned ACL that says otherwise is refused rather than ignored, so an
 /// object asked to be private is never left public.
@@ -469,6 +518,7 @@ impl S3 for DepotS3 {
             ..PutOptions::default()
         };
         let (bucket, key) = (input.bucket.clone(), input.key.clone());
+        refuse_unsupported!(input)?;
         self.check_object_acl(input.acl.as_ref(), &bucket).await?;
         let store = &self.store;
         if input.if_match.is_some() {
@@ -528,8 +578,8 @@ impl S3 for DepotS3 {
         check_version(req.input.version_id.as_deref())?;
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
-        // As S3 does: a range changes the length given, and one not within
-        // the object is a 416.
+        // As S3 does: a range changes the length given (and the status, to
+        // 206: see `handle`), and one not within the object is a 416.
         let (range, content_range) = resolve_range(req.input.range.as_ref(), &record)?;
         let output = HeadObjectOutput {
             content_length: Some(range.len() as i64),
@@ -619,6 +669,7 @@ impl S3 for DepotS3 {
                 "copying an object onto itself needs a change: send x-amz-metadata-directive: REPLACE"
             ));
         }
+        refuse_unsupported!(input)?;
         self.check_object_acl(input.acl.as_ref(), &input.bucket).await?;
         // The destination's conditions, as for PutObject (s3s's input has
         // no fields for them).
@@ -752,6 +803,7 @@ impl S3 for DepotS3 {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let input = req.input;
+        refuse_unsupported!(input)?;
         self.check_object_acl(input.acl.as_ref(), &input.bucket).await?;
         let upload_id = self.store.create_upload(&input.bucket, &input.key, about!(input)).await.map_err(to_s3)?;
         ok(CreateMultipartUploadOutput {
