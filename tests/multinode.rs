@@ -160,3 +160,34 @@ async fn collection_on_every_node_never_loses_a_new_upload() {
     a.assert_no_panic();
     b.assert_no_panic();
 }
+
+/// `depot verify` and `depot migrate` need the store to themselves: while a
+/// node serves the shared catalog they refuse, naming it; once it stopped
+/// they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn maintenance_that_needs_the_store_alone_waits_for_every_node_to_stop() {
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("shared");
+    let args = ["--catalog", url.as_str(), "--engine", "fs"];
+    let mut node = Server::start_in(&data, &args);
+    let r = client().put(node.object_url("files", "k")).body(pattern(10_000, 3)).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+
+    let data_arg = data.to_str().unwrap();
+    let verify = common::depot(&[&["verify", "--data", data_arg][..], &args].concat());
+    let said = String::from_utf8_lossy(&verify.stderr);
+    assert!(!verify.status.success(), "verify ran beside a node: {said}");
+    assert!(said.contains("1 node(s) serve this catalog") && said.contains(&node.url["http://".len()..]), "{said}");
+    let migrate = common::depot(&[&["migrate", "--data", data_arg, "--to-engine", "hybrid"][..], &args].concat());
+    let said = String::from_utf8_lossy(&migrate.stderr);
+    assert!(!migrate.status.success() && said.contains("stop them before migrating"), "{said}");
+
+    // `gc` is one more collector, and may run beside the nodes.
+    let gc = common::depot(&[&["gc", "--data", data_arg][..], &args].concat());
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+
+    assert!(node.stop().success());
+    let verify = common::depot(&[&["verify", "--data", data_arg][..], &args].concat());
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stderr));
+}

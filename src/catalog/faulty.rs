@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -156,6 +157,18 @@ impl Catalog for FaultyCatalog {
 
     async fn end_delete(&self, digest: &Digest) -> Result<()> {
         self.inner.end_delete(digest).await
+    }
+
+    async fn node_seen(&self, node: &str) -> Result<()> {
+        self.inner.node_seen(node).await
+    }
+
+    async fn node_gone(&self, node: &str) -> Result<()> {
+        self.inner.node_gone(node).await
+    }
+
+    async fn live_nodes(&self, within: Duration) -> Result<Vec<String>> {
+        self.inner.live_nodes(within).await
     }
 
     async fn stats(&self) -> Result<CatalogStats> {

@@ -34,6 +34,12 @@ pub const DELETE_TIMEOUT: Duration = Duration::from_secs(60);
 /// [`Catalog::claim_blob`]).
 pub type ClaimId = i64;
 
+/// How often a node serving a shared catalog says so
+/// ([`Catalog::node_seen`]); one not heard from for [`NODE_LIFE`] is taken
+/// for stopped.
+pub const NODE_HEARTBEAT: Duration = Duration::from_secs(5);
+pub const NODE_LIFE: Duration = Duration::from_secs(20);
+
 pub fn now_millis() -> Millis {
     to_millis(SystemTime::now())
 }
@@ -400,6 +406,28 @@ pub trait Catalog: Send + Sync + 'static {
     async fn end_delete(&self, digest: &Digest) -> Result<()> {
         let _ = digest;
         Ok(())
+    }
+
+    /// Says that `node` serves this catalog now. A catalog shared by
+    /// several nodes keeps the time, so that maintenance which needs every
+    /// node stopped can tell whether one is running
+    /// ([`Catalog::live_nodes`]); an embedded catalog has one user at a
+    /// time, and keeps nothing.
+    async fn node_seen(&self, node: &str) -> Result<()> {
+        let _ = node;
+        Ok(())
+    }
+
+    /// Says that `node` stopped serving.
+    async fn node_gone(&self, node: &str) -> Result<()> {
+        let _ = node;
+        Ok(())
+    }
+
+    /// The nodes seen within `within`.
+    async fn live_nodes(&self, within: Duration) -> Result<Vec<String>> {
+        let _ = within;
+        Ok(Vec::new())
     }
 
     async fn stats(&self) -> Result<CatalogStats>;

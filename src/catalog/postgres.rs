@@ -12,6 +12,7 @@
 //! | `depot_catalog_stats` | 16 shards of running totals: a transaction adds its deltas to one random shard, so writers rarely wait on each other |
 //! | `depot_catalog_claims` | id, digest, since: a writer on some node is about to store bytes of the digest and reference them |
 //! | `depot_catalog_deleting` | digest, since: a node is deleting bytes of the digest |
+//! | `depot_catalog_nodes` | name, seen: a node serving the catalog, heard from at `seen` |
 //!
 //! A write is one transaction at READ COMMITTED. It first takes
 //! transaction-scoped advisory locks on the hashes of the keys it writes (in
@@ -36,6 +37,7 @@
 //! crashed) no longer counts.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Pool, Transaction};
@@ -115,6 +117,10 @@ CREATE TABLE IF NOT EXISTS depot_catalog_deleting (
     digest bytea PRIMARY KEY,
     since timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE IF NOT EXISTS depot_catalog_nodes (
+    name text PRIMARY KEY,
+    seen timestamptz NOT NULL DEFAULT now()
+);
 "#;
 
 /// Any advisory-lock key: the migration's, apart from the per-key locks.
@@ -133,7 +139,7 @@ const CLAIM_LIFE: &str = "10 minutes";
 const DELETE_LIFE: &str = "2 minutes";
 
 /// How often a writer looks again at a delete in progress it waits for.
-const DELETE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+const DELETE_POLL: Duration = Duration::from_millis(20);
 
 /// The PostgreSQL catalog.
 #[derive(Clone)]
@@ -615,6 +621,37 @@ impl Catalog for PostgresCatalog {
         })
     }
 
+    async fn node_seen(&self, node: &str) -> Result<()> {
+        in_txn!(self.pool, "noting a node", |txn| {
+            txn.execute(
+                "INSERT INTO depot_catalog_nodes (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET seen = now()",
+                &[&node],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+
+    async fn node_gone(&self, node: &str) -> Result<()> {
+        in_txn!(self.pool, "noting a node gone", |txn| {
+            txn.execute("DELETE FROM depot_catalog_nodes WHERE name = $1", &[&node]).await?;
+            Ok(())
+        })
+    }
+
+    async fn live_nodes(&self, within: Duration) -> Result<Vec<String>> {
+        let seconds = within.as_secs_f64();
+        in_txn!(self.pool, "listing nodes", |txn| {
+            let rows = txn
+                .query(
+                    "SELECT name FROM depot_catalog_nodes WHERE seen > now() - make_interval(secs => $1) ORDER BY name",
+                    &[&seconds],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
     async fn list_blobs(&self, after: Option<Digest>, limit: usize) -> Result<Vec<BlobRecord>> {
         let after = after.map(|d| d.0.to_vec()).unwrap_or_default();
         let after = &after;
@@ -801,7 +838,6 @@ mod tests {
     async fn writers_and_collectors_on_two_nodes_keep_apart() {
         use super::super::CatalogExt;
         use super::super::conformance::{blob, bucket, put};
-        use std::time::Duration;
         let url = pg::fresh_test_database().await;
         let (a, b) = futures::join!(PostgresCatalog::connect(&url), PostgresCatalog::connect(&url));
         let (a, b) = (a.unwrap(), b.unwrap());
@@ -850,5 +886,21 @@ mod tests {
             Err(other) => panic!("expected Unavailable, got {other}"),
             Ok(_) => panic!("connected to a closed port"),
         }
+    }
+
+    #[tokio::test]
+    async fn nodes_are_seen_until_they_stop_or_fall_silent() {
+        let url = pg::fresh_test_database().await;
+        let c = PostgresCatalog::connect(&url).await.unwrap();
+        assert!(c.live_nodes(Duration::from_secs(20)).await.unwrap().is_empty());
+        c.node_seen("a").await.unwrap();
+        c.node_seen("b").await.unwrap();
+        c.node_seen("a").await.unwrap();
+        assert_eq!(c.live_nodes(Duration::from_secs(20)).await.unwrap(), ["a", "b"]);
+        c.node_gone("a").await.unwrap();
+        assert_eq!(c.live_nodes(Duration::from_secs(20)).await.unwrap(), ["b"]);
+        // One not heard from within the window is taken for stopped.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(c.live_nodes(Duration::from_millis(200)).await.unwrap().is_empty());
     }
 }

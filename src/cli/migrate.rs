@@ -29,7 +29,7 @@ use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::HumanBytes;
 
-use super::serve::{open_catalog, runtime};
+use super::serve::{check_no_live_nodes, open_catalog, runtime};
 use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
@@ -207,6 +207,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let to_config = target_config(args, &settings.engine_config);
     runtime(2)?.block_on(async {
         let catalog = open_catalog(&settings).await?;
+        check_no_live_nodes(catalog.as_ref(), "migrating").await?;
         if new {
             state.write(&data)?;
         }

@@ -42,7 +42,8 @@ pub enum Command {
     Gc(ServeArgs),
     /// Re-read every blob and check its SHA-256, every object's references
     /// and every blob's reference count; exits non-zero on any problem
-    /// (run it while the server is stopped).
+    /// (run it while the server is stopped: with a shared catalog, it
+    /// refuses while any node serves it).
     Verify {
         #[command(flatten)]
         serve: ServeArgs,

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 
 use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
-use crate::catalog::{Catalog, CatalogKind};
+use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LIFE};
 use crate::config::{ServeArgs, Settings};
 use crate::engine::{self, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App};
@@ -105,6 +105,19 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.engine.name(),
         settings.data.display()
     );
+    let node = node_name(addr);
+    if matches!(settings.catalog, CatalogKind::Postgres(_)) {
+        app.store.catalog().node_seen(&node).await.context("noting this node in the catalog")?;
+        let (app, node) = (app.clone(), node.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(NODE_HEARTBEAT).await;
+                if let Err(e) = app.store.catalog().node_seen(&node).await {
+                    tracing::warn!("could not note this node in the catalog: {e}");
+                }
+            }
+        });
+    }
     if !settings.gc_interval.is_zero() {
         let (app, every) = (app.clone(), settings.gc_interval);
         tokio::spawn(async move {
@@ -120,8 +133,36 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         });
     }
-    http::serve(listener, app, shutdown_signal(), Duration::from_secs(30)).await?;
+    http::serve(listener, app.clone(), shutdown_signal(), Duration::from_secs(30)).await?;
+    // Bounded: a catalog that is down must not hold the exit up; the note
+    // then lapses by itself.
+    match tokio::time::timeout(Duration::from_secs(2), app.store.catalog().node_gone(&node)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("could not note in the catalog that this node stopped: {e}"),
+        Err(_) => tracing::warn!("could not note in the catalog that this node stopped: no answer in 2 s"),
+    }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// How this node appears to maintenance run against a shared catalog.
+fn node_name(addr: std::net::SocketAddr) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{} {addr} (pid {})", host.trim(), std::process::id())
+}
+
+/// Refuses maintenance that needs the store to itself while any node
+/// serves a shared catalog: counts it reads could change under it.
+pub(crate) async fn check_no_live_nodes(catalog: &dyn Catalog, what: &str) -> anyhow::Result<()> {
+    let live = catalog.live_nodes(NODE_LIFE).await?;
+    if !live.is_empty() {
+        bail!(
+            "{} node(s) serve this catalog ({}, heard from in the last {} s): stop them before {what}",
+            live.len(),
+            live.join("; "),
+            NODE_LIFE.as_secs()
+        );
+    }
     Ok(())
 }
 
@@ -157,6 +198,7 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
     let settings = Settings::resolve(args)?;
     runtime(1)?.block_on(async {
         let store = open_existing_store(&settings).await?;
+        check_no_live_nodes(store.catalog(), "verifying").await?;
         let total = store.stats().await?.blob_bytes.max(0) as u64;
         let progress = super::progress_bar(total, super::BYTES_BAR);
         progress.set_message("verifying");
