@@ -16,6 +16,16 @@ fn ok(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// No temporary file of a download is left in `dir`.
+fn assert_no_partial_download(dir: &std::path::Path) {
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("depot-part"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
 #[test]
 fn put_ls_get_rm_round_trip() {
     let server = Server::start(&[]);
@@ -49,12 +59,7 @@ fn put_ls_get_rm_round_trip() {
     let err = String::from_utf8_lossy(&missing.stderr);
     assert!(err.contains("NoSuchKey") && err.contains("404"), "{err}");
     assert!(!dir.path().join("gone.bin").exists(), "a failed download leaves no file");
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains("depot-part"))
-        .collect();
-    assert!(leftovers.is_empty());
+    assert_no_partial_download(dir.path());
 }
 
 #[test]
@@ -115,4 +120,66 @@ fn odd_keys_folders_and_pipes() {
     ok(&depot(&server, &["put", "plain", "files/line\nbreak\u{1b}[31m"], dir.path()));
     let listing = ok(&depot(&server, &["ls", "files"], dir.path()));
     assert!(listing.contains("line\\nbreak\\u{1b}[31m") && !listing.contains('\u{1b}'), "{listing}");
+}
+
+/// `get` writes where a person means: into a directory under the object's
+/// name, through a symbolic link to its target, into a FIFO or device
+/// rather than over it; a replaced file keeps its permissions, and a long
+/// file name works.
+#[test]
+fn get_writes_into_directories_links_and_special_files() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let long = "n".repeat(255);
+    std::fs::write(dir.path().join("note.txt"), b"the note").unwrap();
+    std::fs::write(dir.path().join(&long), b"long").unwrap();
+    ok(&depot(&server, &["put", "note.txt", &long, "files/"], dir.path()));
+
+    std::fs::create_dir(dir.path().join("into")).unwrap();
+    ok(&depot(&server, &["get", "files/note.txt", "into"], dir.path()));
+    assert_eq!(std::fs::read(dir.path().join("into/note.txt")).unwrap(), b"the note");
+
+    std::fs::write(dir.path().join("target"), b"old").unwrap();
+    std::fs::set_permissions(dir.path().join("target"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink("target", dir.path().join("link")).unwrap();
+    ok(&depot(&server, &["get", "files/note.txt", "link"], dir.path()));
+    assert!(std::fs::symlink_metadata(dir.path().join("link")).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(dir.path().join("target")).unwrap(), b"the note");
+    let mode = std::fs::metadata(dir.path().join("target")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a replaced file keeps its permissions");
+
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read(fifo).unwrap()
+    });
+    ok(&depot(&server, &["get", "files/note.txt", "fifo"], dir.path()));
+    assert_eq!(reader.join().unwrap(), b"the note", "the FIFO's reader gets the bytes");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still one");
+
+    ok(&depot(&server, &["get", &format!("files/{long}")], &dir.path().join("into")));
+    assert_eq!(std::fs::read(dir.path().join("into").join(&long)).unwrap(), b"long");
+    assert_no_partial_download(dir.path());
+}
+
+/// With several arguments a failure is told and the others go on, as with
+/// cp and rm; the command still fails.
+#[test]
+fn several_arguments_go_on_past_a_failure() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("there"), b"there").unwrap();
+    let out = depot(&server, &["put", "missing", "there", "files/several/"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing") && err.contains("1 of 2"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("files/several/there"), "the second file went up");
+
+    let out = depot(&server, &["rm", "files/several/absent", "files/several/there"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 2"));
+    let gone = depot(&server, &["get", "files/several/there", "back"], dir.path());
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("404"), "the second key was removed");
 }

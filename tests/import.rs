@@ -123,6 +123,9 @@ async fn a_gridfs_bucket_keeps_names_types_and_dates() {
 
     let said = ok(&import(&server, &[&url, "legacy"]));
     assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");
+    let typo = import(&server, &[&url, "legacy", "--gridfs-bucket", "fls"]);
+    let err = String::from_utf8_lossy(&typo.stderr);
+    assert!(!typo.status.success() && err.contains("no GridFS bucket \"fls\""), "a mistyped bucket: {err}");
     db.drop().await.unwrap();
 }
 

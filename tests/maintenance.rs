@@ -132,6 +132,23 @@ async fn write_until(url: String, writers: usize, stop: Arc<AtomicBool>) -> Hash
     Arc::try_unwrap(history).ok().unwrap().into_inner().unwrap()
 }
 
+/// The CLI asks the server at `--listen` for the backup of the store it
+/// holds; a server that serves another data directory refuses rather than
+/// copying its own store.
+#[tokio::test]
+async fn a_backup_is_never_taken_from_a_server_of_another_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mine, other) = (dir.path().join("mine"), dir.path().join("other"));
+    let _holder = Server::start_in(&mine, &[]);
+    let stranger = Server::start_in(&other, &[]);
+    let backup = dir.path().join("backup");
+    let out =
+        depot(&["backup", "--data", mine.to_str().unwrap(), "--listen", &stranger.addr, backup.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("409") && text(&out).contains("not "), "{}", text(&out));
+    assert!(!backup.join("ENGINE").exists(), "nothing was backed up");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backup_taken_under_load_serves_what_was_acknowledged_before_it() {
     let dir = tempfile::tempdir().unwrap();

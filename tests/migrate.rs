@@ -110,6 +110,43 @@ async fn a_corrupt_blob_stops_the_switch_and_cancel_undoes_it() {
     server.stop();
 }
 
+/// A copy made by an earlier slice that went bad in the new engine is read
+/// back before the switch: the run stops, names it and drops it, and the
+/// next run copies it anew; the old engine is never emptied over it.
+#[tokio::test]
+async fn a_copy_that_went_bad_between_slices_is_copied_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &[]);
+    fill(&server).await;
+    server.stop();
+    let said = ok(&migrate(&data, &["--to-engine", "fs", "--max-blobs", "3"]));
+    assert!(said.contains("copied 3 blobs"), "{said}");
+    let copy = files_under(&data.join("fs"))
+        .into_iter()
+        .find(|p| p.file_name().unwrap().len() == 64 && std::fs::metadata(p).unwrap().len() > 0)
+        .expect("a copy in the new engine");
+    let mut bytes = std::fs::read(&copy).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&copy, bytes).unwrap();
+
+    let out = migrate(&data, &["--to-engine", "fs"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no longer match"), "{err}");
+    let name = copy.file_name().unwrap().to_str().unwrap();
+    assert!(err.contains(&name[..12]), "the bad copy is named: {err}");
+    assert_eq!(std::fs::read_to_string(data.join("ENGINE")).unwrap().trim(), "hybrid", "nothing switched");
+    assert!(data.join("hybrid").exists(), "the old engine is kept");
+
+    let said = ok(&migrate(&data, &["--to-engine", "fs"]));
+    assert!(said.contains("copied 1 blobs") && said.contains("now lives in the fs engine"), "{said}");
+    let mut server = Server::start_in(&data, &["--engine", "fs"]);
+    check(&server).await;
+    server.stop();
+    let verify = Command::new(BIN).args(["verify", "--engine", "fs", "--data"]).arg(&data).output().unwrap();
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+}
+
 /// Blobs collected while the store served between slices leave no copy
 /// behind in the new engine: the store verifies clean after the switch.
 #[tokio::test]

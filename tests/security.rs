@@ -191,4 +191,9 @@ async fn native_requests_keep_to_their_own_buckets() {
         assert_eq!(names, theirs, "each sees its own buckets and the shared one");
     }
     assert!(!dir.path().join("copy").exists());
+
+    let stranger = send(Method::GET, server.object_url("alices", "secret.txt"), "Bearer not-a-secret").await.unwrap();
+    assert_eq!(stranger.status(), 403, "a wrong token is refused as such");
+    let said: serde_json::Value = stranger.json().await.unwrap();
+    assert!(said["message"].as_str().unwrap().contains("not a configured secret"), "{said}");
 }

@@ -45,7 +45,14 @@ impl Client {
         if !base.starts_with("http://") {
             bail!("--server must be an http:// URL, got {base:?}");
         }
-        Ok(Client { base, http: reqwest::Client::new(), secret: args.secret.clone() })
+        // A server that accepts and never answers is an error, not a wait
+        // without end: no connection within 10 s, or nothing read for 2
+        // minutes (a download that keeps coming never times out).
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .read_timeout(std::time::Duration::from_secs(120))
+            .build()?;
+        Ok(Client { base, http, secret: args.secret.clone() })
     }
 
     pub(crate) fn url(&self, bucket: &str, key: &str) -> anyhow::Result<String> {
@@ -66,9 +73,19 @@ impl Client {
             return Ok(resp);
         }
         let status = resp.status();
-        match resp.json::<ErrorBody>().await {
-            Ok(e) => bail!("{} ({}): {}", e.error, status.as_u16(), e.message),
-            Err(_) => bail!("the server answered {status}"),
+        let text = resp.text().await.unwrap_or_default();
+        if let Ok(e) = serde_json::from_str::<ErrorBody>(&text) {
+            bail!("{} ({}): {}", e.error, status.as_u16(), e.message);
+        }
+        // An S3 error document (an anonymous request is answered as one).
+        let tag = |name: &str| {
+            let open = format!("<{name}>");
+            let start = text.find(&open)? + open.len();
+            Some(text[start..].split(&format!("</{name}>")).next()?.to_string())
+        };
+        match (tag("Code"), tag("Message")) {
+            (Some(code), Some(message)) => bail!("{code} ({}): {message}", status.as_u16()),
+            _ => bail!("the server answered {status}"),
         }
     }
 }
@@ -128,17 +145,40 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
         bail!("several files need a target ending in '/', like {bucket}/{key}/");
     }
     let client = Client::new(args)?;
-    runtime()?.block_on(async {
-        for file in &files {
+    runtime()?.block_on(each_of(&files, "uploaded", |file| {
+        let client = &client;
+        async move {
             let name = file
                 .file_name()
                 .and_then(|n| n.to_str())
                 .with_context(|| format!("{} has no usable file name", file.display()))?;
             let key = if key.is_empty() || key.ends_with('/') { format!("{key}{name}") } else { key.to_string() };
-            put_one(&client, file, bucket, &key).await?;
+            put_one(client, file, bucket, &key).await
         }
-        Ok(())
-    })
+    }))
+}
+
+/// Runs `each` over the arguments as cp and rm do: a failure is told and
+/// the rest go on, and the command fails at the end. With one argument,
+/// its error is the command's.
+async fn each_of<'a, T, Fut>(items: &'a [T], what: &str, each: impl Fn(&'a T) -> Fut) -> anyhow::Result<()>
+where
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    if let [one] = items {
+        return each(one).await;
+    }
+    let mut failed = 0;
+    for item in items {
+        if let Err(e) = each(item).await {
+            eprintln!("error: {e:#}");
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} could not be {what} (see above)", items.len());
+    }
+    Ok(())
 }
 
 async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyhow::Result<()> {
@@ -192,15 +232,42 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
             stdout.flush().await?;
             return Ok(());
         }
+        let name = key.rsplit('/').find(|s| !s.is_empty()).unwrap_or("download");
         let dest = match out {
+            // Into a directory under the object's name, as cp does.
+            Some(p) if p.is_dir() => p.join(name),
             Some(p) => p.to_path_buf(),
-            None => PathBuf::from(key.rsplit('/').find(|s| !s.is_empty()).unwrap_or("download")),
+            None => PathBuf::from(name),
         };
-        let partial = dest.with_extension(format!(
-            "{}depot-part",
-            dest.extension().map(|e| format!("{}.", e.to_string_lossy())).unwrap_or_default()
-        ));
         let progress = bar(len, target);
+        let existing = std::fs::metadata(&dest).ok();
+        if existing.as_ref().is_some_and(|m| !m.is_file()) {
+            // A device, a FIFO or a socket (`/dev/null`, `/dev/stdout`) is
+            // written into, as curl -o does, never replaced.
+            let mut f = tokio::fs::OpenOptions::new()
+                .write(true)
+                .open(&dest)
+                .await
+                .with_context(|| format!("opening {}", dest.display()))?;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.context("the download was cut off")?;
+                f.write_all(&chunk).await?;
+                progress.inc(chunk.len() as u64);
+            }
+            f.flush().await?;
+            progress.finish_and_clear();
+            return Ok(());
+        }
+        // A file is replaced only once the download is whole: the bytes go
+        // to a temporary file beside the file the path finally names (a
+        // symbolic link's target, which stays linked), with the old file's
+        // permissions, and are renamed over it.
+        let dest = if existing.is_some() { std::fs::canonicalize(&dest)? } else { dest };
+        let dir = match dest.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let partial = dir.join(format!(".depot-part-{:016x}", rand::random::<u64>()));
         let mut f =
             tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
         let result: anyhow::Result<()> = async {
@@ -209,7 +276,11 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
                 f.write_all(&chunk).await?;
                 progress.inc(chunk.len() as u64);
             }
+            if let Some(m) = &existing {
+                f.set_permissions(m.permissions()).await?;
+            }
             f.sync_all().await?;
+            tokio::fs::rename(&partial, &dest).await.with_context(|| format!("writing {}", dest.display()))?;
             Ok(())
         }
         .await;
@@ -218,7 +289,6 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
             let _ = tokio::fs::remove_file(&partial).await;
             return Err(e);
         }
-        tokio::fs::rename(&partial, &dest).await?;
         say(format_args!("{}  {}", dest.display(), HumanBytes(len)))
     })
 }
@@ -291,17 +361,17 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
 /// `depot rm BUCKET/KEY...`.
 pub fn rm(args: &ClientArgs, targets: &[String]) -> anyhow::Result<()> {
     let client = Client::new(args)?;
-    runtime()?.block_on(async {
-        for target in targets {
+    runtime()?.block_on(each_of(targets, "removed", |target| {
+        let client = &client;
+        async move {
             let (bucket, key) = split_target(target);
             if key.is_empty() {
                 bail!("give BUCKET/KEY, e.g. files/photo.jpg (to remove a bucket: curl -X DELETE)");
             }
             client.send(client.request(reqwest::Method::DELETE, &client.url(bucket, key)?)).await?;
-            say(format_args!("removed {}", printable(target)))?;
+            say(format_args!("removed {}", printable(target)))
         }
-        Ok(())
-    })
+    }))
 }
 
 /// One line of output. A reader that went away (`depot ls | head`) ends

@@ -89,7 +89,17 @@ impl Source {
             let bucket = db.gridfs_bucket(
                 mongodb::options::GridFsBucketOptions::builder().bucket_name(args.gridfs_bucket.clone()).build(),
             );
-            let files = db.collection::<Document>(&format!("{}.files", args.gridfs_bucket));
+            // A mistyped database or bucket would read as an empty one.
+            let files_name = format!("{}.files", args.gridfs_bucket);
+            let names = db.list_collection_names().await.context("listing the GridFS source's collections")?;
+            if !names.contains(&files_name) {
+                bail!(
+                    "the database {:?} has no GridFS bucket {:?} (no collection {files_name}): check the URL and --gridfs-bucket",
+                    db.name(),
+                    args.gridfs_bucket
+                );
+            }
+            let files = db.collection::<Document>(&files_name);
             return Ok(Source::GridFs(bucket, files));
         }
         if let Some(rest) = source.strip_prefix("s3://") {
@@ -203,10 +213,18 @@ fn s3_headers(attributes: &object_store::Attributes) -> Vec<(String, String)> {
 }
 
 /// Every regular file under `root`, keyed by its relative path with `/`.
+/// Symbolic links are followed, as `cp -rL` and aws-cli do, but each
+/// directory is walked once: a link back up the tree is a problem reported,
+/// not a walk without end.
 fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
+    use std::os::unix::fs::MetadataExt;
     let mut items = Vec::new();
     let mut problems = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
+    let mut seen = std::collections::HashSet::new();
+    if let Ok(m) = std::fs::metadata(root) {
+        seen.insert((m.dev(), m.ino()));
+    }
     while let Some(dir) = dirs.pop() {
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
@@ -226,7 +244,14 @@ fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
                 }
             };
             if meta.is_dir() {
-                dirs.push(path);
+                if seen.insert((meta.dev(), meta.ino())) {
+                    dirs.push(path);
+                } else {
+                    problems.push(format!(
+                        "{}: a directory walked already (a symbolic link loop?): skipped",
+                        path.display()
+                    ));
+                }
                 continue;
             }
             if !meta.is_file() {
@@ -408,4 +433,27 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
     }
     let put: serde_json::Value = client.send(req).await?.json().await?;
     Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_walk_follows_links_but_walks_each_directory_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::write(root.join("d/z"), b"z").unwrap();
+        std::fs::write(root.join("outside"), b"o").unwrap();
+        std::os::unix::fs::symlink("..", root.join("d/up")).unwrap();
+        std::os::unix::fs::symlink(".", root.join("self")).unwrap();
+        std::os::unix::fs::symlink("d", root.join("alias")).unwrap();
+        let (items, problems) = walk(root).unwrap();
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        // `d` and `alias` are one directory: whichever is met first is walked.
+        assert!(keys == ["d/z", "outside"] || keys == ["alias/z", "outside"], "{keys:?}");
+        assert_eq!(problems.len(), 3, "the three links to directories walked already: {problems:?}");
+        assert!(problems.iter().all(|p| p.contains("walked already")), "{problems:?}");
+    }
 }

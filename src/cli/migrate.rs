@@ -323,7 +323,82 @@ async fn copy(
         println!("{left} blobs left: run the same command again to go on");
         return Ok(false);
     }
+    recheck(catalog, target, journal, &done, args.jobs).await?;
     Ok(true)
+}
+
+/// Before the switch, reads back the copies earlier runs made (this run's
+/// were checked as they were written): bytes that changed in the new engine
+/// meanwhile would otherwise become the only copy once the old engine is
+/// emptied. A copy that does not match its SHA-256 is deleted and dropped
+/// from the journal, and the run stops, so the next run copies it anew.
+async fn recheck(
+    catalog: &dyn Catalog,
+    target: &DynEngine,
+    journal: &Path,
+    earlier: &HashMap<Digest, Locator>,
+    jobs: usize,
+) -> anyhow::Result<()> {
+    if earlier.is_empty() {
+        return Ok(());
+    }
+    let progress = progress_bar(0, BYTES_BAR);
+    progress.set_message("re-reading earlier copies");
+    let mut bad = Vec::new();
+    let mut after = None;
+    loop {
+        let page = catalog.list_blobs(after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.digest);
+        let copies: Vec<BlobRef> = page
+            .into_iter()
+            .filter_map(|b| Some(BlobRef { locator: earlier.get(&b.digest)?.clone(), digest: b.digest, size: b.size }))
+            .collect();
+        progress.inc_length(copies.iter().map(|c| c.size).sum());
+        let mut results = futures::stream::iter(copies)
+            .map(|copy| {
+                let progress = &progress;
+                async move {
+                    let holds = crate::store::maintenance::holds_blob(target.as_ref(), &copy, progress).await;
+                    (copy, holds)
+                }
+            })
+            .buffer_unordered(jobs.max(1));
+        while let Some((copy, holds)) = results.next().await {
+            match holds {
+                Ok(true) => {}
+                Ok(false) => {
+                    progress.suspend(|| eprintln!("blob {}: its copy in the new engine does not match", copy.digest));
+                    bad.push(copy);
+                }
+                Err(e) => {
+                    progress.suspend(|| {
+                        eprintln!("blob {}: its copy in the new engine cannot be read: {e:#}", copy.digest)
+                    });
+                    bad.push(copy);
+                }
+            }
+        }
+    }
+    progress.finish_and_clear();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    for copy in &bad {
+        target.delete(copy).await.with_context(|| format!("deleting the bad copy of {}", copy.digest))?;
+    }
+    let mut kept = read_journal(journal)?;
+    for copy in &bad {
+        kept.remove(&copy.digest);
+    }
+    let lines: String = kept.iter().map(|(d, l)| format!("{} {}\n", d.to_hex(), hex::encode(l))).collect();
+    let dir = journal.parent().context("the journal's directory")?;
+    write_durably(dir, JOURNAL, &lines)?;
+    bail!(
+        "{} copies made by an earlier run no longer match their SHA-256 (see above); nothing was switched. They \
+         were removed: run again to copy them anew",
+        bad.len()
+    )
 }
 
 /// Points the catalog at the copies. A blob collected while the store

@@ -67,6 +67,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         upload_expiry: settings.upload_expiry,
         engine: Some((settings.engine, settings.engine_config.clone())),
         max_key_bytes: settings.max_key_bytes,
+        data: Some(std::path::absolute(data)?),
     };
     Ok(Store::open(catalog, engine, config).await?)
 }
@@ -277,14 +278,23 @@ pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
 async fn backup_through_server(settings: &Settings, dir: &Path) -> anyhow::Result<BackupReport> {
     let dir = dir.to_str().context("the backup directory's path is not UTF-8")?;
     let url = format!("http://{}/_/backup", settings.listen);
-    let mut request = reqwest::Client::new().post(&url).query(&[("dir", dir)]);
+    let data = std::path::absolute(&settings.data)?;
+    let data = data.to_str().context("the data directory's path is not UTF-8")?;
+    let mut request = reqwest::Client::new().post(&url).query(&[("dir", dir), ("data", data)]);
     if let Some(credential) = settings.credentials.first() {
         request = request.bearer_auth(&credential.secret_key);
     }
     println!("a server holds {}: asking it at {url}", settings.data.display());
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
     if !response.status().is_success() {
-        bail!("the server refused the backup: {} {}", response.status(), response.text().await.unwrap_or_default());
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let hint = if status == reqwest::StatusCode::CONFLICT {
+            " (give the --listen address of the server that holds the data directory)"
+        } else {
+            ""
+        };
+        bail!("the server refused the backup: {status} {text}{hint}");
     }
     Ok(response.json().await?)
 }

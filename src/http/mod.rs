@@ -216,6 +216,16 @@ impl App {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
+        // A Bearer token that is no configured secret is refused as such,
+        // rather than passed to the S3 layer as an unreadable signature.
+        let bearer = req.headers().get(header::AUTHORIZATION).is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
+        if anonymous && bearer {
+            return error_response(&ApiError::new(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                "the Bearer token is not a configured secret",
+            ));
+        }
         if let Some(r) = ui::answer(&self, &req, anonymous).await {
             return r;
         }

@@ -350,6 +350,23 @@ async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
     let dir = query_value(&q, "dir").map(std::path::Path::new).filter(|d| d.is_absolute()).ok_or_else(|| {
         ApiError::bad_request("name the backup directory as an absolute path of the server's machine: ?dir=/path")
     })?;
+    // The client names the data directory it means; a server serving
+    // another must not answer with a copy of its own store.
+    if let Some(meant) = query_value(&q, "data") {
+        let served = app.store.data_dir();
+        let same = |served: &std::path::Path| {
+            let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            canonical(served) == canonical(std::path::Path::new(meant))
+        };
+        if !served.is_some_and(same) {
+            let served = served.map_or("no data directory".to_string(), |d| d.display().to_string());
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "WrongStore",
+                format!("this server serves {served}, not {meant}: ask the server that holds {meant}"),
+            ));
+        }
+    }
     let report = app.store.backup(dir, &indicatif::ProgressBar::hidden()).await?;
     tracing::info!(dir = %dir.display(), ?report, "backup written");
     Ok(json(StatusCode::OK, &json!(report)))

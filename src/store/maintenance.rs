@@ -180,6 +180,17 @@ async fn stream_blob(
     Ok((Digest(hasher.finalize().into()), size))
 }
 
+/// Whether `engine` holds `blob`'s recorded bytes: read whole, they are
+/// its size and hash to its digest.
+pub(crate) async fn holds_blob(
+    engine: &dyn BlobEngine,
+    blob: &BlobRef,
+    progress: &ProgressBar,
+) -> engine::Result<bool> {
+    let (actual, size) = stream_blob(engine, blob, None, progress).await?;
+    Ok(actual == blob.digest && size == blob.size)
+}
+
 /// Copies one blob from `source` to `target`, checking that what was read
 /// is the recorded content; returns where `target` put it.
 pub(crate) async fn copy_blob(

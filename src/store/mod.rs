@@ -128,6 +128,9 @@ pub struct StoreConfig {
     pub engine: Option<(EngineKind, EngineConfig)>,
     /// Longest key, in bytes.
     pub max_key_bytes: usize,
+    /// The data directory it was opened from, if any: a backup asked of a
+    /// server checks that the server serves the directory meant.
+    pub data: Option<std::path::PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -137,6 +140,7 @@ impl Default for StoreConfig {
             upload_expiry: Duration::from_secs(24 * 3600),
             engine: None,
             max_key_bytes: names::MAX_KEY_BYTES,
+            data: None,
         }
     }
 }
@@ -338,6 +342,11 @@ impl Store {
     /// store's length limit.
     pub fn check_key(&self, key: &str) -> Result<()> {
         names::check_key(key, self.config.max_key_bytes).map_err(StoreError::InvalidKey)
+    }
+
+    /// The data directory the store was opened from, if any.
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self.config.data.as_deref()
     }
 
     pub fn catalog(&self) -> &dyn Catalog {
