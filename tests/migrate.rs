@@ -102,8 +102,10 @@ async fn a_corrupt_blob_stops_the_switch_and_cancel_undoes_it() {
     assert!(err.contains("could not be copied") && err.contains(&large[..12]), "{said}\n{err}");
     assert_eq!(std::fs::read_to_string(data.join("ENGINE")).unwrap().trim(), "fs", "nothing switched");
 
+    assert!(data.join("rocksdb").exists(), "the copies made before the bad blob");
     ok(&migrate(&data, &["--engine", "fs", "--to-engine", "rocksdb", "--cancel"]));
     assert!(!data.join("MIGRATING").exists());
+    assert!(!data.join("rocksdb").exists(), "the abandoned copies are gone");
     let mut server = Server::start_in(&data, &["--engine", "fs"]);
     let resp = reqwest::get(server.object_url("files", "small.txt")).await.unwrap();
     assert_eq!(resp.text().await.unwrap(), "a small object");

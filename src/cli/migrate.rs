@@ -178,9 +178,19 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     // holding the store refuses the migration before anything is written.
     let (state, new) = match State::read(&data)? {
         Some(s) if args.cancel && s.phase == Phase::Copy => {
+            // The copies made so far go with an embedded engine's directory;
+            // those in a server's engine stay (its bucket or database may
+            // hold other stores' bytes under the same digests).
+            let copies = engine_root(&data, s.to);
+            if s.to.is_embedded() && s.to != s.from {
+                std::fs::remove_dir_all(&copies).or_else(ignore_missing)?;
+            }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
             println!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name());
+            if !s.to.is_embedded() {
+                println!("the copies made in the {} engine stay there", s.to.name());
+            }
             return Ok(());
         }
         Some(_) if args.cancel => bail!("the engines were switched already: run without --cancel to finish"),
