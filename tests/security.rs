@@ -160,6 +160,7 @@ async fn native_requests_keep_to_their_own_buckets() {
     let put = send(Method::PUT, server.object_url("alices", "secret.txt"), alice).await.unwrap();
     assert_eq!(put.status(), 201);
     let sha: serde_json::Value = put.json().await.unwrap();
+    assert!(sha.get("deduplicated").is_none(), "with several accounts, a PUT does not tell what others store");
     let sha = sha["sha256"].as_str().unwrap().to_string();
     assert_eq!(send(Method::PUT, format!("{}/bobs", server.url), bob).await.unwrap().status(), 201);
 
@@ -192,8 +193,38 @@ async fn native_requests_keep_to_their_own_buckets() {
     }
     assert!(!dir.path().join("copy").exists());
 
+    for route in ["/_/stats", "/_/metrics", &format!("/_/blobs/{sha}")] {
+        let r = http.get(format!("{}{route}", server.url)).send().await.unwrap();
+        assert_eq!(r.status(), 403, "anonymous {route}");
+        assert!(r.text().await.unwrap().contains("needs credentials"), "{route}: the native API's answer");
+    }
     let stranger = send(Method::GET, server.object_url("alices", "secret.txt"), "Bearer not-a-secret").await.unwrap();
     assert_eq!(stranger.status(), 403, "a wrong token is refused as such");
     let said: serde_json::Value = stranger.json().await.unwrap();
     assert!(said["message"].as_str().unwrap().contains("not a configured secret"), "{said}");
+}
+
+/// A page of another web site may send simple POSTs through its visitors'
+/// browsers without asking first: on a server without credentials, changes
+/// that name another origin are refused; the server's own pages and
+/// clients that are not browsers go on.
+#[tokio::test]
+async fn pages_of_other_origins_cannot_change_the_store() {
+    let server = Server::start(&[]);
+    let http = client();
+    let batch = format!("{}/_/batch/put?bucket=files", server.url);
+    let body = "csrf/owned.txt\n6\npwned!\n";
+    for origin in ["http://evil.example", "null"] {
+        let r = http.post(&batch).header("origin", origin).body(body).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{origin}");
+        let r = http.delete(server.object_url("files", "x")).header("origin", origin).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{origin}");
+    }
+    let r = http.get(server.object_url("files", "csrf/owned.txt")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "nothing was written");
+    let own = format!("http://{}", server.addr);
+    let r = http.post(&batch).header("origin", own).body(body).send().await.unwrap();
+    assert!(r.status().is_success(), "the server's own pages may");
+    let r = http.post(&batch).body(body).send().await.unwrap();
+    assert!(r.status().is_success(), "clients that send no Origin may");
 }

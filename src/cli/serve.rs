@@ -235,7 +235,14 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         match report.unresolved() {
             0 => Ok(()),
             n if repair => bail!("{n} problem(s) cannot be repaired: those objects' bytes are lost or damaged"),
-            n => bail!("{n} problem(s); `depot verify --repair` fixes counts and totals"),
+            n if report.damaged_objects.is_empty() => {
+                bail!("{n} problem(s); `depot verify --repair` fixes counts and totals")
+            }
+            n => bail!(
+                "{n} problem(s); {} object(s) lost or damaged bytes, which only uploading them again restores \
+                 (`--repair` fixes counts and totals, not bytes)",
+                report.damaged_objects.len()
+            ),
         }
     })
 }

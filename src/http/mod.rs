@@ -216,6 +216,13 @@ impl App {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
+        if let Some(origin) = cross_origin_change(&req) {
+            return error_response(&ApiError::new(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                format!("a page of another origin ({origin}) may not change the store"),
+            ));
+        }
         // A Bearer token that is no configured secret is refused as such,
         // rather than passed to the S3 layer as an unreadable signature.
         let bearer = req.headers().get(header::AUTHORIZATION).is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
@@ -228,6 +235,16 @@ impl App {
         }
         if let Some(r) = ui::answer(&self, &req, anonymous).await {
             return r;
+        }
+        // The server's own routes (batches, stats, metrics, blobs, backups)
+        // are not buckets: an anonymous request for one is refused here
+        // rather than answered by the S3 layer as a bad bucket name.
+        if anonymous && req.uri().path().starts_with("/_/") {
+            return error_response(&ApiError::new(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                "this route needs credentials: send Authorization: Bearer <secret>",
+            ));
         }
         // Held until the answer is made, which for uploads is after the
         // body has been read.
@@ -300,12 +317,35 @@ pub fn error_response(e: &ApiError) -> Response {
     r
 }
 
+/// The origin of a browser page of another origin that asks for a change.
+/// A page may send a POST with a simple body to any server without asking
+/// it first (CORS lets it through, only hiding the answer), so on a server
+/// without credentials any web site could write batches, delete or start
+/// backups through its visitors' browsers. Browsers name the sending page
+/// in `Origin`; clients that are not browsers send none, and same-origin
+/// pages (the web UI) name this server.
+fn cross_origin_change<B>(req: &http::Request<B>) -> Option<String> {
+    if matches!(*req.method(), http::Method::GET | http::Method::HEAD | http::Method::OPTIONS) {
+        return None;
+    }
+    let origin = req.headers().get(header::ORIGIN)?;
+    let authority = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, a)| a);
+    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+    match (authority, host) {
+        (Some(a), Some(h)) if a.eq_ignore_ascii_case(h) => None,
+        _ => Some(String::from_utf8_lossy(origin.as_bytes()).into_owned()),
+    }
+}
+
 /// Headers for a stored object's answer, on either API. Uploaded pages
 /// (HTML, SVG and every other XML, multipart bodies a browser may render)
 /// would run in the web UI's origin, where the UI keeps its secret: they
-/// get a sandbox, an origin of their own (their scripts still run). Other
-/// types are left alone: a sandbox stops browsers from showing PDFs. And
-/// no type is guessed over the one stored.
+/// get a sandbox, an origin of their own (their scripts still run). So does
+/// a type that is not one plain `type/subtype`: browsers read a list such
+/// as `text/plain,text/html` by its last entry, so only a type read the
+/// same way here and by the browser may go without. Other types are left
+/// alone: a sandbox stops browsers from showing PDFs. And no type is
+/// guessed over the one stored.
 pub(crate) fn object_safety(h: &mut http::HeaderMap, content_type: &str) {
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     // Compared in place, without a lower-cased copy: this is on every GET.
@@ -314,7 +354,12 @@ pub(crate) fn object_safety(h: &mut http::HeaderMap, content_type: &str) {
     let ends =
         |t: &str| essence.len() >= t.len() && essence[essence.len() - t.len()..].eq_ignore_ascii_case(t.as_bytes());
     let starts = |t: &str| essence.len() >= t.len() && essence[..t.len()].eq_ignore_ascii_case(t.as_bytes());
-    let active = ["text/html", "text/xml", "application/xml", "text/xsl"].into_iter().any(is)
+    let token =
+        |part: &[u8]| !part.is_empty() && part.iter().all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(b));
+    let plain = !content_type.contains(',')
+        && matches!(essence.iter().position(|b| *b == b'/'), Some(i) if token(&essence[..i]) && token(&essence[i + 1..]));
+    let active = !plain
+        || ["text/html", "text/xml", "application/xml", "text/xsl"].into_iter().any(is)
         || ends("+xml")
         || starts("multipart/");
     if active {

@@ -277,17 +277,20 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     let put = app.store.put(bucket, key, body, opts).await?;
     let r = &put.record;
     let status = if put.replaced { StatusCode::OK } else { StatusCode::CREATED };
-    let mut response = json(
-        status,
-        &json!({
-            "bucket": bucket,
-            "key": key,
-            "size": r.size,
-            "etag": r.etag,
-            "sha256": r.sha256.to_hex(),
-            "deduplicated": put.deduplicated,
-        }),
-    );
+    let mut answer = json!({
+        "bucket": bucket,
+        "key": key,
+        "size": r.size,
+        "etag": r.etag,
+        "sha256": r.sha256.to_hex(),
+        "deduplicated": put.deduplicated,
+    });
+    if app.several_accounts() {
+        // Whether the bytes were stored already would tell one account
+        // what another keeps.
+        answer.as_object_mut().expect("an object").remove("deduplicated");
+    }
+    let mut response = json(status, &answer);
     response.headers_mut().insert(header::ETAG, quoted(&r.etag));
     Ok(response)
 }

@@ -1228,6 +1228,11 @@ def area_presign(s3, buckets):
     url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=300)
     status, _, got = http_get(url)
     expect(status == 200 and got == body, "a presigned GET URL works through urllib", f"status {status}")
+    etag = s3.head_object(Bucket=bucket, Key=key)["ETag"]
+    status, _, got = http_get(url, {"Range": "bytes=10-", "If-Range": etag})
+    expect(status == 206 and got == body[10:], "a resumed download whose If-Range matches is 206", f"status {status}")
+    status, _, got = http_get(url, {"Range": "bytes=10-", "If-Range": '"another-version"'})
+    expect(status == 200 and got == body, "... one whose If-Range does not is the whole object", f"status {status}")
     status, _, got = http_get(with_other_signature(url))
     expect(
         status == 403 and error_code(got) == "SignatureDoesNotMatch",
@@ -1370,6 +1375,14 @@ def area_auth(s3, buckets):
 
     public = buckets.create(s3, "public", ACL="public-read")
     s3.put_object(Bucket=public, Key="shared/obj", Body=b"public bytes")
+    expect_error(
+        "anonymous GetObject with ResponseContentType is InvalidRequest (as S3)",
+        "InvalidRequest",
+        400,
+        lambda: anon.get_object(Bucket=public, Key="shared/obj", ResponseContentType="text/plain,text/html"),
+    )
+    r = anon.get_object(Bucket=public, Key="shared/obj", ResponseContentDisposition='attachment; filename="o.bin"')
+    expect_equal(r["ContentDisposition"], 'attachment; filename="o.bin"', "... but it may name the download")
     expect_equal(
         body_of(anon.get_object(Bucket=public, Key="shared/obj")),
         b"public bytes",

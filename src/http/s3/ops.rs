@@ -154,6 +154,13 @@ fn check_copy_source<T>(req: &S3Request<T>, source: &ObjectRecord) -> S3Result<(
     }
 }
 
+/// The Range of a request, unless an `If-Range` says the client's part is
+/// of another version: then the whole object (RFC 9110 section 13.1.5),
+/// so a resumed download never mixes two.
+fn ranged<'a, T>(req: &S3Request<T>, range: Option<&'a Range>, record: &ObjectRecord) -> Option<&'a Range> {
+    range.filter(|_| conditional::if_range_holds(&req.headers, Validators::of(record)))
+}
+
 /// The bytes a Range asks for, and their Content-Range; all of them
 /// without one.
 fn resolve_range(range: Option<&Range>, record: &ObjectRecord) -> S3Result<(ByteRange, Option<String>)> {
@@ -545,9 +552,23 @@ impl S3 for DepotS3 {
             return Err(s3_error!(NotImplemented, "GET by partNumber is not supported"));
         }
         check_version(input.version_id.as_deref())?;
+        // As S3: an unsigned request may not change how the object is
+        // served, beyond naming the file it downloads to (a type of its
+        // choosing would make any public object a page of this origin).
+        let restyled = [&input.response_content_type, &input.response_cache_control]
+            .into_iter()
+            .chain([&input.response_content_encoding, &input.response_content_language])
+            .any(Option::is_some)
+            || input.response_expires.is_some();
+        if req.credentials.is_none() && restyled {
+            return Err(s3_error!(
+                InvalidRequest,
+                "request specific response headers other than response-content-disposition cannot be used for anonymous GET requests"
+            ));
+        }
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
-        let (range, content_range) = resolve_range(input.range.as_ref(), &record)?;
+        let (range, content_range) = resolve_range(ranged(&req, input.range.as_ref(), &record), &record)?;
         let body = self.store.read(&record, range).await.map_err(to_s3)?;
         let output = GetObjectOutput {
             body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
@@ -580,7 +601,7 @@ impl S3 for DepotS3 {
         check_conditions(&req, &record)?;
         // As S3 does: a range changes the length given (and the status, to
         // 206: see `handle`), and one not within the object is a 416.
-        let (range, content_range) = resolve_range(req.input.range.as_ref(), &record)?;
+        let (range, content_range) = resolve_range(ranged(&req, req.input.range.as_ref(), &record), &record)?;
         let output = HeadObjectOutput {
             content_length: Some(range.len() as i64),
             content_range,
