@@ -185,6 +185,11 @@ async fn native_requests_keep_to_their_own_buckets() {
     assert_eq!(send(Method::GET, server.object_url("alices", "secret.txt"), alice).await.unwrap().status(), 200);
     assert_eq!(send(Method::GET, format!("{}/_/blobs/{sha}", server.url), alice).await.unwrap().status(), 200);
     assert_eq!(send(Method::GET, format!("{}/bobs/", server.url), alice).await.unwrap().status(), 403);
+    let taken = send(Method::PUT, format!("{}/bobs", server.url), alice).await.unwrap();
+    assert_eq!(taken.status(), 409);
+    assert_eq!(taken.json::<serde_json::Value>().await.unwrap()["error"], "BucketAlreadyExists");
+    let again = send(Method::PUT, format!("{}/bobs", server.url), bob).await.unwrap();
+    assert_eq!(again.json::<serde_json::Value>().await.unwrap()["error"], "BucketAlreadyOwnedByYou");
     for (who, theirs) in [(bob, ["bobs", "files"]), (alice, ["alices", "files"])] {
         let v: serde_json::Value =
             send(Method::GET, format!("{}/", server.url), who).await.unwrap().json().await.unwrap();

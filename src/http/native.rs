@@ -199,8 +199,23 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         }
         Endpoint::Bucket(bucket) if read => listing::objects(app, &req, &bucket, "").await,
         Endpoint::Bucket(bucket) if method == Method::PUT => {
-            app.store.create_bucket(&bucket, &caller.access_key, false).await?;
-            Ok(json(StatusCode::CREATED, &json!({ "bucket": bucket })))
+            match app.store.create_bucket(&bucket, &caller.access_key, false).await {
+                // Another account's bucket is not the caller's to own, as S3
+                // tells the two apart.
+                Err(StoreError::BucketExists(_))
+                    if !super::may_use(&app.store.bucket(&bucket).await?, &caller.access_key) =>
+                {
+                    Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "BucketAlreadyExists",
+                        format!("the bucket {bucket:?} belongs to another account"),
+                    ))
+                }
+                created => {
+                    created?;
+                    Ok(json(StatusCode::CREATED, &json!({ "bucket": bucket })))
+                }
+            }
         }
         Endpoint::Bucket(bucket) if method == Method::DELETE => {
             app.store.delete_bucket(&bucket).await?;
