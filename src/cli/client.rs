@@ -225,12 +225,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
         let len = resp.content_length().unwrap_or(0);
         let mut body = resp.bytes_stream();
         if out == Some(Path::new("-")) {
-            let mut stdout = tokio::io::stdout();
-            while let Some(chunk) = body.next().await {
-                stdout.write_all(&chunk?).await?;
-            }
-            stdout.flush().await?;
-            return Ok(());
+            return write_body(&mut body, &mut tokio::io::stdout(), &ProgressBar::hidden()).await;
         }
         let name = key.rsplit('/').find(|s| !s.is_empty()).unwrap_or("download");
         let dest = match out {
@@ -249,14 +244,9 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
                 .open(&dest)
                 .await
                 .with_context(|| format!("opening {}", dest.display()))?;
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.context("the download was cut off")?;
-                f.write_all(&chunk).await?;
-                progress.inc(chunk.len() as u64);
-            }
-            f.flush().await?;
+            let written = write_body(&mut body, &mut f, &progress).await;
             progress.finish_and_clear();
-            return Ok(());
+            return written;
         }
         // A file is replaced only once the download is whole: the bytes go
         // to a temporary file beside the file the path finally names (a
@@ -271,11 +261,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
         let mut f =
             tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
         let result: anyhow::Result<()> = async {
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.context("the download was cut off")?;
-                f.write_all(&chunk).await?;
-                progress.inc(chunk.len() as u64);
-            }
+            write_body(&mut body, &mut f, &progress).await?;
             if let Some(m) = &existing {
                 f.set_permissions(m.permissions()).await?;
             }
@@ -291,6 +277,21 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
         }
         say(format_args!("{}  {}", dest.display(), HumanBytes(len)))
     })
+}
+
+/// Writes a download's body to `out` as it comes, counting it on `progress`.
+async fn write_body(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    progress: &ProgressBar,
+) -> anyhow::Result<()> {
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.context("the download was cut off")?;
+        out.write_all(&chunk).await?;
+        progress.inc(chunk.len() as u64);
+    }
+    out.flush().await?;
+    Ok(())
 }
 
 #[derive(Deserialize)]

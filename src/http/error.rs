@@ -23,6 +23,10 @@ impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequest", message)
     }
+
+    pub fn access_denied(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "AccessDenied", message)
+    }
 }
 
 impl From<StoreError> for ApiError {

@@ -217,21 +217,15 @@ impl App {
             return r;
         }
         if let Some(origin) = cross_origin_change(&req) {
-            return error_response(&ApiError::new(
-                StatusCode::FORBIDDEN,
-                "AccessDenied",
-                format!("a page of another origin ({origin}) may not change the store"),
-            ));
+            return error_response(&ApiError::access_denied(format!(
+                "a page of another origin ({origin}) may not change the store"
+            )));
         }
         // A Bearer token that is no configured secret is refused as such,
         // rather than passed to the S3 layer as an unreadable signature.
         let bearer = req.headers().get(header::AUTHORIZATION).is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
         if anonymous && bearer {
-            return error_response(&ApiError::new(
-                StatusCode::FORBIDDEN,
-                "AccessDenied",
-                "the Bearer token is not a configured secret",
-            ));
+            return error_response(&ApiError::access_denied("the Bearer token is not a configured secret"));
         }
         if let Some(r) = ui::answer(&self, &req, anonymous).await {
             return r;
@@ -240,9 +234,7 @@ impl App {
         // are not buckets: an anonymous request for one is refused here
         // rather than answered by the S3 layer as a bad bucket name.
         if anonymous && req.uri().path().starts_with("/_/") {
-            return error_response(&ApiError::new(
-                StatusCode::FORBIDDEN,
-                "AccessDenied",
+            return error_response(&ApiError::access_denied(
                 "this route needs credentials: send Authorization: Bearer <secret>",
             ));
         }

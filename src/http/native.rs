@@ -121,9 +121,7 @@ async fn check_access(app: &App, caller: &Caller, endpoint: &Endpoint, req: &Req
             return Ok(());
         }
         Endpoint::Blob(_) | Endpoint::Stats | Endpoint::Metrics | Endpoint::Backup => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "AccessDenied",
+            return Err(ApiError::access_denied(
                 "this route sees every account's data: it is the operator's (the first credential)",
             ));
         }
@@ -135,11 +133,9 @@ async fn check_access(app: &App, caller: &Caller, endpoint: &Endpoint, req: &Req
         return Ok(());
     }
     match app.store.bucket(&bucket).await {
-        Ok(b) if !may_use(&b, &caller.access_key) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "AccessDenied",
-            format!("the bucket {bucket} belongs to another account"),
-        )),
+        Ok(b) if !may_use(&b, &caller.access_key) => {
+            Err(ApiError::access_denied(format!("the bucket {bucket} belongs to another account")))
+        }
         // A missing or invalid bucket is for the route to report.
         _ => Ok(()),
     }
@@ -358,9 +354,7 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
 async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
     let local = req.extensions().get::<std::net::SocketAddr>().is_some_and(|peer| peer.ip().is_loopback());
     if !app.auth_required() && !local {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "AccessDenied",
+        return Err(ApiError::access_denied(
             "backups over the network need credentials; configure --access-key and --secret-key",
         ));
     }

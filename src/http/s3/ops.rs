@@ -555,10 +555,10 @@ impl S3 for DepotS3 {
         // As S3: an unsigned request may not change how the object is
         // served, beyond naming the file it downloads to (a type of its
         // choosing would make any public object a page of this origin).
-        let restyled = [&input.response_content_type, &input.response_cache_control]
-            .into_iter()
-            .chain([&input.response_content_encoding, &input.response_content_language])
-            .any(Option::is_some)
+        let restyled = input.response_content_type.is_some()
+            || input.response_cache_control.is_some()
+            || input.response_content_encoding.is_some()
+            || input.response_content_language.is_some()
             || input.response_expires.is_some();
         if req.credentials.is_none() && restyled {
             return Err(s3_error!(
