@@ -17,6 +17,7 @@ use crate::store::names::MAX_KEY_BYTES;
 
 /// One access key and its secret.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct Credential {
     pub access_key: String,
     pub secret_key: String,
@@ -91,9 +92,18 @@ pub struct ServeArgs {
     /// Secret of that pair (also accepted as `Authorization: Bearer`).
     #[arg(long, env = "DEPOT_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
     pub secret_key: Option<String>,
-    /// Allow a non-loopback address without credentials.
-    #[arg(long, env = "DEPOT_ALLOW_ANONYMOUS_WRITE")]
-    pub allow_anonymous_write: bool,
+    /// Allow a non-loopback address without credentials (`=false` turns
+    /// off the file's `true`; the variable takes true/false, 1/0, yes/no).
+    #[arg(
+        long,
+        env = "DEPOT_ALLOW_ANONYMOUS_WRITE",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub allow_anonymous_write: Option<bool>,
     /// Largest request head (request line and headers), in bytes
     /// [default: 65536].
     #[arg(long, env = "DEPOT_MAX_HEADER_BYTES", value_name = "BYTES")]
@@ -104,9 +114,13 @@ pub struct ServeArgs {
     /// Longest key, in bytes [default: 1024, as S3].
     #[arg(long, env = "DEPOT_MAX_KEY_BYTES", value_name = "BYTES")]
     pub max_key_bytes: Option<usize>,
-    /// Most entries in one batch request [default: 1000000].
+    /// Most keys in one /_/batch/get or /_/batch/delete [default: 1000000].
     #[arg(long, env = "DEPOT_MAX_BATCH_ENTRIES", value_name = "N")]
     pub max_batch_entries: Option<usize>,
+    /// Most entries in one /_/batch/put, held in memory until it commits
+    /// (about 2 KB each) [default: 10000].
+    #[arg(long, env = "DEPOT_MAX_BATCH_PUT_ENTRIES", value_name = "N")]
+    pub max_batch_put_entries: Option<usize>,
     /// Largest key list sent to /_/batch/get or /_/batch/delete, in bytes
     /// [default: 67108864].
     #[arg(long, env = "DEPOT_MAX_BATCH_KEYS_BYTES", value_name = "BYTES")]
@@ -126,6 +140,10 @@ pub struct ServeArgs {
     /// Seconds a request body may go without sending a byte [default: 60].
     #[arg(long, env = "DEPOT_BODY_TIMEOUT", value_name = "SECS")]
     pub body_timeout: Option<u64>,
+    /// Seconds an answer may wait for a client that reads none of it;
+    /// then the connection is closed [default: 60].
+    #[arg(long, env = "DEPOT_SEND_TIMEOUT", value_name = "SECS")]
+    pub send_timeout: Option<u64>,
     /// Settings file (default: ./depot.toml when present).
     #[arg(long, env = "DEPOT_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -157,11 +175,13 @@ struct FileSettings {
     max_headers: Option<usize>,
     max_key_bytes: Option<usize>,
     max_batch_entries: Option<usize>,
+    max_batch_put_entries: Option<usize>,
     max_batch_keys_bytes: Option<usize>,
     max_uploads: Option<usize>,
     max_ranges: Option<usize>,
     header_timeout: Option<u64>,
     body_timeout: Option<u64>,
+    send_timeout: Option<u64>,
     #[serde(default)]
     credentials: Vec<Credential>,
 }
@@ -221,13 +241,8 @@ impl Settings {
                 c.access_key
             );
         }
-        let threads = args
-            .threads
-            .or(file.threads)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        if threads == 0 {
-            bail!("--threads must be at least 1");
-        }
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = bounded("threads", args.threads.or(file.threads), cores, 1024)?;
         // A setting only another engine reads is a mistake to point out,
         // not one to ignore.
         use EngineKind::*;
@@ -237,6 +252,9 @@ impl Settings {
             ("gridfs-bucket", args.gridfs_bucket.is_some() || file.gridfs_bucket.is_some(), &[Gridfs]),
             ("s3-bucket", args.s3_bucket.is_some() || file.s3_bucket.is_some(), &[S3]),
             ("s3-region", args.s3_region.is_some() || file.s3_region.is_some(), &[S3]),
+            ("s3-access-key", args.s3_access_key.is_some() || file.s3_access_key.is_some(), &[S3]),
+            ("s3-secret-key", args.s3_secret_key.is_some() || file.s3_secret_key.is_some(), &[S3]),
+            ("engine-url", args.engine_url.is_some() || file.engine_url.is_some(), &[Postgres, Gridfs, S3]),
         ];
         if let Some((name, _, engines)) =
             for_other_engines.iter().find(|(_, given, kinds)| *given && !kinds.contains(&engine))
@@ -244,10 +262,8 @@ impl Settings {
             let names: Vec<&str> = engines.iter().map(|e| e.name()).collect();
             bail!("--{name} is a setting of the {} engine, not of {}", names.join(", "), engine.name());
         }
-        let max_key_bytes = args.max_key_bytes.or(file.max_key_bytes).unwrap_or(MAX_KEY_BYTES);
-        if max_key_bytes == 0 {
-            bail!("--max-key-bytes must be at least 1");
-        }
+        let max_key_bytes =
+            bounded("max-key-bytes", args.max_key_bytes.or(file.max_key_bytes), MAX_KEY_BYTES, 1 << 20)?;
         let settings = Settings {
             data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
@@ -273,15 +289,18 @@ impl Settings {
                 .parse()
                 .map_err(anyhow::Error::msg)?,
             threads,
-            gc_grace: Duration::from_secs(args.gc_grace.or(file.gc_grace).unwrap_or(3600)),
-            gc_interval: Duration::from_secs(args.gc_interval.or(file.gc_interval).unwrap_or(600)),
-            upload_expiry: Duration::from_secs(args.upload_expiry.or(file.upload_expiry).unwrap_or(24 * 3600)),
+            gc_grace: period("gc-grace", args.gc_grace.or(file.gc_grace), 3600, true)?,
+            gc_interval: period("gc-interval", args.gc_interval.or(file.gc_interval), 600, true)?,
+            upload_expiry: period("upload-expiry", args.upload_expiry.or(file.upload_expiry), 24 * 3600, true)?,
             s3_domain: args.s3_domain.clone().or(file.s3_domain),
             credentials,
-            allow_anonymous_write: args.allow_anonymous_write || file.allow_anonymous_write.unwrap_or(false),
+            allow_anonymous_write: args.allow_anonymous_write.or(file.allow_anonymous_write).unwrap_or(false),
             limits,
             max_key_bytes,
         };
+        if settings.engine == EngineKind::Memory && settings.catalog != CatalogKind::Rocksdb {
+            bail!("the memory engine keeps nothing across restarts, so it takes the embedded catalog, not --catalog");
+        }
         if !settings.listen.ip().is_loopback() && settings.credentials.is_empty() && !settings.allow_anonymous_write {
             bail!(
                 "refusing to listen on {} without credentials: anyone could write. \
@@ -293,37 +312,75 @@ impl Settings {
     }
 }
 
-/// The request limits: flag or environment, then file, then default. A
-/// limit of zero would refuse everything, so it is an error.
+/// Longest period any setting may give, in seconds (ten years): beyond
+/// it, deadlines computed from it would overflow.
+const MAX_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// A period in seconds: flag or environment, then file, then `default`;
+/// zero only where `zero_ok`.
+fn period(flag: &str, given: Option<u64>, default: u64, zero_ok: bool) -> anyhow::Result<Duration> {
+    match given {
+        Some(0) if !zero_ok => bail!("--{flag} must be at least 1 second"),
+        Some(n) if n > MAX_SECS => bail!("--{flag} may be at most {MAX_SECS} seconds (ten years)"),
+        n => Ok(Duration::from_secs(n.unwrap_or(default))),
+    }
+}
+
+/// A count between 1 and `max`: flag or environment, then file, then
+/// `default`. Zero would refuse everything; past `max`, the memory it
+/// would let one request take, or what it would set aside, is absurd.
+fn bounded(flag: &str, given: Option<usize>, default: usize, max: usize) -> anyhow::Result<usize> {
+    match given {
+        Some(0) => bail!("--{flag} must be at least 1"),
+        Some(n) if n > max => bail!("--{flag} may be at most {max}"),
+        n => Ok(n.unwrap_or(default)),
+    }
+}
+
+/// The request limits.
 fn limits(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Limits> {
     let d = Limits::default();
-    let count = |flag: &str, arg: Option<usize>, file: Option<usize>, default: usize| match arg.or(file) {
-        Some(0) => bail!("--{flag} must be at least 1"),
-        n => Ok(n.unwrap_or(default)),
+    let count = |flag: &str, arg: Option<usize>, file: Option<usize>, default: usize, max: usize| {
+        bounded(flag, arg.or(file), default, max)
     };
-    let secs = |flag: &str, arg: Option<u64>, file: Option<u64>, default: Duration| match arg.or(file) {
-        Some(0) => bail!("--{flag} must be at least 1 second"),
-        n => Ok(n.map_or(default, Duration::from_secs)),
+    let secs = |flag: &str, arg: Option<u64>, file: Option<u64>, default: Duration| {
+        period(flag, arg.or(file), default.as_secs(), false)
     };
     Ok(Limits {
-        max_header_bytes: count("max-header-bytes", args.max_header_bytes, file.max_header_bytes, d.max_header_bytes)?,
-        max_headers: count("max-headers", args.max_headers, file.max_headers, d.max_headers)?,
+        max_header_bytes: count(
+            "max-header-bytes",
+            args.max_header_bytes,
+            file.max_header_bytes,
+            d.max_header_bytes,
+            16 << 20,
+        )?,
+        max_headers: count("max-headers", args.max_headers, file.max_headers, d.max_headers, 10_000)?,
         header_timeout: secs("header-timeout", args.header_timeout, file.header_timeout, d.header_timeout)?,
         body_timeout: secs("body-timeout", args.body_timeout, file.body_timeout, d.body_timeout)?,
-        max_ranges: count("max-ranges", args.max_ranges, file.max_ranges, d.max_ranges)?,
+        send_timeout: secs("send-timeout", args.send_timeout, file.send_timeout, d.send_timeout)?,
+        max_ranges: count("max-ranges", args.max_ranges, file.max_ranges, d.max_ranges, 10_000)?,
         max_batch_entries: count(
             "max-batch-entries",
             args.max_batch_entries,
             file.max_batch_entries,
             d.max_batch_entries,
+            100_000_000,
+        )?,
+        max_batch_put_entries: count(
+            "max-batch-put-entries",
+            args.max_batch_put_entries,
+            file.max_batch_put_entries,
+            d.max_batch_put_entries,
+            1_000_000,
         )?,
         max_batch_keys_bytes: count(
             "max-batch-keys-bytes",
             args.max_batch_keys_bytes,
             file.max_batch_keys_bytes,
             d.max_batch_keys_bytes,
+            1 << 30,
         )?,
-        max_uploads: count("max-uploads", args.max_uploads, file.max_uploads, d.max_uploads)?,
+        max_uploads: count("max-uploads", args.max_uploads, file.max_uploads, d.max_uploads, 1_000_000)?,
     })
 }
 
@@ -394,10 +451,73 @@ mod tests {
     }
 
     #[test]
+    fn numbers_too_large_to_mean_anything_are_refused() {
+        let huge = ServeArgs { header_timeout: Some(i64::MAX as u64), ..Default::default() };
+        assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--header-timeout may be at most"));
+        let huge = ServeArgs { gc_grace: Some(u64::MAX), ..Default::default() };
+        assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--gc-grace may be at most"));
+        let huge = ServeArgs { threads: Some(usize::MAX), ..Default::default() };
+        assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--threads may be at most 1024"));
+        let huge = ServeArgs { max_headers: Some(3_000_000), ..Default::default() };
+        assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--max-headers may be at most"));
+        let huge = ServeArgs { max_uploads: Some(3 << 60), ..Default::default() };
+        assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--max-uploads may be at most"));
+        let fine = ServeArgs { gc_grace: Some(0), gc_interval: Some(0), threads: Some(1024), ..Default::default() };
+        assert!(Settings::resolve(&fine).is_ok());
+    }
+
+    #[test]
+    fn the_engine_url_and_s3_keys_belong_to_engines_with_a_server() {
+        for args in [
+            ServeArgs { engine_url: Some("http://x".into()), ..Default::default() },
+            ServeArgs { s3_access_key: Some("a".into()), ..Default::default() },
+            ServeArgs { engine: Some("gridfs".into()), s3_secret_key: Some("b".into()), ..Default::default() },
+        ] {
+            let e = Settings::resolve(&args).unwrap_err().to_string();
+            assert!(e.contains("is a setting of the"), "{e}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_of_a_credential_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        std::fs::write(&path, "[[credentials]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\nbuckets = [\"x\"]\n")
+            .unwrap();
+        let e =
+            format!("{:#}", Settings::resolve(&ServeArgs { config: Some(path), ..Default::default() }).unwrap_err());
+        assert!(e.contains("buckets"), "{e}");
+    }
+
+    /// The variable and the flag both take a boolean, so either can turn
+    /// off what the file turns on.
+    #[test]
+    fn anonymous_writes_allowed_in_the_file_can_be_turned_off() {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        use clap::Parser as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        std::fs::write(&path, "allow_anonymous_write = true\nlisten = \"0.0.0.0:8080\"\n").unwrap();
+        let config = format!("--config={}", path.display());
+        for (flag, allowed) in
+            [(None, true), (Some("--allow-anonymous-write"), true), (Some("--allow-anonymous-write=no"), false)]
+        {
+            let argv = ["depot", config.as_str()].into_iter().chain(flag);
+            let args = Command::try_parse_from(argv).unwrap().serve;
+            let resolved = Settings::resolve(&args);
+            assert_eq!(resolved.is_ok(), allowed, "{flag:?}");
+        }
+    }
+
+    #[test]
     fn public_address_needs_credentials() {
         let args = ServeArgs { listen: Some("0.0.0.0:8080".parse().unwrap()), ..Default::default() };
         assert!(Settings::resolve(&args).unwrap_err().to_string().contains("without credentials"));
-        let open = ServeArgs { allow_anonymous_write: true, ..args.clone() };
+        let open = ServeArgs { allow_anonymous_write: Some(true), ..args.clone() };
         assert!(Settings::resolve(&open).is_ok());
         let keyed = ServeArgs { access_key: Some("k".into()), secret_key: Some("secret-123".into()), ..args };
         assert!(Settings::resolve(&keyed).is_ok());

@@ -249,3 +249,43 @@ fn bench_scale_quick_measures_memory_while_streaming_and_start_up() {
     let added = value("added per million objects", "MB");
     assert!((0.0..=added).contains(&own), "{own} MB per million objects without mapped pages, {added} MB with");
 }
+
+/// The gridfs engine's database and the s3 engine's bucket are made for
+/// one run; the run takes them away with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_leaves_no_database_behind_on_the_engines_servers() {
+    let mongo = std::env::var("DEPOT_TEST_MONGO")
+        .expect("DEPOT_TEST_MONGO is not set: run scripts/test.sh, which starts a MongoDB test server and sets it");
+    let (s3, config) = depot::engine::s3::test_server("unused");
+    let client = mongodb::Client::with_uri_str(&mongo).await.unwrap();
+    let bench_databases = || async {
+        let names = client.list_database_names().await.unwrap();
+        names.into_iter().filter(|n| n.starts_with("depot_bench_")).collect::<std::collections::BTreeSet<_>>()
+    };
+    let before = bench_databases().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(["bench", "http", "--quick", "--engines", "gridfs,s3", "--out"])
+            .arg(&out)
+            .env("DEPOT_BENCH_MONGO", &mongo)
+            .env("DEPOT_BENCH_S3", &s3)
+            .env("DEPOT_BENCH_S3_ACCESS_KEY", config.access_key.unwrap())
+            .env("DEPOT_BENCH_S3_SECRET_KEY", config.secret_key.unwrap())
+            .output()
+            .expect("running depot bench")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("| PUT 1 KB, new keys | depot gridfs | req/s |"), "gridfs was not measured: {stdout}");
+    let left = bench_databases().await;
+    assert!(left.is_subset(&before), "left behind: {:?}", left.difference(&before).collect::<Vec<_>>());
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("could not"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

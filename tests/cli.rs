@@ -44,6 +44,11 @@ fn put_ls_get_rm_round_trip() {
     assert!(listing.contains("trip/") && listing.contains("again.txt"), "{listing}");
     let listing = ok(&depot(&server, &["ls", "files/trip"], dir.path()));
     assert!(listing.contains("trip/big.bin") && listing.contains("3.00 MiB"), "{listing}");
+    // No folder of that name: what starts with it.
+    let listing = ok(&depot(&server, &["ls", "files/trip/no"], dir.path()));
+    assert!(listing.contains("trip/note.txt") && !listing.contains("big.bin"), "{listing}");
+    let listing = ok(&depot(&server, &["ls", "files/tr"], dir.path()));
+    assert!(listing.contains("trip/") && !listing.contains("again.txt"), "{listing}");
     assert!(ok(&depot(&server, &["ls"], dir.path())).contains("files/"));
 
     ok(&depot(&server, &["get", "files/trip/big.bin", "back.bin"], dir.path()));

@@ -164,16 +164,47 @@ async fn background_gc_runs_on_its_own() {
     }
 }
 
-#[test]
-fn a_data_directory_keeps_its_engine() {
+#[tokio::test]
+async fn a_data_directory_keeps_its_engine_once_it_holds_something() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut first = Server::start_in(&data, &["--engine", "hybrid"]);
+    let serve = |engine: &str| {
+        depot(&["serve", "--data", data.to_str().unwrap(), "--engine", engine, "--listen", "127.0.0.1:0"])
+    };
+    // A first start that fails (the postgres engine needs a server) leaves
+    // an empty store, which another engine may take.
+    let failed = serve("postgres");
+    assert!(!failed.status.success());
+    let mut first = Server::start_in(&data, &["--engine", "fs"]);
     first.stop();
-    let out = depot(&["serve", "--data", data.to_str().unwrap(), "--engine", "fs", "--listen", "127.0.0.1:0"]);
+    let mut first = Server::start_in(&data, &["--engine", "hybrid"]);
+    let r = client().put(first.object_url("files", "k")).body("kept").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    first.stop();
+    let out = serve("fs");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds a store of the hybrid engine"), "{err}");
+    let again = Server::start_in(&data, &["--engine", "hybrid"]);
+    let r = client().get(again.object_url("files", "k")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "kept");
+}
+
+/// The memory engine keeps nothing, its catalog included: after a restart
+/// no object is listed whose bytes are gone.
+#[tokio::test]
+async fn the_memory_engine_forgets_everything_at_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut first = Server::start_in(&data, &["--engine", "memory"]);
+    let r = client().put(first.object_url("files", "k")).body("gone").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    first.stop();
+    let again = Server::start_in(&data, &["--engine", "memory"]);
+    let r = client().get(again.object_url("files", "k")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let listing = client().get(format!("{}/files/?format=json", again.url)).send().await.unwrap();
+    assert!(!listing.text().await.unwrap().contains("\"k\""));
 }
 
 /// A device of its own, mounted for one test and unmounted after it.

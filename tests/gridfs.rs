@@ -46,5 +46,31 @@ async fn a_blob_in_gridfs_is_served_in_ranges_and_after_a_restart() {
     assert_eq!(r.status(), 206);
     assert_eq!(r.bytes().await.unwrap(), body[1999..12_001]);
     restarted.assert_no_panic();
+    drop(restarted);
+
+    // Pointed at another bucket or database, the store would list objects
+    // whose bytes are elsewhere: refused, naming both places.
+    let other_db = depot::engine::gridfs::fresh_test_url();
+    for (url, bucket) in [(url.as_str(), "other"), (other_db.as_str(), "media")] {
+        let out = common::depot(&[
+            "serve",
+            "--data",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "gridfs",
+            "--engine-url",
+            url,
+            "--gridfs-bucket",
+            bucket,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started on {url} {bucket}: {err}");
+        assert!(
+            err.contains("keeps its bytes in the gridfs engine's database") && err.contains("bucket media"),
+            "{err}"
+        );
+    }
     db.drop().await.unwrap();
 }

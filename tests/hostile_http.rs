@@ -474,11 +474,24 @@ fn a_lowered_key_limit_is_enforced_everywhere_keys_come_in() {
     assert_eq!(listing.status(), 200);
     assert!(!listing.text().contains("bbbb"), "the batch stored its long key: {}", listing.text());
     assert_unharmed(&mut s, RSS_MIB);
+
+    // Restarted with a lower limit: keys stored under the old one can
+    // still be read and deleted, and no longer written.
+    s.stop();
+    let mut s = Server::start_in(&s.data, &["--max-key-bytes", "8"]);
+    let long = format!("/files/{}", "k".repeat(16));
+    assert_eq!(get(&s, &long, "").body(), b"x");
+    assert_eq!(put(&s, &long, b"y").status(), 400);
+    let a = exchange(&s, format!("DELETE {long} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+    assert_eq!(a.status(), 204, "{}", a.text());
+    assert_absent(&s, &long);
+    assert_unharmed(&mut s, RSS_MIB);
 }
 
 #[test]
 fn lowered_batch_limits_are_enforced() {
-    let mut s = Server::start(&["--max-batch-entries", "2", "--max-batch-keys-bytes", "64"]);
+    let mut s =
+        Server::start(&["--max-batch-entries", "2", "--max-batch-put-entries", "2", "--max-batch-keys-bytes", "64"]);
     let post = |route: &str, body: &str| {
         let head = format!(
             "POST /_/batch/{route}?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
@@ -494,6 +507,28 @@ fn lowered_batch_limits_are_enforced() {
     let a = post("delete", &"k".repeat(65));
     assert!(a.status() == 413 && a.text().contains("EntityTooLarge"), "{}", a.text());
     assert_eq!(get(&s, "/files/a", "").body(), b"x", "nothing deleted");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+/// A batch put is held in memory until it commits, so by default it may
+/// have 10,000 entries, far fewer than a batch get may have keys.
+#[test]
+fn a_batch_put_holds_ten_thousand_entries_at_most() {
+    let mut s = Server::start(&[]);
+    let post = |entries: usize| {
+        let body: String = (0..entries).map(|i| format!("k{i}\n1\nx\n")).collect();
+        let head = format!(
+            "POST /_/batch/put?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        exchange(&s, format!("{head}{body}").as_bytes())
+    };
+    let a = post(10_001);
+    assert!(a.status() == 413 && a.text().contains("more than 10000 entries"), "{}", a.text());
+    assert_absent(&s, "/files/k0");
+    let a = post(10_000);
+    assert!(a.status() == 200 && a.text().contains(r#""stored":10000"#), "{}", a.text());
+    assert_eq!(get(&s, "/files/k9999", "").body(), b"x");
     assert_unharmed(&mut s, RSS_MIB);
 }
 
@@ -558,6 +593,40 @@ fn a_stalled_body_gets_408_after_the_body_timeout_and_a_slow_one_completes() {
     assert_absent(&s, "/files/stalled");
     assert_eq!(get(&s, "/files/slow", "").body(), b"0123456789");
     dog.finish();
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+/// A client that stops reading a download is let go after the send
+/// timeout; one that reads slowly but steadily gets the whole answer.
+#[test]
+fn a_stalled_download_is_cut_off_after_the_send_timeout() {
+    let mut s = Server::start(&["--send-timeout", "2"]);
+    let size = 32 << 20;
+    assert_eq!(put(&s, "/files/big", &vec![7u8; size]).status(), 201);
+    let request = b"GET /files/big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let mut stalled = connect(&s);
+    stalled.write_all(request).unwrap();
+    let mut first = [0u8; 1024];
+    stalled.read_exact(&mut first).unwrap();
+    // More than the socket buffers hold is left unread for twice the
+    // timeout: the server gives up and closes.
+    thread::sleep(Duration::from_secs(4));
+    let a = read_all(stalled, Duration::from_secs(10));
+    assert!(a.closed, "the connection stayed open");
+    assert!(a.raw.len() + first.len() < size, "the whole answer came after a stall: {} bytes", a.raw.len());
+    // Reading 1 MiB a second never stalls for two seconds.
+    let mut steady = connect(&s);
+    steady.write_all(request).unwrap();
+    let (mut got, mut buf) = (0, vec![0u8; 1 << 20]);
+    while got < size {
+        match steady.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => panic!("a steady reader lost its answer after {got} bytes: {e}"),
+        }
+        thread::sleep(Duration::from_millis(if got < 4 << 20 { 500 } else { 0 }));
+    }
+    assert!(got > size, "a steady reader got {got} bytes");
     assert_unharmed(&mut s, RSS_MIB);
 }
 

@@ -112,12 +112,12 @@ pub struct BenchArgs {
     /// The PostgreSQL server for the postgres engine (postgres://...).
     #[arg(long, env = "DEPOT_BENCH_POSTGRES", value_name = "URL", hide_env_values = true)]
     pub postgres_url: Option<String>,
-    /// The MongoDB server for the gridfs engine (mongodb://host:port); each
-    /// run uses a database of its own.
+    /// The MongoDB server for the gridfs engine (mongodb://host:port, any
+    /// ?options kept); each run uses a database of its own and drops it.
     #[arg(long, env = "DEPOT_BENCH_MONGO", value_name = "URL", hide_env_values = true)]
     pub mongo_url: Option<String>,
     /// The S3 server for the s3 engine (http://host:port); each run creates
-    /// a bucket of its own. Credentials: --s3-access-key and --s3-secret-key,
+    /// a bucket of its own and deletes it. Credentials: --s3-access-key and --s3-secret-key,
     /// or the standard AWS_* variables.
     #[arg(long, env = "DEPOT_BENCH_S3", value_name = "URL")]
     pub s3_url: Option<String>,
@@ -166,7 +166,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    fn resolve(args: &BenchArgs, scratch: PathBuf) -> anyhow::Result<Settings> {
+    /// The settings `args` give; `scratch` is set once the output
+    /// directory is made.
+    fn resolve(args: &BenchArgs) -> anyhow::Result<Settings> {
         let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         if threads == 0 {
             bail!("--threads must be at least 1");
@@ -175,6 +177,9 @@ impl Settings {
             Some(list) => list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
             None => DEFAULT_ENGINES.iter().map(|s| s.to_string()).collect(),
         };
+        if names.is_empty() {
+            bail!("--engines names no engine; engines: {}", EngineKind::ALL.map(EngineKind::name).join(", "));
+        }
         let mut engines = Vec::new();
         let mut s3_bucket = None;
         let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -186,8 +191,8 @@ impl Settings {
                 }
                 EngineKind::Gridfs => args
                     .mongo_url
-                    .as_ref()
-                    .map(|u| format!("{}/depot_bench_{run_id}", u.trim_end_matches('/')))
+                    .as_deref()
+                    .map(|u| crate::engine::gridfs::with_database(u, &format!("depot_bench_{run_id}")))
                     .ok_or_else(|| "no MongoDB given (--mongo-url)".to_string()),
                 EngineKind::S3 => args.s3_url.clone().ok_or_else(|| "no S3 server given (--s3-url)".to_string()),
                 _ => Ok(String::new()),
@@ -222,9 +227,34 @@ impl Settings {
             threads,
             engines,
             engines_named: args.engines.is_some(),
-            scratch,
+            scratch: PathBuf::new(),
             s3_bucket,
         })
+    }
+}
+
+/// Drops what the run made on the engines' servers: the gridfs engine's
+/// database and the s3 engine's bucket, both named for this run alone.
+/// (The postgres engine's tables are in the database given, and its
+/// blobs were collected after each experiment.)
+async fn remove_remote_scratch(settings: &Settings) {
+    for engine in settings.engines.iter().filter(|e| e.name == "gridfs") {
+        let Some(url) = engine.serve_flags.as_ref().ok().and_then(|f| f.last()) else { continue };
+        let dropped = async {
+            let client = mongodb::Client::with_uri_str(url).await?;
+            match client.default_database() {
+                Some(db) => db.drop().await,
+                None => Ok(()),
+            }
+        };
+        if let Err(e) = dropped.await {
+            eprintln!("could not drop the bench's MongoDB database {url}: {e}");
+        }
+    }
+    if let Some((endpoint, config)) = &settings.s3_bucket
+        && let Err(e) = crate::engine::s3::delete_bucket(Some(endpoint), config).await
+    {
+        eprintln!("could not delete the bench's S3 bucket at {endpoint}: {e}");
     }
 }
 
@@ -344,6 +374,7 @@ impl DepotServer {
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        running::stopped(self.child.id());
     }
 
     /// The server's process id.
@@ -458,6 +489,7 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
     let mut cmd = depot_command(args, data);
     cmd.env("DEPOT_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn().context("starting depot serve")?;
+    running::started(child.id());
     let stderr = child.stderr.take().context("no stderr from depot serve")?;
     let log = Arc::new(Mutex::new(Vec::new()));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -480,6 +512,7 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
     let refused = |child: &mut Child, log: &Mutex<Vec<String>>| {
         let _ = child.kill();
         let _ = child.wait();
+        running::stopped(child.id());
         let lines = log.lock().map(|l| l.clone()).unwrap_or_default();
         // The binary reports a failed start as `error: ...` on its last line.
         match lines.iter().rev().find_map(|l| l.strip_prefix("error: ")) {
@@ -497,6 +530,57 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
             std::thread::sleep(Duration::from_millis(100));
             Err(refused(&mut child, &log))
         }
+    }
+}
+
+/// The servers the bench has started and not stopped yet, so that an
+/// interrupted bench stops them rather than leave them running.
+pub(crate) mod running {
+    use std::path::Path;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use rustix::process::{Pid, Signal, kill_process};
+
+    static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+    pub(crate) fn started(pid: u32) {
+        PIDS.lock().unwrap_or_else(|p| p.into_inner()).push(pid);
+    }
+
+    pub(crate) fn stopped(pid: u32) {
+        PIDS.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != pid);
+    }
+
+    /// Waits for SIGINT or SIGTERM; then asks every server still running
+    /// to stop (nginx's master stops its workers), waits up to five seconds
+    /// for them, removes `scratch` and exits.
+    pub(crate) async fn stop_all_on_signal(scratch: std::path::PathBuf) {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+        else {
+            return;
+        };
+        let code = tokio::select! {
+            _ = interrupt.recv() => 130,
+            _ = terminate.recv() => 143,
+        };
+        let pids = std::mem::take(&mut *PIDS.lock().unwrap_or_else(|p| p.into_inner()));
+        for pid in pids.iter().filter_map(|p| Pid::from_raw(*p as i32)) {
+            let _ = kill_process(pid, Signal::TERM);
+        }
+        // A child that has exited stays a zombie until this process ends.
+        let alive = |pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pids.iter().any(alive) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = std::fs::remove_dir_all(&scratch);
+        eprintln!("\ninterrupted: the servers started are stopped and {} is removed", Path::new(&scratch).display());
+        std::process::exit(code);
     }
 }
 
@@ -580,19 +664,22 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => PathBuf::from("bench-results").join(report::timestamp_for_path(std::time::SystemTime::now())),
     };
+    let mut settings = Settings::resolve(args)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let scratch = tempfile::Builder::new()
         .prefix(".scratch-")
         .tempdir_in(&out)
         .with_context(|| format!("a scratch directory in {}", out.display()))?;
-    let mut settings = Settings::resolve(args, scratch.path().to_path_buf())?;
+    settings.scratch = scratch.path().to_path_buf();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    if let Some((endpoint, config)) = settings.s3_bucket.take()
-        && let Err(e) = runtime.block_on(crate::engine::s3::create_bucket(Some(&endpoint), &config))
+    runtime.spawn(running::stop_all_on_signal(settings.scratch.clone()));
+    if let Some((endpoint, config)) = &settings.s3_bucket
+        && let Err(e) = runtime.block_on(crate::engine::s3::create_bucket(Some(endpoint), config))
     {
         for engine in settings.engines.iter_mut().filter(|e| e.name == "s3") {
             engine.serve_flags = Err(format!("cannot create a bucket at {endpoint}: {e}"));
         }
+        settings.s3_bucket = None;
     }
     let machine = machine::facts(&out, &settings);
     let mut experiments = Vec::new();
@@ -610,10 +697,34 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         })?;
         experiments.push(report);
     }
+    runtime.block_on(remove_remote_scratch(&settings));
     drop(runtime);
     drop(scratch);
     let markdown = report::write_all(&out, &machine, &experiments)?;
     println!("{markdown}");
     println!("written to {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_checked_before_anything_is_made() {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        use clap::Parser as _;
+        let out = tempfile::tempdir().unwrap();
+        let report = out.path().join("report");
+        for engines in ["", "foo"] {
+            let argv = ["depot", "http", "--quick", "--engines", engines, "--out", report.to_str().unwrap()];
+            let e = bench(&Command::try_parse_from(argv).unwrap().bench).unwrap_err().to_string();
+            assert!(e.contains("engine"), "{e}");
+            assert!(!report.exists(), "the report's directory was made for --engines {engines:?}");
+        }
+    }
 }

@@ -88,6 +88,7 @@ impl Nginx {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
+        super::running::started(child.id());
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -97,6 +98,7 @@ impl Nginx {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
                 let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+                super::running::stopped(child.id());
                 bail!("nginx exited ({status}): {} {}", err.trim(), log.trim());
             }
             if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
@@ -105,6 +107,7 @@ impl Nginx {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
+                super::running::stopped(child.id());
                 bail!("nginx did not listen on {addr} within 10 s");
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -127,14 +130,12 @@ impl Drop for Nginx {
         // shutdown (SIGTERM) through nginx itself, then make sure.
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        super::running::stopped(self.child.id());
     }
 }
 

@@ -319,7 +319,8 @@ struct BucketEntry {
     created: String,
 }
 
-/// `depot ls [BUCKET[/PREFIX]]`: buckets, or one folder of a bucket.
+/// `depot ls [BUCKET[/PREFIX]]`: buckets, one folder of a bucket, or
+/// what starts with PREFIX.
 pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
     let client = Client::new(args)?;
     runtime()?.block_on(async {
@@ -333,30 +334,49 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
             return Ok(());
         };
         let (bucket, prefix) = split_target(target);
-        let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
-        let mut after: Option<String> = None;
-        loop {
-            let mut url = client.url(bucket, &prefix)?;
-            if let Some(a) = &after {
-                url.push_str(&format!(
-                    "?after={}",
-                    percent_encoding::utf8_percent_encode(a, percent_encoding::NON_ALPHANUMERIC)
-                ));
-            }
-            let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
-            let page: Listing = client.send(req).await?.json().await?;
-            for d in &page.dirs {
-                say(format_args!("{:>10}  {:<24}  {}", "-", "", printable(d)))?;
-            }
-            for e in &page.entries {
-                say(format_args!("{:>10}  {:<24}  {}", HumanBytes(e.size).to_string(), e.modified, printable(&e.key)))?;
-            }
-            match page.next {
-                Some(n) => after = Some(n),
-                None => return Ok(()),
-            }
+        // A folder's contents, as `ls DIR`; when no folder has that name,
+        // as `aws s3 ls`: what in the folder up to the last `/` starts
+        // with the rest (`photos/2024` lists `photos/2024-01.jpg`).
+        let folder = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
+        if !list(&client, bucket, &folder, "").await? && !prefix.ends_with('/') {
+            let (folder, start) = prefix.split_at(prefix.rfind('/').map_or(0, |i| i + 1));
+            list(&client, bucket, folder, start).await?;
         }
+        Ok(())
     })
+}
+
+/// Prints the entries of `folder` that start with `start`, page by page;
+/// whether there were any.
+async fn list(client: &Client, bucket: &str, folder: &str, start: &str) -> anyhow::Result<bool> {
+    let encode = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
+    let (mut after, mut any): (Option<String>, bool) = (None, false);
+    loop {
+        let mut query = Vec::new();
+        if !start.is_empty() {
+            query.push(format!("prefix={}", encode(start)));
+        }
+        if let Some(a) = &after {
+            query.push(format!("after={}", encode(a)));
+        }
+        let mut url = client.url(bucket, folder)?;
+        if !query.is_empty() {
+            url.push_str(&format!("?{}", query.join("&")));
+        }
+        let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
+        let page: Listing = client.send(req).await?.json().await?;
+        for d in &page.dirs {
+            say(format_args!("{:>10}  {:<24}  {}", "-", "", printable(d)))?;
+        }
+        for e in &page.entries {
+            say(format_args!("{:>10}  {:<24}  {}", HumanBytes(e.size).to_string(), e.modified, printable(&e.key)))?;
+        }
+        any |= !page.dirs.is_empty() || !page.entries.is_empty();
+        match page.next {
+            Some(n) => after = Some(n),
+            None => return Ok(any),
+        }
+    }
 }
 
 /// `depot rm BUCKET/KEY...`.

@@ -205,8 +205,8 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
         ),
         Some(s) => (s, false),
         None => {
-            if marker.trim() != from.name() {
-                bail!("{} holds a store of the {} engine, not {}", data.display(), marker.trim(), from.name());
+            if let Some(why) = engine::marker_mismatch(&data, &marker, &engine::marker(from, &settings.engine_config)) {
+                bail!(why);
             }
             if same_place(from, &settings.engine_config, to, &target_config(args, &settings.engine_config)) {
                 bail!("the store is in that {} engine already", from.name());
@@ -230,7 +230,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             switch(&*catalog, &target, &journal).await?;
-            write_durably(&data, ENGINE_MARKER, &format!("{}\n", to.name()))?;
+            write_durably(&data, ENGINE_MARKER, &engine::marker(to, &to_config))?;
             state.phase = Phase::Cleanup;
             state.write(&data)?;
         }

@@ -16,16 +16,11 @@ use crate::http::{self, App};
 use crate::store::maintenance::BackupReport;
 use crate::store::{Store, StoreConfig};
 
-fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
+/// The data directory's [`ENGINE_MARKER`], or `None` for a new store.
+fn read_engine_marker(data: &Path) -> anyhow::Result<Option<String>> {
     let marker = data.join(ENGINE_MARKER);
     match std::fs::read_to_string(&marker) {
-        Ok(existing) if existing.trim() == kind.name() => Ok(()),
-        Ok(existing) => bail!(
-            "{} holds a store of the {} engine; start it with --engine {} (or use a new --data directory)",
-            data.display(),
-            existing.trim(),
-            existing.trim()
-        ),
+        Ok(found) => Ok(Some(found)),
         // A store writes its marker before anything else, and a backup
         // after everything else: a catalog without one is a backup that
         // did not finish.
@@ -33,11 +28,32 @@ fn check_engine_marker(data: &Path, kind: EngineKind) -> anyhow::Result<()> {
             "{} holds a catalog but no {ENGINE_MARKER} file: a backup that did not finish; make the backup again",
             data.display()
         ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            engine::write_engine_marker(data, kind).with_context(|| format!("writing {}", marker.display()))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", marker.display())),
     }
+}
+
+/// Checks that the store's marker fits the engine it is opened with. A
+/// store that holds nothing may be opened with any engine (a first start
+/// that failed leaves such a store): its marker is then rewritten.
+async fn check_engine_marker(data: &Path, found: &str, wanted: &str, catalog: &dyn Catalog) -> anyhow::Result<()> {
+    let write = || {
+        let path = data.join(ENGINE_MARKER);
+        engine::write_engine_marker(data, wanted).with_context(|| format!("writing {}", path.display()))
+    };
+    if found == wanted {
+        return Ok(());
+    }
+    let Some(why) = engine::marker_mismatch(data, found, wanted) else {
+        // The same engine, and a marker from before places were kept.
+        return write();
+    };
+    let stats = catalog.stats().await?;
+    if stats.objects > 0 || stats.blobs > 0 {
+        bail!(why);
+    }
+    tracing::info!("{} held an empty store; it now keeps its bytes as this start says", data.display());
+    write()
 }
 
 /// Opens the catalog the settings name.
@@ -59,8 +75,16 @@ pub(crate) async fn open_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn 
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let data = &settings.data;
     std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
-    check_engine_marker(data, settings.engine)?;
+    let wanted = engine::marker(settings.engine, &settings.engine_config);
+    let found = read_engine_marker(data)?;
+    if found.is_none() {
+        engine::write_engine_marker(data, &wanted)
+            .with_context(|| format!("writing {}", data.join(ENGINE_MARKER).display()))?;
+    }
     let catalog = open_catalog(settings).await?;
+    if let Some(found) = found {
+        check_engine_marker(data, &found, &wanted, catalog.as_ref()).await?;
+    }
     let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
     let config = StoreConfig {
         gc_grace: settings.gc_grace,
@@ -87,7 +111,17 @@ pub(crate) fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime>
 
 /// `depot serve`.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let settings = Settings::resolve(args)?;
+    let mut settings = Settings::resolve(args)?;
+    // The memory engine keeps nothing across restarts, so neither does its
+    // catalog: one kept in --data would list objects whose bytes are gone.
+    let _scratch = match settings.engine {
+        EngineKind::Memory => {
+            let scratch = tempfile::Builder::new().prefix("depot-memory-").tempdir()?;
+            settings.data = scratch.path().to_path_buf();
+            Some(scratch)
+        }
+        _ => None,
+    };
     runtime(settings.threads)?.block_on(run(settings))
 }
 

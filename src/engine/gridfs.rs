@@ -428,14 +428,22 @@ impl Inner {
 pub fn fresh_test_url() -> String {
     let server = std::env::var("DEPOT_TEST_MONGO")
         .expect("DEPOT_TEST_MONGO is not set: run scripts/test.sh, which starts a MongoDB test server and sets it");
-    let (base, query) = server.split_once('?').map_or((server.as_str(), ""), |(b, q)| (b, q));
-    let Some(hosts_at) = base.find("://").map(|at| at + 3) else {
+    if !server.contains("://") {
         panic!("DEPOT_TEST_MONGO must be a mongodb:// URL, not {server:?}");
-    };
-    let hosts = base[hosts_at..].split('/').next().unwrap_or_default();
-    let name = format!("depot_t_{:016x}", rand::random::<u64>());
-    let query = if query.is_empty() { String::new() } else { format!("?{query}") };
-    format!("{}{hosts}/{name}{query}", &base[..hosts_at])
+    }
+    with_database(&server, &format!("depot_t_{:016x}", rand::random::<u64>()))
+}
+
+/// `url` (`mongodb://[user:password@]hosts[/database][?options]`) naming
+/// `database` instead of any it names, its options kept.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, options) = url.split_once('?').map_or((url, None), |(b, o)| (b, Some(o)));
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let base = base[authority..].find('/').map_or(base, |i| &base[..authority + i]);
+    match options {
+        Some(o) => format!("{base}/{database}?{o}"),
+        None => format!("{base}/{database}"),
+    }
 }
 
 fn reclaimed(found: u64, stored: i32) -> EngineError {
@@ -712,6 +720,22 @@ mod tests {
     use super::*;
     use crate::engine::conformance::{self, pattern};
     use crate::engine::{BlobEngineExt, sha2_digest};
+
+    #[test]
+    fn a_database_replaces_any_the_url_names_and_keeps_its_options() {
+        let db = "depot_bench_1";
+        assert_eq!(with_database("mongodb://h:27017", db), "mongodb://h:27017/depot_bench_1");
+        assert_eq!(with_database("mongodb://h:27017/", db), "mongodb://h:27017/depot_bench_1");
+        assert_eq!(with_database("mongodb://u:p@h/mydb", db), "mongodb://u:p@h/depot_bench_1");
+        assert_eq!(
+            with_database("mongodb://h1,h2/?replicaSet=r&authSource=admin", db),
+            "mongodb://h1,h2/depot_bench_1?replicaSet=r&authSource=admin"
+        );
+        assert_eq!(
+            with_database("mongodb://h?directConnection=true", db),
+            "mongodb://h/depot_bench_1?directConnection=true"
+        );
+    }
 
     async fn engine(chunk: usize) -> (GridfsEngine, String) {
         let url = fresh_test_url();

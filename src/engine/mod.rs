@@ -395,11 +395,66 @@ impl EngineKind {
 /// lose data.
 pub const ENGINE_MARKER: &str = "ENGINE";
 
-/// Records durably that the data directory `data` holds a store of `kind`.
-pub fn write_engine_marker(data: &std::path::Path, kind: EngineKind) -> std::io::Result<()> {
+/// The [`ENGINE_MARKER`] file's text for `kind` opened with `config`: the
+/// engine's name and, for an engine with a server, which of the server's
+/// databases or buckets holds the bytes. The server's address is left
+/// out: a server may move.
+pub fn marker(kind: EngineKind, config: &EngineConfig) -> String {
+    let place = match kind {
+        EngineKind::Postgres => config
+            .url
+            .as_deref()
+            .and_then(|u| u.parse::<tokio_postgres::Config>().ok())
+            .and_then(|c| c.get_dbname().or(c.get_user()).map(|db| format!("database {db}"))),
+        EngineKind::Gridfs => config
+            .url
+            .as_deref()
+            .and_then(|u| mongodb::options::ConnectionString::parse(u).ok())
+            .and_then(|c| c.default_database)
+            .map(|db| format!("database {db}, bucket {}", config.gridfs_bucket.as_deref().unwrap_or("fs"))),
+        EngineKind::S3 => {
+            config.s3.bucket.clone().or_else(|| std::env::var("AWS_BUCKET").ok()).map(|b| format!("bucket {b}"))
+        }
+        _ => None,
+    };
+    match place {
+        Some(place) => format!("{}\n{place}\n", kind.name()),
+        None => format!("{}\n", kind.name()),
+    }
+}
+
+/// Why a store whose [`ENGINE_MARKER`] says `found` cannot be opened as
+/// `wanted` (both [`marker`]s); `None` when it can. A marker that names
+/// the engine alone (as stores made before places were recorded have)
+/// fits any place of that engine.
+pub fn marker_mismatch(data: &std::path::Path, found: &str, wanted: &str) -> Option<String> {
+    let mut found_lines = found.lines();
+    let mut wanted_lines = wanted.lines();
+    let (kind, place) = (found_lines.next().unwrap_or_default(), found_lines.next());
+    if kind != wanted_lines.next().unwrap_or_default() {
+        return Some(format!(
+            "{} holds a store of the {kind} engine; start it with --engine {kind} (or use a new --data directory)",
+            data.display()
+        ));
+    }
+    match (place, wanted_lines.next()) {
+        (Some(place), Some(asked)) if place != asked => Some(format!(
+            "{} keeps its bytes in the {kind} engine's {place}, not its {asked}: give the settings it was made \
+             with (--engine-url, --gridfs-bucket, --s3-bucket), or a new --data directory (if the bytes were moved \
+             there, write the new place into {})",
+            data.display(),
+            data.join(ENGINE_MARKER).display()
+        )),
+        _ => None,
+    }
+}
+
+/// Records durably that the data directory `data` holds a store as
+/// `marker` (see [`marker`]) describes it.
+pub fn write_engine_marker(data: &std::path::Path, marker: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut file = std::fs::File::create(data.join(ENGINE_MARKER))?;
-    writeln!(file, "{}", kind.name())?;
+    file.write_all(marker.as_bytes())?;
     file.sync_all()?;
     std::fs::File::open(data)?.sync_all()
 }

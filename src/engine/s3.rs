@@ -215,6 +215,25 @@ pub async fn create_bucket(endpoint: Option<&str>, config: &S3Config) -> Result<
     Err(EngineError::other(NAME, format!("creating bucket {:?}: {status}: {body}", engine.inner.bucket)))
 }
 
+/// Empties the bucket `config` names and deletes it: for buckets made for
+/// one run (the bench's).
+pub async fn delete_bucket(endpoint: Option<&str>, config: &S3Config) -> Result<()> {
+    let engine = S3Engine::client(endpoint, config, Tuning::default())?;
+    let store = &engine.inner.store;
+    let listed: Vec<_> = store.list(None).try_collect().await.map_err(|e| store_err(e, None))?;
+    for meta in listed {
+        match store.delete(&meta.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_err(e, None)),
+        }
+    }
+    let (status, body) = engine.inner.send_signed(Method::DELETE, &engine.inner.bucket_url, HeaderMap::new()).await?;
+    if status.is_success() {
+        return Ok(());
+    }
+    Err(EngineError::other(NAME, format!("deleting bucket {:?}: {status}: {body}", engine.inner.bucket)))
+}
+
 impl S3Engine {
     /// Connects to the bucket `config` names at `endpoint` (`None`: AWS), and
     /// deletes staging objects that crashed writers left long ago. An

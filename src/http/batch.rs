@@ -172,11 +172,12 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
     let mut body = Framed::new(req.into_body().into_data_stream());
     let read: Result<(), ApiError> = async {
         while let Some((key, len)) = body.entry(app.store.max_key_bytes()).await? {
-            if batch.len() >= app.limits.max_batch_entries {
+            let most = app.limits.max_batch_put_entries;
+            if batch.len() >= most {
                 return Err(ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "TooManyKeys",
-                    "too many entries in one batch",
+                    format!("more than {most} entries in one batch put; send them in several"),
                 ));
             }
             batch.add(&key, len, body.take(len)).await?;
@@ -191,7 +192,7 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
         return Err(e);
     }
     let stored = batch.commit().await?;
-    Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "stored": stored.len() })))
+    Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "stored": stored })))
 }
 
 /// Reads the `key\nlength\nbytes\n` framing from a body stream, holding
@@ -218,6 +219,11 @@ where
             return Ok(None);
         };
         let key = String::from_utf8(key).map_err(|_| bad_body("a key is not UTF-8".into()))?;
+        if key.ends_with('\r') {
+            // Batch get and delete take `\r\n` as a line's end, so they
+            // could never name this key.
+            return Err(bad_body(format!("the key {key:?} ends in \\r; store it with a plain PUT")));
+        }
         let len_line =
             self.line(24).await?.ok_or_else(|| bad_body(format!("the body ends before the length of {key:?}")))?;
         let len: u64 = std::str::from_utf8(&len_line)
@@ -339,6 +345,17 @@ mod tests {
         assert!(f.line(3).await.is_err());
         let mut f = framed(&[b"abc"]);
         assert!(f.line(10).await.is_err());
+    }
+
+    /// Batch get and delete read `key\r\n` as `key`, so batch put refuses
+    /// keys they could not name.
+    #[tokio::test]
+    async fn keys_ending_in_a_carriage_return_are_refused() {
+        let mut f = framed(&[b"key\r\n1\nx\n"]);
+        let e = f.entry(100).await.unwrap_err();
+        assert!(e.to_string().contains("ends in \\r"), "{e}");
+        let mut f = framed(&[b"k\rey\n1\nx\n"]);
+        assert_eq!(f.entry(100).await.unwrap(), Some(("k\rey".to_string(), 1)));
     }
 
     #[test]

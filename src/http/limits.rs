@@ -25,10 +25,15 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Longest wait for the next piece of a request body.
     pub body_timeout: Duration,
+    /// Longest wait for a client to take more of an answer.
+    pub send_timeout: Duration,
     /// Most ranges honoured in one Range header.
     pub max_ranges: usize,
-    /// Most entries in one batch request.
+    /// Most keys in one batch get or delete.
     pub max_batch_entries: usize,
+    /// Most entries in one batch put. A batch is stored all or nothing,
+    /// so its records are held until it commits: about 2 KB each.
+    pub max_batch_put_entries: usize,
     /// Largest list of keys sent to a batch route, in bytes.
     pub max_batch_keys_bytes: usize,
     /// Most request bodies (uploads) read at the same time; more get 503.
@@ -42,8 +47,10 @@ impl Default for Limits {
             max_headers: 100,
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
             max_ranges: 64,
             max_batch_entries: 1_000_000,
+            max_batch_put_entries: 10_000,
             max_batch_keys_bytes: 64 * 1024 * 1024,
             max_uploads: 1024,
         }

@@ -434,13 +434,17 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        // A client that stops reading an answer, with the socket's buffers
+        // full, is let go after the send timeout, as nginx's send_timeout.
+        let mut stream = tokio_io_timeout::TimeoutWriter::new(stream);
+        stream.set_timeout(Some(app.limits.send_timeout));
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(peer);
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });
-        let conn = graceful.watch(http1.serve_connection(TokioIo::new(stream), service));
+        let conn = graceful.watch(http1.serve_connection(TokioIo::new(Box::pin(stream)), service));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "connection ended: {e}");

@@ -452,7 +452,7 @@ impl Store {
             }
             copy.set_locators(&moved).await?;
         }
-        engine::write_engine_marker(dir, kind)
+        engine::write_engine_marker(dir, &engine::marker(kind, &config))
             .map_err(|e| StoreError::Internal(format!("writing the engine marker: {e}")))?;
         Ok(report)
     }

@@ -339,9 +339,15 @@ impl Store {
     }
 
     /// Checks a key against the rules of [`names::check_key`] and this
-    /// store's length limit.
+    /// store's length limit: for keys being written.
     pub fn check_key(&self, key: &str) -> Result<()> {
         names::check_key(key, self.config.max_key_bytes).map_err(StoreError::InvalidKey)
+    }
+
+    /// Checks a key that is read or deleted: the length limit is left
+    /// out, so keys stored under a higher limit stay reachable.
+    pub fn check_stored_key(&self, key: &str) -> Result<()> {
+        names::check_key(key, usize::MAX).map_err(StoreError::InvalidKey)
     }
 
     /// The data directory the store was opened from, if any.
@@ -449,7 +455,9 @@ impl Store {
         let about = NewMetadata { content_type: opts.content_type, metadata: opts.metadata, headers: opts.headers };
         let mut record = written.record(key, about);
         if let Some(modified) = opts.modified {
-            record.modified = modified;
+            // 0 means undated (a blob served by its address): the epoch
+            // itself is kept as its first millisecond.
+            record.modified = modified.max(1);
         }
         let put = ObjectPut {
             bucket: bucket.to_string(),
@@ -638,7 +646,7 @@ impl Store {
 
     /// The record of bucket/key.
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectRecord> {
-        self.check_key(key)?;
+        self.check_stored_key(key)?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.catalog.get_object(bucket, key).await?.ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
     }
@@ -714,7 +722,7 @@ impl Store {
     }
 
     pub async fn delete(&self, bucket: &str, key: &str, precondition: &Precondition) -> Result<ObjectRecord> {
-        self.check_key(key)?;
+        self.check_stored_key(key)?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
         let r = self.catalog.delete_object(bucket, key, precondition).await.map_err(Into::into);
@@ -768,13 +776,13 @@ impl Store {
     pub fn batch(&self, bucket: &str) -> Result<PutBatch<'_>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
-        Ok(PutBatch { store: self, bucket: bucket.to_string(), entries: Vec::new() })
+        Ok(PutBatch { store: self, bucket: bucket.to_string(), puts: Vec::new(), written: Vec::new() })
     }
 
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Result<Vec<bool>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         for key in keys {
-            self.check_key(key)?;
+            self.check_stored_key(key)?;
         }
         self.check_writable()?;
         let r = self.catalog.delete_objects(bucket, keys, &Precondition::default()).await.map_err(Into::into);
@@ -846,7 +854,9 @@ impl Store {
 pub struct PutBatch<'a> {
     store: &'a Store,
     bucket: String,
-    entries: Vec<(ObjectRecord, Written)>,
+    puts: Vec<ObjectPut>,
+    /// The bytes of each put, held from the collector until the commit.
+    written: Vec<Written>,
 }
 
 impl PutBatch<'_> {
@@ -859,37 +869,42 @@ impl PutBatch<'_> {
         let expected = Expected { len: Some(len), ..Expected::default() };
         // The blobs of a batch share one sync, at commit.
         let written = self.store.note(self.store.write_blob(body, expected, false).await)?;
-        let record = written.record(key, NewMetadata::default());
-        self.entries.push((record, written));
+        self.puts.push(ObjectPut {
+            bucket: self.bucket.clone(),
+            record: written.record(key, NewMetadata::default()),
+            blobs: vec![written.blob.clone()],
+            precondition: Precondition::default(),
+        });
+        self.written.push(written);
         Ok(())
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.puts.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.puts.is_empty()
     }
 
     /// Gives up every entry: nothing is recorded, and their bytes go.
     pub async fn abandon(self) {
-        for (_, written) in self.entries {
+        for written in self.written {
             self.store.forget(written).await;
         }
     }
 
-    /// Commits every entry, or none.
-    pub async fn commit(self) -> Result<Vec<ObjectRecord>> {
-        match self.record().await {
+    /// Commits every entry, or none; how many were stored.
+    pub async fn commit(mut self) -> Result<usize> {
+        let recorded = self.record().await;
+        match recorded {
             Ok(outcomes) => {
-                let (records, written): (Vec<_>, Vec<_>) = self.entries.into_iter().unzip();
-                let claims: Vec<ClaimId> = written.into_iter().filter_map(|w| w.claim).collect();
+                let claims: Vec<ClaimId> = self.written.into_iter().filter_map(|w| w.claim).collect();
                 self.store.release(&claims).await;
                 for o in &outcomes {
                     self.store.drop_redundant(&o.redundant).await;
                 }
-                Ok(records)
+                Ok(outcomes.len())
             }
             Err(e) => {
                 self.abandon().await;
@@ -898,19 +913,10 @@ impl PutBatch<'_> {
         }
     }
 
-    async fn record(&self) -> Result<Vec<crate::catalog::PutOutcome>> {
+    async fn record(&mut self) -> Result<Vec<crate::catalog::PutOutcome>> {
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
-        let puts = self
-            .entries
-            .iter()
-            .map(|(record, w)| ObjectPut {
-                bucket: self.bucket.clone(),
-                record: record.clone(),
-                blobs: vec![w.blob.clone()],
-                precondition: Precondition::default(),
-            })
-            .collect();
+        let puts = std::mem::take(&mut self.puts);
         self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))
     }
 }
@@ -1046,7 +1052,7 @@ mod tests {
         let mut batch = store.batch("files").unwrap();
         batch.add("a", 1, body(b"a")).await.unwrap();
         batch.add("b", 1, body(b"b")).await.unwrap();
-        assert_eq!(batch.commit().await.unwrap().len(), 2);
+        assert_eq!(batch.commit().await.unwrap(), 2);
         assert_eq!(read_all(&store, "files", "b").await, b"b");
         // Adding never syncs; the commit does, and fails as a whole.
         faulty.faults.syncs.set(Trigger::Always);

@@ -378,10 +378,7 @@ impl Harness {
         }
     }
 
-    async fn batch(
-        &mut self,
-        entries: &BTreeMap<String, Vec<u8>>,
-    ) -> Result<Vec<crate::catalog::ObjectRecord>, StoreError> {
+    async fn batch(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<usize, StoreError> {
         let mut batch = self.store().batch(BUCKET)?;
         for (key, bytes) in entries {
             batch.add(key, bytes.len() as u64, stream(bytes)).await?;

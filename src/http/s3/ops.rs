@@ -638,7 +638,7 @@ impl S3 for DepotS3 {
         }
         let quiet = input.delete.quiet.unwrap_or(false);
         let (valid, invalid): (Vec<_>, Vec<_>) =
-            objects.into_iter().partition(|o| self.store.check_key(&o.key).is_ok());
+            objects.into_iter().partition(|o| self.store.check_stored_key(&o.key).is_ok());
         let keys: Vec<String> = valid.into_iter().map(|o| o.key).collect();
         let mut errors: Vec<Error> = invalid
             .into_iter()
