@@ -12,6 +12,10 @@ use tokio_postgres::error::SqlState;
 
 /// Attempts of one operation before it fails.
 const ATTEMPTS: u32 = 6;
+/// Longest wait for one attempt of an operation. A server that accepts
+/// connections and never answers (a hung host, a lock held elsewhere)
+/// is then unavailable, rather than a request that waits forever.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
 const FIRST_DELAY: Duration = Duration::from_millis(50);
 const MAX_DELAY: Duration = Duration::from_secs(1);
 
@@ -84,7 +88,7 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, PgError> {
 /// password), so a wrong host or port is plain in the error.
 pub async fn reach(pool: &Pool, url: &str) -> Result<(), PgError> {
     let reached =
-        retry("connecting to PostgreSQL", || async { pool.get().await.map(drop).map_err(PgError::from) }).await;
+        retry(pool, "connecting to PostgreSQL", || async { pool.get().await.map(drop).map_err(PgError::from) }).await;
     reached.map_err(|e| {
         let place = whereabouts(url);
         match e {
@@ -115,9 +119,21 @@ fn whereabouts(url: &str) -> String {
     format!("server {hosts}, database {}", config.get_dbname().or(config.get_user()).unwrap_or("?"))
 }
 
-/// Runs `op` until it succeeds, fails for good, or has failed transiently
-/// [`ATTEMPTS`] times with exponentially growing pauses (about 2.5 s in all).
-pub async fn retry<T, F, Fut>(what: &str, mut op: F) -> Result<T, PgError>
+/// Runs `op` on connections of `pool` until it succeeds, fails for good,
+/// or has failed transiently [`ATTEMPTS`] times with exponentially growing
+/// pauses (about 2.5 s in all); an attempt with no answer within
+/// [`ANSWER_WITHIN`] fails at once.
+pub async fn retry<T, F, Fut>(pool: &Pool, what: &str, op: F) -> Result<T, PgError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, PgError>>,
+{
+    retry_within(pool, what, ANSWER_WITHIN, op).await
+}
+
+/// [`retry`], for an operation that may take up to `limit` (a scan of a
+/// whole table).
+pub async fn retry_within<T, F, Fut>(pool: &Pool, what: &str, limit: Duration, mut op: F) -> Result<T, PgError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, PgError>>,
@@ -125,7 +141,14 @@ where
     let mut delay = FIRST_DELAY;
     let mut attempt = 1;
     loop {
-        match op().await {
+        let outcome = tokio::time::timeout(limit, op()).await;
+        let Ok(outcome) = outcome else {
+            // The connection that did not answer may never answer again:
+            // the idle ones go, and the next operations connect afresh.
+            pool.retain(|_, _| false);
+            return Err(PgError::Unavailable(format!("{what}: no answer within {} s", limit.as_secs())));
+        };
+        match outcome {
             Err(e) if e.transient() && attempt < ATTEMPTS => {
                 tracing::debug!(attempt, "{what}: {e}; retrying in {delay:?}");
                 tokio::time::sleep(delay).await;

@@ -317,8 +317,9 @@ fn corrupt(e: postcard::Error) -> CatalogError {
 impl From<crate::pg::PgError> for CatalogError {
     fn from(e: crate::pg::PgError) -> Self {
         match e {
-            crate::pg::PgError::Unavailable(m) => CatalogError::Unavailable(m),
-            crate::pg::PgError::Query(m) => CatalogError::Internal(m),
+            // Named, since the engine may be another server.
+            e @ crate::pg::PgError::Unavailable(_) => CatalogError::Unavailable(format!("the catalog: {e}")),
+            e @ crate::pg::PgError::Query(_) => CatalogError::Internal(format!("the catalog: {e}")),
         }
     }
 }

@@ -52,8 +52,11 @@ use crate::pg::{self, PgError};
 /// Runs the block in a transaction (`$txn` names it), committing on
 /// success; the whole of it is retried on transient failures.
 macro_rules! in_txn {
-    ($pool:expr, $what:expr, |$txn:ident| $body:block) => {{
-        let outcome = pg::retry($what, || async {
+    ($pool:expr, $what:expr, |$txn:ident| $body:block) => {
+        in_txn!($pool, $what, within pg::ANSWER_WITHIN, |$txn| $body)
+    };
+    ($pool:expr, $what:expr, within $limit:expr, |$txn:ident| $body:block) => {{
+        let outcome = pg::retry_within(&$pool, $what, $limit, || async {
             let mut client = $pool.get().await?;
             let transaction = client.transaction().await?;
             let result = {
@@ -77,6 +80,9 @@ macro_rules! in_txn {
 const STATS_SHARDS: i32 = 16;
 /// Connections per node.
 const POOL_SIZE: usize = 16;
+/// Longest wait for a transaction over whole tables (schema changes,
+/// maintenance), where others answer within [`pg::ANSWER_WITHIN`].
+const SCAN_WITHIN: Duration = Duration::from_secs(600);
 
 const MIGRATION: &str = r#"
 CREATE TABLE IF NOT EXISTS depot_catalog_buckets (
@@ -153,7 +159,7 @@ impl PostgresCatalog {
         let pool = pg::pool(url, POOL_SIZE)?;
         pg::reach(&pool, url).await?;
         let catalog = PostgresCatalog { pool };
-        in_txn!(catalog.pool, "migrating the catalog schema", |txn| {
+        in_txn!(catalog.pool, "migrating the catalog schema", within SCAN_WITHIN, |txn| {
             txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
             txn.batch_execute(MIGRATION).await?;
             Ok(())
@@ -655,7 +661,7 @@ impl Catalog for PostgresCatalog {
     async fn list_blobs(&self, after: Option<Digest>, limit: usize) -> Result<Vec<BlobRecord>> {
         let after = after.map(|d| d.0.to_vec()).unwrap_or_default();
         let after = &after;
-        in_txn!(self.pool, "listing blobs", |txn| {
+        in_txn!(self.pool, "listing blobs", within SCAN_WITHIN, |txn| {
             let rows = txn
                 .query(
                     "SELECT * FROM depot_catalog_blobs WHERE digest > $1 ORDER BY digest LIMIT $2",
@@ -670,7 +676,7 @@ impl Catalog for PostgresCatalog {
         let digests: Vec<&[u8]> = moved.iter().map(|(d, _)| &d.0[..]).collect();
         let locators: Vec<&[u8]> = moved.iter().map(|(_, l)| &l[..]).collect();
         let (digests, locators) = (&digests, &locators);
-        in_txn!(self.pool, "moving blobs", |txn| {
+        in_txn!(self.pool, "moving blobs", within SCAN_WITHIN, |txn| {
             txn.execute(
                 "UPDATE depot_catalog_blobs AS b SET locator = m.locator
                      FROM unnest($1::bytea[], $2::bytea[]) AS m(digest, locator) WHERE b.digest = m.digest",
@@ -685,7 +691,7 @@ impl Catalog for PostgresCatalog {
         let digests: Vec<&[u8]> = counted.iter().map(|(d, _)| &d.0[..]).collect();
         let refs: Vec<i64> = counted.iter().map(|(_, n)| to_i64(*n)).collect();
         let (digests, refs, now) = (&digests, &refs, to_i64(now_millis()));
-        in_txn!(self.pool, "setting reference counts", |txn| {
+        in_txn!(self.pool, "setting reference counts", within SCAN_WITHIN, |txn| {
             txn.execute(
                 "UPDATE depot_catalog_blobs AS b SET refs = c.refs,
                      unreferenced_since = CASE WHEN c.refs = 0 THEN COALESCE(b.unreferenced_since, $3) END
@@ -698,7 +704,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn set_stats(&self, stats: CatalogStats) -> Result<()> {
-        in_txn!(self.pool, "setting totals", |txn| {
+        in_txn!(self.pool, "setting totals", within SCAN_WITHIN, |txn| {
             txn.execute(
                 "UPDATE depot_catalog_stats SET objects = 0, logical_bytes = 0, blobs = 0, blob_bytes = 0",
                 &[],

@@ -242,8 +242,15 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         for problem in &report.problems {
             println!("{problem}");
         }
+        // Engines that keep a blob under its digest take a new upload's
+        // bytes in place of damaged ones; the others keep the first copy of
+        // a content until it is collected.
+        let remedy = match settings.engine {
+            EngineKind::Fs | EngineKind::Hybrid => "upload it again",
+            _ => "delete every key listed, run `depot gc --gc-grace 0`, then upload them again",
+        };
         for (bucket, key) in &report.damaged_objects {
-            println!("lost or damaged: {bucket}/{key} (upload it again)");
+            println!("lost or damaged: {bucket}/{key} ({remedy})");
         }
         for b in &report.leftovers {
             println!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size);
@@ -274,7 +281,7 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             }
             n => bail!(
                 "{n} problem(s); {} object(s) lost or damaged bytes, which only uploading them again restores \
-                 (`--repair` fixes counts and totals, not bytes)",
+                 (`--repair` fixes counts and totals, not bytes; see above how)",
                 report.damaged_objects.len()
             ),
         }

@@ -120,6 +120,9 @@ struct Inner {
     chunks: Collection<Document>,
     bucket: String,
     chunk: usize,
+    /// Age at which chunks without a files document are taken for
+    /// abandoned.
+    orphan_age: Duration,
     /// Chunks and chunk bytes that reads received from the server.
     fetched_chunks: AtomicU64,
     fetched_bytes: AtomicU64,
@@ -240,6 +243,7 @@ impl GridfsEngine {
                 chunks,
                 bucket: bucket.to_string(),
                 chunk: chunk_size,
+                orphan_age,
                 fetched_chunks: AtomicU64::new(0),
                 fetched_bytes: AtomicU64::new(0),
             }),
@@ -247,10 +251,7 @@ impl GridfsEngine {
         let inner = &engine.inner;
         ensure_index(&inner.files, doc! { "filename": 1, "uploadDate": 1 }, false).await?;
         ensure_index(&inner.chunks, doc! { "files_id": 1, "n": 1 }, true).await?;
-        let removed = inner.remove_orphans(orphan_age).await?;
-        if removed > 0 {
-            tracing::info!("{NAME} engine: removed the chunks of {removed} abandoned uploads");
-        }
+        engine.remove_abandoned().await?;
         Ok(engine)
     }
 
@@ -595,6 +596,14 @@ impl ChunkReader {
 impl BlobEngine for GridfsEngine {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    async fn remove_abandoned(&self) -> Result<()> {
+        let removed = self.inner.remove_orphans(self.inner.orphan_age).await?;
+        if removed > 0 {
+            tracing::info!("{NAME} engine: removed the chunks of {removed} abandoned uploads");
+        }
+        Ok(())
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {

@@ -232,6 +232,14 @@ pub trait BlobEngine: Send + Sync + 'static {
     /// collection and verification, never on a request path.
     async fn list(&self) -> Result<Vec<BlobInfo>>;
 
+    /// Removes what writers that crashed, or lost the engine's server for
+    /// good, left staged: parts of blobs never finished, older than the
+    /// engine's cleanup age. Run when the engine opens, and by the
+    /// collector.
+    async fn remove_abandoned(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Bytes the engine occupies on its storage, when it can tell.
     async fn disk_usage(&self) -> Result<Option<u64>> {
         Ok(None)

@@ -84,6 +84,8 @@ pub const DEFAULT_CHUNK: usize = 1024 * 1024;
 const CHUNK_LIMITS: std::ops::RangeInclusive<usize> = 1024..=256 * 1024 * 1024;
 /// Connections per engine (per depot node).
 const POOL_SIZE: usize = 16;
+/// Longest wait for a scan of a whole table (listing blobs, measuring).
+const LISTING_WITHIN: Duration = Duration::from_secs(600);
 /// Age after which a pending write is taken for abandoned by a crash.
 pub const STALE_AFTER: &str = "1 hour";
 /// How often a writer refreshes the age of its pending row; far below
@@ -163,13 +165,13 @@ impl PostgresEngine {
         pg::reach(&pool, url).await.map_err(pg_err)?;
         let engine = PostgresEngine { inner: Arc::new(Inner { pool, chunk }) };
         engine.migrate().await?;
-        engine.remove_stale().await?;
+        engine.remove_abandoned().await?;
         Ok(engine)
     }
 
     async fn migrate(&self) -> Result<()> {
         let pool = &self.inner.pool;
-        pg::retry("creating the engine's tables", || async move {
+        pg::retry(pool, "creating the engine's tables", || async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await?;
@@ -202,9 +204,9 @@ impl PostgresEngine {
 
     /// Deletes the chunks of writes pending for longer than [`STALE_AFTER`]:
     /// their writer crashed, or lost its connection for good.
-    async fn remove_stale(&self) -> Result<()> {
+    async fn remove_stale_writes(&self) -> Result<()> {
         let pool = &self.inner.pool;
-        let removed = pg::retry("removing abandoned uploads", || async move {
+        let removed = pg::retry(pool, "removing abandoned uploads", || async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
             let sql =
@@ -232,7 +234,7 @@ impl Inner {
     async fn head(&self, digest: &Digest) -> Result<Option<(i64, u64, u64)>> {
         let pool = &self.pool;
         let key = &digest.0[..];
-        pg::retry("looking up a blob", || async move {
+        pg::retry(pool, "looking up a blob", || async move {
             let client = pool.get().await?;
             let stmt =
                 client.prepare_cached("SELECT id, size, chunk_size FROM depot_engine_blobs WHERE digest = $1").await?;
@@ -254,7 +256,7 @@ impl Inner {
         let pool = &self.pool;
         // substring counts from 1; chunks are at most CHUNK_LIMITS.end().
         let (start, count) = (from as i32 + 1, len as i32);
-        let row = pg::retry("reading a chunk", || async move {
+        let row = pg::retry(pool, "reading a chunk", || async move {
             let client = pool.get().await?;
             let row = if whole {
                 // substring of a whole multi-MiB value measured much slower.
@@ -285,7 +287,7 @@ impl Inner {
     /// Removes what an unfinished writer staged under `id`.
     async fn discard(&self, id: i64) -> Result<()> {
         let pool = &self.pool;
-        pg::retry("removing an abandoned upload", || async move {
+        pg::retry(pool, "removing an abandoned upload", || async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
             // The pending row first: this waits for a chunk insert still
@@ -333,7 +335,7 @@ impl PgWriter {
         let pool = &self.inner.pool;
         let n = self.stored;
         let data = &data[..];
-        let inserted = pg::retry("writing a chunk", || async move {
+        let inserted = pg::retry(pool, "writing a chunk", || async move {
             let client = pool.get().await?;
             // Only while the pending row exists, and holding it against
             // cleanup until this insert commits. Upsert: a retry after a
@@ -359,7 +361,7 @@ impl PgWriter {
     /// A fresh id, marked pending from now on.
     async fn begin(&mut self) -> Result<i64> {
         let pool = &self.inner.pool;
-        let id = pg::retry("starting an upload", || async move {
+        let id = pg::retry(pool, "starting an upload", || async move {
             let client = pool.get().await?;
             let stmt = client
                 .prepare_cached(
@@ -377,7 +379,7 @@ impl PgWriter {
     /// Keeps a long upload from looking abandoned.
     async fn touch(&mut self, id: i64) -> Result<()> {
         let pool = &self.inner.pool;
-        let n = pg::retry("refreshing an upload", || async move {
+        let n = pg::retry(pool, "refreshing an upload", || async move {
             let client = pool.get().await?;
             Ok(client.execute("UPDATE depot_engine_pending SET since = now() WHERE id = $1", &[&id]).await?)
         })
@@ -399,7 +401,7 @@ impl PgWriter {
         let (data, has_data) = (&data[..], !data.is_empty());
         // Repeating it after a lost reply is harmless: the digest is then
         // stored and only `modified` changes.
-        let size = pg::retry("storing a blob", || async move {
+        let size = pg::retry(pool, "storing a blob", || async move {
             let client = pool.get().await?;
             let stmt = client
                 .prepare_cached(
@@ -427,7 +429,7 @@ impl PgWriter {
     async fn finish_chunked(&self, digest: &Digest, id: i64) -> Result<u64> {
         let pool = &self.inner.pool;
         let (key, size, chunk, stored) = (&digest.0[..], self.size as i64, self.inner.chunk as i32, self.stored as i64);
-        let finished = pg::retry("finishing a blob", || async move {
+        let finished = pg::retry(pool, "finishing a blob", || async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
             if tx.execute("DELETE FROM depot_engine_pending WHERE id = $1", &[&id]).await? == 0 {
@@ -537,6 +539,10 @@ impl BlobEngine for PostgresEngine {
         NAME
     }
 
+    async fn remove_abandoned(&self) -> Result<()> {
+        self.remove_stale_writes().await
+    }
+
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
         Ok(Box::new(PgWriter {
             inner: self.inner.clone(),
@@ -589,7 +595,7 @@ impl BlobEngine for PostgresEngine {
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
         let pool = &self.inner.pool;
         let key = &blob.digest.0[..];
-        pg::retry("deleting a blob", || async move {
+        pg::retry(pool, "deleting a blob", || async move {
             let client = pool.get().await?;
             let stmt = client
                 .prepare_cached(
@@ -610,7 +616,7 @@ impl BlobEngine for PostgresEngine {
 
     async fn list(&self) -> Result<Vec<BlobInfo>> {
         let pool = &self.inner.pool;
-        let rows = pg::retry("listing blobs", || async move {
+        let rows = pg::retry_within(pool, "listing blobs", LISTING_WITHIN, || async move {
             let client = pool.get().await?;
             Ok(client.query("SELECT digest, size, modified FROM depot_engine_blobs", &[]).await?)
         })
@@ -629,7 +635,7 @@ impl BlobEngine for PostgresEngine {
 
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let pool = &self.inner.pool;
-        let bytes = pg::retry("measuring the tables", || async move {
+        let bytes = pg::retry_within(pool, "measuring the tables", LISTING_WITHIN, || async move {
             let client = pool.get().await?;
             let row = client
                 .query_one(
@@ -793,6 +799,52 @@ mod tests {
         let id = count(&engine, "SELECT id FROM depot_engine_blobs").await;
         engine.inner.discard(id).await.unwrap();
         assert!(engine.read_to_vec(&blob, ByteRange::full(200_000)).await.unwrap() == data);
+    }
+
+    /// A request the server holds without answering (here: behind a lock
+    /// taken elsewhere; a hung host looks the same) fails as unavailable
+    /// after [`pg::ANSWER_WITHIN`] rather than waiting forever, and the
+    /// engine answers again once the server does.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_operation_the_server_never_answers_fails_as_unavailable() {
+        let (engine, url) = engine(64 * 1024).await;
+        let blob = engine.put_bytes(conformance::pattern(1000, 7)).await.unwrap();
+        let (locker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        locker.batch_execute("BEGIN; LOCK TABLE depot_engine_blobs IN ACCESS EXCLUSIVE MODE").await.unwrap();
+        let started = Instant::now();
+        let e = engine.stat(&blob).await.unwrap_err();
+        let waited = started.elapsed();
+        assert!(matches!(e, EngineError::Unavailable(_)) && e.to_string().contains("no answer"), "{e}");
+        assert!(waited >= pg::ANSWER_WITHIN && waited < pg::ANSWER_WITHIN + Duration::from_secs(5), "{waited:?}");
+        locker.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(engine.stat(&blob).await.unwrap(), Some(1000));
+    }
+
+    /// A write whose cleanup never reached the server (it was down) is
+    /// not left for the next start: the collector's next pass removes its
+    /// chunks once they are older than the cleanup age.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_collector_removes_the_chunks_of_writes_abandoned_long_ago() {
+        use crate::catalog::rocks::RocksCatalog;
+        use crate::store::{Store, StoreConfig};
+        let (engine, _) = engine(64 * 1024).await;
+        let mut lost = engine.writer(None).await.unwrap();
+        lost.write(conformance::pattern(300_000, 5)).await.unwrap();
+        let id = writer_id(&engine).await;
+        // Its writer lost the server for good: it never cleans up.
+        std::mem::forget(lost);
+        let client = engine.inner.pool.get().await.unwrap();
+        let backdate = "UPDATE depot_engine_pending SET since = now() - interval '2 hours' WHERE id = $1";
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let store = Store::open(catalog, Arc::new(engine.clone()), StoreConfig::default()).await.unwrap();
+        store.gc().await.unwrap();
+        assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_chunks").await, 4, "a young write is kept");
+        client.execute(backdate, &[&id]).await.unwrap();
+        store.gc().await.unwrap();
+        assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_chunks").await, 0);
+        assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_pending").await, 0);
     }
 
     async fn writer_id(engine: &PostgresEngine) -> i64 {

@@ -125,6 +125,8 @@ struct Inner {
     /// For the requests `object_store` does not make (the self-copy).
     http: reqwest::Client,
     part_size: usize,
+    /// Age at which a staged upload is taken for abandoned.
+    stale_after: Duration,
 }
 
 impl std::fmt::Debug for S3Engine {
@@ -297,7 +299,8 @@ impl S3Engine {
             .build()
             .map_err(|e| EngineError::other(NAME, e))?;
         let bucket_url = format!("{}/{bucket}", endpoint.trim_end_matches('/'));
-        let inner = Inner { store, bucket, region, bucket_url, http, part_size: tuning.part_size };
+        let (part_size, stale_after) = (tuning.part_size, tuning.stale_after);
+        let inner = Inner { store, bucket, region, bucket_url, http, part_size, stale_after };
         Ok(S3Engine { inner: Arc::new(inner) })
     }
 
@@ -544,6 +547,10 @@ impl Drop for S3Writer {
 impl BlobEngine for S3Engine {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    async fn remove_abandoned(&self) -> Result<()> {
+        self.remove_stale(self.inner.stale_after).await
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {

@@ -811,6 +811,9 @@ impl Store {
     pub async fn gc(&self) -> Result<GcReport> {
         self.check_writable()?;
         let _maintenance = self.maintenance.lock().await;
+        // Staged parts of writes that died with their server connection
+        // (their cleanup could not reach it) go once they are old enough.
+        self.engine.remove_abandoned().await?;
         let mut report = GcReport::default();
         // Expired uploads first: the blobs they release join the dead ones.
         let expiry = to_millis(std::time::UNIX_EPOCH + self.config.upload_expiry);
