@@ -163,6 +163,8 @@ pub struct Settings {
     pub scratch: PathBuf,
     /// The bucket the s3 engine needs, made before the first experiment.
     s3_bucket: Option<(String, S3Config)>,
+    /// The gridfs engine's database, made by its first write.
+    gridfs_url: Option<String>,
 }
 
 impl Settings {
@@ -181,7 +183,7 @@ impl Settings {
             bail!("--engines names no engine; engines: {}", EngineKind::ALL.map(EngineKind::name).join(", "));
         }
         let mut engines = Vec::new();
-        let mut s3_bucket = None;
+        let (mut s3_bucket, mut gridfs_url) = (None, None);
         let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for name in names {
             let kind: EngineKind = name.parse().map_err(anyhow::Error::msg)?;
@@ -189,11 +191,13 @@ impl Settings {
                 EngineKind::Postgres => {
                     args.postgres_url.clone().ok_or_else(|| "no PostgreSQL given (--postgres-url)".to_string())
                 }
-                EngineKind::Gridfs => args
-                    .mongo_url
-                    .as_deref()
-                    .map(|u| crate::engine::gridfs::with_database(u, &format!("depot_bench_{run_id}")))
-                    .ok_or_else(|| "no MongoDB given (--mongo-url)".to_string()),
+                EngineKind::Gridfs => {
+                    gridfs_url = args
+                        .mongo_url
+                        .as_deref()
+                        .map(|u| crate::engine::gridfs::with_database(u, &format!("depot_bench_{run_id}")));
+                    gridfs_url.clone().ok_or_else(|| "no MongoDB given (--mongo-url)".to_string())
+                }
                 EngineKind::S3 => args.s3_url.clone().ok_or_else(|| "no S3 server given (--s3-url)".to_string()),
                 _ => Ok(String::new()),
             };
@@ -229,6 +233,7 @@ impl Settings {
             engines_named: args.engines.is_some(),
             scratch: PathBuf::new(),
             s3_bucket,
+            gridfs_url,
         })
     }
 }
@@ -238,8 +243,7 @@ impl Settings {
 /// (The postgres engine's tables are in the database given, and its
 /// blobs were collected after each experiment.)
 async fn remove_remote_scratch(settings: &Settings) {
-    for engine in settings.engines.iter().filter(|e| e.name == "gridfs") {
-        let Some(url) = engine.serve_flags.as_ref().ok().and_then(|f| f.last()) else { continue };
+    if let Some(url) = &settings.gridfs_url {
         let dropped = async {
             let client = mongodb::Client::with_uri_str(url).await?;
             match client.default_database() {
@@ -536,7 +540,6 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
 /// The servers the bench has started and not stopped yet, so that an
 /// interrupted bench stops them rather than leave them running.
 pub(crate) mod running {
-    use std::path::Path;
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
@@ -552,23 +555,29 @@ pub(crate) mod running {
         PIDS.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != pid);
     }
 
+    /// Asks a process to stop (SIGTERM).
+    pub(crate) fn terminate(pid: u32) {
+        if let Some(pid) = Pid::from_raw(pid as i32) {
+            let _ = kill_process(pid, Signal::TERM);
+        }
+    }
+
     /// Waits for SIGINT or SIGTERM; then asks every server still running
     /// to stop (nginx's master stops its workers), waits up to five seconds
     /// for them, removes `scratch` and exits.
     pub(crate) async fn stop_all_on_signal(scratch: std::path::PathBuf) {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+        let (Ok(mut interrupt), Ok(mut termination)) =
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
         else {
             return;
         };
         let code = tokio::select! {
             _ = interrupt.recv() => 130,
-            _ = terminate.recv() => 143,
+            _ = termination.recv() => 143,
         };
         let pids = std::mem::take(&mut *PIDS.lock().unwrap_or_else(|p| p.into_inner()));
-        for pid in pids.iter().filter_map(|p| Pid::from_raw(*p as i32)) {
-            let _ = kill_process(pid, Signal::TERM);
-        }
+        pids.iter().for_each(|pid| terminate(*pid));
         // A child that has exited stays a zombie until this process ends.
         let alive = |pid: &u32| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -579,7 +588,7 @@ pub(crate) mod running {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let _ = std::fs::remove_dir_all(&scratch);
-        eprintln!("\ninterrupted: the servers started are stopped and {} is removed", Path::new(&scratch).display());
+        eprintln!("\ninterrupted: the servers started are stopped and {} is removed", scratch.display());
         std::process::exit(code);
     }
 }

@@ -128,7 +128,7 @@ impl Drop for Nginx {
     fn drop(&mut self) {
         // SIGKILL to the master leaves its workers behind; ask for a fast
         // shutdown (SIGTERM) through nginx itself, then make sure.
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        super::running::terminate(self.child.id());
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
             std::thread::sleep(Duration::from_millis(20));

@@ -37,23 +37,24 @@ fn read_engine_marker(data: &Path) -> anyhow::Result<Option<String>> {
 /// store that holds nothing may be opened with any engine (a first start
 /// that failed leaves such a store): its marker is then rewritten.
 async fn check_engine_marker(data: &Path, found: &str, wanted: &str, catalog: &dyn Catalog) -> anyhow::Result<()> {
-    let write = || {
-        let path = data.join(ENGINE_MARKER);
-        engine::write_engine_marker(data, wanted).with_context(|| format!("writing {}", path.display()))
-    };
     if found == wanted {
         return Ok(());
     }
     let Some(why) = engine::marker_mismatch(data, found, wanted) else {
         // The same engine, and a marker from before places were kept.
-        return write();
+        return write_engine_marker(data, wanted);
     };
     let stats = catalog.stats().await?;
     if stats.objects > 0 || stats.blobs > 0 {
         bail!(why);
     }
     tracing::info!("{} held an empty store; it now keeps its bytes as this start says", data.display());
-    write()
+    write_engine_marker(data, wanted)
+}
+
+fn write_engine_marker(data: &Path, marker: &str) -> anyhow::Result<()> {
+    let path = data.join(ENGINE_MARKER);
+    engine::write_engine_marker(data, marker).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Opens the catalog the settings name.
@@ -78,8 +79,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let wanted = engine::marker(settings.engine, &settings.engine_config);
     let found = read_engine_marker(data)?;
     if found.is_none() {
-        engine::write_engine_marker(data, &wanted)
-            .with_context(|| format!("writing {}", data.join(ENGINE_MARKER).display()))?;
+        write_engine_marker(data, &wanted)?;
     }
     let catalog = open_catalog(settings).await?;
     if let Some(found) = found {

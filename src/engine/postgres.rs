@@ -201,32 +201,6 @@ impl PostgresEngine {
         .await
         .map_err(pg_err)
     }
-
-    /// Deletes the chunks of writes pending for longer than [`STALE_AFTER`]:
-    /// their writer crashed, or lost its connection for good.
-    async fn remove_stale_writes(&self) -> Result<()> {
-        let pool = &self.inner.pool;
-        let removed = pg::retry(pool, "removing abandoned uploads", || async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            let sql =
-                format!("DELETE FROM depot_engine_pending WHERE since < now() - interval '{STALE_AFTER}' RETURNING id");
-            let ids = tx.query(&sql, &[]).await?.iter().map(|r| col::<i64>(r, 0)).collect::<Result<Vec<_>, _>>()?;
-            if !ids.is_empty() {
-                // A separate statement: it sees chunks that inserts waiting
-                // on the pending rows' locks committed meanwhile.
-                tx.execute("DELETE FROM depot_engine_chunks WHERE id = ANY($1)", &[&ids]).await?;
-            }
-            tx.commit().await?;
-            Ok(ids.len())
-        })
-        .await
-        .map_err(pg_err)?;
-        if removed > 0 {
-            tracing::info!("{NAME} engine: removed the chunks of {removed} abandoned uploads");
-        }
-        Ok(())
-    }
 }
 
 impl Inner {
@@ -539,8 +513,30 @@ impl BlobEngine for PostgresEngine {
         NAME
     }
 
+    /// Deletes the chunks of writes pending for longer than [`STALE_AFTER`]:
+    /// their writer crashed, or lost its connection for good.
     async fn remove_abandoned(&self) -> Result<()> {
-        self.remove_stale_writes().await
+        let pool = &self.inner.pool;
+        let removed = pg::retry(pool, "removing abandoned uploads", || async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            let sql =
+                format!("DELETE FROM depot_engine_pending WHERE since < now() - interval '{STALE_AFTER}' RETURNING id");
+            let ids = tx.query(&sql, &[]).await?.iter().map(|r| col::<i64>(r, 0)).collect::<Result<Vec<_>, _>>()?;
+            if !ids.is_empty() {
+                // A separate statement: it sees chunks that inserts waiting
+                // on the pending rows' locks committed meanwhile.
+                tx.execute("DELETE FROM depot_engine_chunks WHERE id = ANY($1)", &[&ids]).await?;
+            }
+            tx.commit().await?;
+            Ok(ids.len())
+        })
+        .await
+        .map_err(pg_err)?;
+        if removed > 0 {
+            tracing::info!("{NAME} engine: removed the chunks of {removed} abandoned uploads");
+        }
+        Ok(())
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {

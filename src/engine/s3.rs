@@ -247,7 +247,7 @@ impl S3Engine {
 
     pub async fn connect_tuned(endpoint: Option<&str>, config: &S3Config, tuning: Tuning) -> Result<S3Engine> {
         let engine = S3Engine::client(endpoint, config, tuning)?;
-        match engine.remove_stale(tuning.stale_after).await {
+        match engine.remove_abandoned().await {
             Ok(()) => {}
             Err(EngineError::Unavailable(m)) => tracing::warn!("{m}; abandoned uploads will be removed later"),
             Err(e) => return Err(e),
@@ -302,31 +302,6 @@ impl S3Engine {
         let (part_size, stale_after) = (tuning.part_size, tuning.stale_after);
         let inner = Inner { store, bucket, region, bucket_url, http, part_size, stale_after };
         Ok(S3Engine { inner: Arc::new(inner) })
-    }
-
-    /// Deletes staging objects last modified longer than `age` ago.
-    async fn remove_stale(&self, age: Duration) -> Result<()> {
-        let store = &self.inner.store;
-        let cutoff = SystemTime::now() - age;
-        let staged: Vec<_> = store.list(Some(&Path::from(STAGING))).try_collect().await.map_err(|e| match e {
-            e if e.to_string().contains("NoSuchBucket") => {
-                EngineError::other(NAME, format!("bucket {:?} does not exist", self.inner.bucket))
-            }
-            e => store_err(e, None),
-        })?;
-        let mut removed = 0;
-        for meta in staged {
-            if SystemTime::from(meta.last_modified) <= cutoff {
-                match store.delete(&meta.location).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
-                    Err(e) => return Err(store_err(e, None)),
-                }
-            }
-        }
-        if removed > 0 {
-            tracing::info!("{NAME} engine: removed {removed} abandoned staging objects");
-        }
-        Ok(())
     }
 }
 
@@ -549,8 +524,30 @@ impl BlobEngine for S3Engine {
         NAME
     }
 
+    /// Deletes staging objects last modified longer than the cleanup age
+    /// ago.
     async fn remove_abandoned(&self) -> Result<()> {
-        self.remove_stale(self.inner.stale_after).await
+        let store = &self.inner.store;
+        let cutoff = SystemTime::now() - self.inner.stale_after;
+        let staged: Vec<_> = store.list(Some(&Path::from(STAGING))).try_collect().await.map_err(|e| match e {
+            e if e.to_string().contains("NoSuchBucket") => {
+                EngineError::other(NAME, format!("bucket {:?} does not exist", self.inner.bucket))
+            }
+            e => store_err(e, None),
+        })?;
+        let mut removed = 0;
+        for meta in staged {
+            if SystemTime::from(meta.last_modified) <= cutoff {
+                match store.delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
+                    Err(e) => return Err(store_err(e, None)),
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!("{NAME} engine: removed {removed} abandoned staging objects");
+        }
+        Ok(())
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
