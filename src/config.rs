@@ -384,9 +384,14 @@ fn limits(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Limits> {
     })
 }
 
+/// Reads a settings file. A relative `data` in it is relative to the
+/// file's own directory, wherever depot is started from.
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    let mut file: FileSettings = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new(""));
+    file.data = file.data.map(|data| dir.join(data));
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -416,6 +421,19 @@ mod tests {
         assert_eq!((s.engine, s.threads, s.credentials.len()), (EngineKind::Fs, 5, 1));
         std::fs::write(&path, "engin = \"fs\"\n").unwrap();
         assert!(Settings::resolve(&args).is_err(), "unknown settings are errors, not ignored");
+    }
+
+    #[test]
+    fn a_relative_data_directory_in_the_file_is_relative_to_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        std::fs::write(&path, "data = \"store\"\n").unwrap();
+        let args = ServeArgs { config: Some(path.clone()), ..Default::default() };
+        assert_eq!(Settings::resolve(&args).unwrap().data, dir.path().join("store"));
+        std::fs::write(&path, "data = \"/srv/depot\"\n").unwrap();
+        assert_eq!(Settings::resolve(&args).unwrap().data, PathBuf::from("/srv/depot"));
+        let flag = ServeArgs { data: Some("here".into()), ..args };
+        assert_eq!(Settings::resolve(&flag).unwrap().data, PathBuf::from("here"), "flags stay as given");
     }
 
     #[test]

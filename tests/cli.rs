@@ -79,6 +79,21 @@ fn unreachable_server_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the depot server"));
 }
 
+/// A `--server` with a bucket in its path reaches a server, but what comes
+/// back is not what was asked for: the error says to check `--server`.
+#[test]
+fn a_server_address_with_a_path_is_a_clear_error() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.txt");
+    std::fs::write(&file, "a").unwrap();
+    ok(&depot(&server, &["put", file.to_str().unwrap(), "files/a.txt"], dir.path()));
+    let out = Command::new(BIN).args(["ls", "--server", &format!("{}/files", server.url)]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("did not answer with a list of buckets: is --server"), "{stderr}");
+}
+
 /// Keys are keys: `a/../b` is not `b`, though URL libraries would make it
 /// so; a folder is not a file; a pipe is uploaded whole.
 #[test]

@@ -254,6 +254,12 @@ fn maintenance_of_a_directory_without_a_store_is_refused() {
         assert!(text(&out).contains("holds no depot store"), "{args:?}: {}", text(&out));
         assert!(!missing.exists(), "{args:?} created the directory");
     }
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "kept").unwrap();
+    let out = depot(&["serve", "--listen", "127.0.0.1:0", "--data", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("is a file: it must name a directory"), "{}", text(&out));
+    assert_eq!(std::fs::read(&file).unwrap(), b"kept");
 }
 
 /// Writers that lose a race for `If-None-Match: *` leave no bytes behind:

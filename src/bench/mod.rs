@@ -408,6 +408,15 @@ const LOG_LINES_KEPT: usize = 20;
 
 type Spawned = (Child, SocketAddr, Arc<Mutex<Vec<String>>>);
 
+/// Settings that may carry a password (the engine's URL, the S3 keys):
+/// given to the servers in their environment, since every user of the
+/// machine can read a process's flags.
+const SECRET_FLAGS: [(&str, &str); 3] = [
+    ("--engine-url", "DEPOT_ENGINE_URL"),
+    ("--s3-access-key", "DEPOT_S3_ACCESS_KEY"),
+    ("--s3-secret-key", "DEPOT_S3_SECRET_KEY"),
+];
+
 /// This executable, with `args` and `--data DIR`, and none of the
 /// caller's `DEPOT_*` settings.
 fn depot_command(args: &[String], data: &Path) -> Command {
@@ -415,12 +424,23 @@ fn depot_command(args: &[String], data: &Path) -> Command {
     // the kernel still has the running one.
     let exe = std::env::current_exe().ok().filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
     let mut cmd = Command::new(exe);
-    cmd.args(args).arg("--data").arg(data);
     for (k, _) in std::env::vars() {
         if k.starts_with("DEPOT_") {
             cmd.env_remove(k);
         }
     }
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match SECRET_FLAGS.iter().find(|(flag, _)| flag == arg) {
+            Some((_, var)) => {
+                cmd.env(var, args.next().map_or("", String::as_str));
+            }
+            None => {
+                cmd.arg(arg);
+            }
+        }
+    }
+    cmd.arg("--data").arg(data);
     cmd
 }
 
@@ -735,5 +755,16 @@ mod tests {
             assert!(e.contains("engine"), "{e}");
             assert!(!report.exists(), "the report's directory was made for --engines {engines:?}");
         }
+    }
+
+    #[test]
+    fn secrets_reach_the_servers_in_their_environment_not_their_flags() {
+        let flags = ["serve", "--engine", "s3", "--engine-url", "http://k:pw@host", "--s3-secret-key", "s3cret"];
+        let cmd = depot_command(&flags.map(String::from), Path::new("/d"));
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(args, ["serve", "--engine", "s3", "--data", "/d"]);
+        let env: Vec<_> = cmd.get_envs().filter_map(|(k, v)| Some((k.to_str()?, v?.to_str()?))).collect();
+        assert!(env.contains(&("DEPOT_ENGINE_URL", "http://k:pw@host")), "{env:?}");
+        assert!(env.contains(&("DEPOT_S3_SECRET_KEY", "s3cret")), "{env:?}");
     }
 }

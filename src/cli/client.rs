@@ -67,6 +67,19 @@ impl Client {
         }
     }
 
+    /// Reads a JSON answer. One that is not what a depot server sends
+    /// most likely means `--server` names something else (or a path).
+    pub(crate) async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        resp: reqwest::Response,
+        what: &str,
+    ) -> anyhow::Result<T> {
+        let url = resp.url().clone();
+        resp.json().await.with_context(|| {
+            format!("{url} did not answer with {what}: is --server {} the address of a depot server?", self.base)
+        })
+    }
+
     pub(crate) async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
         let resp = req.send().await.with_context(|| format!("cannot reach the depot server at {}", self.base))?;
         if resp.status().is_success() {
@@ -202,7 +215,7 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
     }
     let resp = client.send(req.body(reqwest::Body::wrap_stream(stream))).await;
     progress.finish_and_clear();
-    let body: serde_json::Value = resp?.json().await?;
+    let body: serde_json::Value = client.json(resp?, "an upload's record").await?;
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
     let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
     say(format_args!("{bucket}/{key}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
@@ -327,7 +340,7 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
         let Some(target) = target else {
             let req =
                 client.request(reqwest::Method::GET, &format!("{}/", client.base)).header("accept", "application/json");
-            let list: Buckets = client.send(req).await?.json().await?;
+            let list: Buckets = client.json(client.send(req).await?, "a list of buckets").await?;
             for b in list.buckets {
                 say(format_args!("{:<24}  {}/", b.created, b.name))?;
             }
@@ -364,7 +377,7 @@ async fn list(client: &Client, bucket: &str, folder: &str, start: &str) -> anyho
             url.push_str(&format!("?{}", query.join("&")));
         }
         let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
-        let page: Listing = client.send(req).await?.json().await?;
+        let page: Listing = client.json(client.send(req).await?, "a listing").await?;
         for d in &page.dirs {
             say(format_args!("{:>10}  {:<24}  {}", "-", "", printable(d)))?;
         }

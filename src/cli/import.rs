@@ -431,7 +431,7 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
     if let Some(m) = modified {
         req = req.header("x-depot-modified", m);
     }
-    let put: serde_json::Value = client.send(req).await?.json().await?;
+    let put: serde_json::Value = client.json(client.send(req).await?, "an upload's record").await?;
     Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
 }
 

@@ -47,8 +47,9 @@ pub enum Command {
     Verify {
         #[command(flatten)]
         serve: ServeArgs,
-        /// Set wrong counts right and remove orphaned bytes and unreferenced
-        /// blobs.
+        /// Set wrong counts right, remove orphaned bytes and unreferenced
+        /// blobs, and remove damaged bytes, so that uploading the objects
+        /// listed stores them afresh.
         #[arg(long)]
         repair: bool,
     },

@@ -75,6 +75,9 @@ pub(crate) async fn open_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn 
 /// Opens the store in a data directory as the settings describe.
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let data = &settings.data;
+    if data.exists() && !data.is_dir() {
+        bail!("--data {} is a file: it must name a directory (it is made if missing)", data.display());
+    }
     std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
     let wanted = engine::marker(settings.engine, &settings.engine_config);
     let found = read_engine_marker(data)?;
@@ -244,10 +247,11 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         }
         // Engines that keep a blob under its digest take a new upload's
         // bytes in place of damaged ones; the others keep the first copy of
-        // a content until it is collected.
+        // a content, until `--repair` removes the damaged bytes.
         let remedy = match settings.engine {
             EngineKind::Fs | EngineKind::Hybrid => "upload it again",
-            _ => "delete every key listed, run `depot gc --gc-grace 0`, then upload them again",
+            _ if repair => "its damaged bytes are removed: upload it again",
+            _ => "run `depot verify --repair`, which removes damaged bytes, then upload it again",
         };
         for (bucket, key) in &report.damaged_objects {
             println!("lost or damaged: {bucket}/{key} ({remedy})");
@@ -266,7 +270,10 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             report.leftovers.len(),
             indicatif::HumanBytes(leftover_bytes),
             if repair {
-                format!("; removed {} leftover and unreferenced blob(s)", report.removed)
+                format!(
+                    "; removed {} leftover and unreferenced blob(s) and the damaged bytes of {} blob(s)",
+                    report.removed, report.cleared
+                )
             } else if !report.leftovers.is_empty() {
                 " (from writes a crash cut short: the collector removes them after --gc-grace, --repair now)".into()
             } else {
@@ -281,7 +288,7 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             }
             n => bail!(
                 "{n} problem(s); {} object(s) lost or damaged bytes, which only uploading them again restores \
-                 (`--repair` fixes counts and totals, not bytes; see above how)",
+                 (`--repair` fixes counts and totals and removes damaged bytes; see above how)",
                 report.damaged_objects.len()
             ),
         }

@@ -49,8 +49,11 @@
 //! Failures: a server that cannot be reached within [`CONNECT_TIMEOUT`]
 //! (server selection and TCP connect), a dropped connection, or a server
 //! shutting down or stepping down is [`EngineError::Unavailable`], which
-//! clients see as 503. Nothing is retried by the engine; on a replica set
-//! the driver retries a failed read or write once by itself.
+//! clients see as 503. On a replica set the driver retries a failed read or
+//! write once by itself; on a single server it does not, so the engine
+//! retries the inserts of an upload (chunks, then the files document) on a
+//! new connection when theirs broke: a reset connection costs a retry, not
+//! the upload.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -89,6 +92,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const READ_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Orphan candidates checked against the files collection per query.
 const ORPHAN_BATCH: usize = 1000;
+/// Attempts at each insert of an upload when its connection breaks.
+const INSERT_ATTEMPTS: u32 = 3;
+/// The pause before the first retry of an insert; it grows fourfold.
+const INSERT_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// MongoDB's error code for a duplicate key.
+const DUPLICATE_KEY: i32 = 11000;
 
 /// Server error codes that mean "not now" rather than "never": the node is
 /// shutting down, stepping down or not the primary any more, the network
@@ -149,6 +158,41 @@ fn mongo_err(e: mongodb::error::Error) -> EngineError {
         EngineError::Unavailable(format!("{NAME} engine: the server is unavailable: {e}"))
     } else {
         EngineError::other(NAME, e)
+    }
+}
+
+/// Whether the connection an operation went out on broke under it (reset,
+/// closed): the server may be well, and a new connection may do.
+fn broken_connection(e: &mongodb::error::Error) -> bool {
+    matches!(&*e.kind, ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. })
+}
+
+fn duplicate_key(e: &mongodb::error::Error) -> bool {
+    match &*e.kind {
+        ErrorKind::Write(WriteFailure::WriteError(w)) => w.code == DUPLICATE_KEY,
+        ErrorKind::Command(c) => c.code == DUPLICATE_KEY,
+        _ => false,
+    }
+}
+
+/// Inserts a document of an upload, again on a new connection when the one
+/// it went out on broke. Its `_id` is fixed, so an attempt that landed but
+/// whose answer was lost shows on the next as a duplicate key: done.
+async fn insert(coll: &Collection<Document>, doc: &Document) -> Result<()> {
+    let mut delay = INSERT_RETRY_DELAY;
+    let mut attempt = 1;
+    loop {
+        match coll.insert_one(doc).await {
+            Ok(_) => return Ok(()),
+            Err(e) if attempt > 1 && duplicate_key(&e) => return Ok(()),
+            Err(e) if attempt < INSERT_ATTEMPTS && broken_connection(&e) => {
+                tracing::debug!(attempt, "{NAME} engine: {e}; inserting again in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay *= 4;
+                attempt += 1;
+            }
+            Err(e) => return Err(mongo_err(e)),
+        }
     }
 }
 
@@ -476,7 +520,7 @@ impl GridfsWriter {
             "n": self.stored,
             "data": Binary { subtype: BinarySubtype::Generic, bytes: Vec::from(data) },
         };
-        self.inner.chunks.insert_one(chunk).await.map_err(mongo_err)?;
+        insert(&self.inner.chunks, &chunk).await?;
         self.stored = self.stored.checked_add(1).ok_or_else(|| EngineError::other(NAME, "blob has too many chunks"))?;
         Ok(())
     }
@@ -524,7 +568,7 @@ impl BlobWriter for GridfsWriter {
             "uploadDate": DateTime::now(),
             "filename": &name,
         };
-        inner.files.insert_one(file).await.map_err(mongo_err)?;
+        insert(&inner.files, &file).await?;
         self.id = None;
         let size = inner.settle(&name, id, self.size).await?;
         Ok(BlobRef { digest, size, locator: Vec::new() })
@@ -721,6 +765,7 @@ impl BlobEngine for GridfsEngine {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
     use std::time::Instant;
 
     use futures::io::{AsyncReadExt, AsyncWriteExt};
@@ -1074,6 +1119,61 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("gridfs engine") && message.contains("unavailable"), "{message}");
         assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    }
+
+    /// `url` through a TCP proxy that resets the first connection to carry
+    /// more than `cut_after` bytes to the server, once; and whether it has.
+    async fn resetting_proxy(url: &str, cut_after: usize) -> (String, Arc<AtomicBool>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let authority = url.trim_start_matches("mongodb://").split(['/', '?']).next().unwrap().to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxied = url.replacen(&authority, &listener.local_addr().unwrap().to_string(), 1);
+        let cut = Arc::new(AtomicBool::new(false));
+        let cutting = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut server = tokio::net::TcpStream::connect(&authority).await.unwrap();
+                let cut = cutting.clone();
+                tokio::spawn(async move {
+                    let (mut up, mut down) = (vec![0; 64 * 1024], vec![0; 64 * 1024]);
+                    let mut sent = 0;
+                    loop {
+                        tokio::select! {
+                            n = client.read(&mut up) => {
+                                let Ok(n @ 1..) = n else { break };
+                                sent += n;
+                                if sent > cut_after && !cut.swap(true, Ordering::SeqCst) {
+                                    // Closing with no lingering sends a reset.
+                                    client.set_zero_linger().unwrap();
+                                    server.set_zero_linger().unwrap();
+                                    break;
+                                }
+                                if server.write_all(&up[..n]).await.is_err() { break }
+                            }
+                            n = server.read(&mut down) => {
+                                let Ok(n @ 1..) = n else { break };
+                                if client.write_all(&down[..n]).await.is_err() { break }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (proxied, cut)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_upload_goes_on_after_its_connection_is_reset() {
+        let (direct, url) = engine(DEFAULT_CHUNK).await;
+        let (proxied, cut) = resetting_proxy(&url, 3 * DEFAULT_CHUNK).await;
+        let engine = GridfsEngine::connect(&proxied, DEFAULT_BUCKET, DEFAULT_CHUNK).await.unwrap();
+        let data = pattern(10 * DEFAULT_CHUNK, 22);
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        assert!(cut.load(Ordering::SeqCst), "the proxy never reset the upload's connection");
+        assert!(engine.read_to_vec(&blob, ByteRange::full(blob.size)).await.unwrap() == data);
+        // One chunk per piece, none twice.
+        assert_eq!(count(&direct.inner.chunks, doc! {}).await, 10);
+        done(direct).await;
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -49,7 +49,8 @@ pub enum Problem {
 
 impl Problem {
     /// Whether `--repair` fixes it. Lost or damaged bytes cannot be
-    /// recreated: those objects need their data uploaded again.
+    /// recreated: those objects need their data uploaded again (`--repair`
+    /// removes damaged bytes, so that the upload stores them afresh).
     pub fn repairable(&self) -> bool {
         matches!(self, Problem::WrongRefs { .. } | Problem::WrongTotals { .. })
     }
@@ -94,6 +95,11 @@ pub struct VerifyReport {
     pub leftovers: Vec<BlobInfo>,
     /// Leftovers and unreferenced blobs `repair` removed.
     pub removed: u64,
+    /// Blobs whose damaged bytes `repair` removed from the engine: an
+    /// engine that keeps the first copy of a content would otherwise keep
+    /// them through every upload of that content. Their objects still need
+    /// uploading again.
+    pub cleared: u64,
     /// Objects (bucket, key) whose bytes are lost or damaged: they need
     /// uploading again.
     pub damaged_objects: Vec<(String, String)>,
@@ -148,6 +154,8 @@ struct Scan {
     wrong_refs: Vec<(Digest, u64)>,
     /// Blob records nothing refers to.
     unreferenced: Vec<BlobRecord>,
+    /// Blobs whose bytes are there but damaged.
+    damaged: Vec<BlobRef>,
 }
 
 /// What a backup copied.
@@ -252,18 +260,21 @@ impl Store {
                         report.bytes_read += size;
                         if actual != blob.digest || size != blob.size {
                             report.problems.push(Problem::CorruptBytes { digest: blob.digest, actual, size });
+                            scan.damaged.push(blob.blob_ref());
                         } else if let Some(stored) = self.engine.stat(&blob.blob_ref()).await?
                             && stored != blob.size
                         {
                             let reason = format!("{stored} bytes stored where {} were written", blob.size);
                             report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason });
+                            scan.damaged.push(blob.blob_ref());
                         }
                     }
                     Err(EngineError::NotFound(_)) => {
                         report.problems.push(Problem::MissingBytes { digest: blob.digest })
                     }
                     Err(e @ EngineError::Damaged { .. }) => {
-                        report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason: e.to_string() })
+                        report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason: e.to_string() });
+                        scan.damaged.push(blob.blob_ref());
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -382,6 +393,14 @@ impl Store {
         self.catalog.set_stats(totals).await?;
         // Lost bytes of a blob nothing refers to went with its record.
         let dropped = |d: &Digest| scan.unreferenced.iter().any(|b| b.digest == *d);
+        // Damaged bytes of a blob still referred to cannot be mended, only
+        // removed: then the next upload of the content stores it afresh,
+        // where engines that keep the first copy of a content (sqlite,
+        // postgres, gridfs, s3) would keep the damaged one.
+        for blob in scan.damaged.iter().filter(|b| !dropped(&b.digest)) {
+            self.engine.delete(blob).await?;
+            report.cleared += 1;
+        }
         let fixed = report.problems.iter().filter(|p| match p {
             Problem::MissingBytes { digest }
             | Problem::CorruptBytes { digest, .. }
@@ -537,6 +556,32 @@ mod tests {
         assert_eq!(report.damaged_objects, vec![("files".to_string(), "a".to_string())]);
         // The record stays: the object's bytes may yet be restored.
         assert!(store.head("files", "a").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn repair_removes_damaged_bytes_so_that_an_upload_replaces_them() {
+        // An engine that keeps the first copy of a content.
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine::open(EngineKind::Sqlite, dir.path(), &EngineConfig::default()).await.unwrap();
+        let (store, _catalog) = store_over(engine).await;
+        let digest = put(&store, "a", b"alpha").await;
+        let db = rusqlite::Connection::open(dir.path().join("blobs.sqlite")).unwrap();
+        assert_eq!(db.execute("UPDATE chunks SET data = ?1", [b"alphA".to_vec()]).unwrap(), 1);
+
+        let found = store.verify(false, &hidden()).await.unwrap();
+        assert!(matches!(found.problems.as_slice(), [Problem::CorruptBytes { digest: d, .. }] if *d == digest));
+        // Uploading the content again keeps the damaged copy...
+        put(&store, "a", b"alpha").await;
+        assert_eq!(store.verify(false, &hidden()).await.unwrap().problems.len(), 1);
+        // ...until the repair removes it: the objects still need uploading.
+        let repaired = store.verify(true, &hidden()).await.unwrap();
+        assert_eq!((repaired.cleared, repaired.unresolved()), (1, 1));
+        assert_eq!(repaired.damaged_objects, vec![("files".to_string(), "a".to_string())]);
+        let after = store.verify(false, &hidden()).await.unwrap();
+        assert_eq!(after.problems, vec![Problem::MissingBytes { digest }]);
+        put(&store, "a", b"alpha").await;
+        assert_eq!(store.verify(false, &hidden()).await.unwrap().problems, vec![]);
+        assert_eq!(read_all(&store, "files", "a").await, b"alpha");
     }
 
     #[tokio::test]
