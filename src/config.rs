@@ -137,6 +137,11 @@ pub struct ServeArgs {
     /// is kept open [default: 30].
     #[arg(long, env = "DEPOT_HEADER_TIMEOUT", value_name = "SECS")]
     pub header_timeout: Option<u64>,
+    /// Space uploads leave free on the data directory's file system, for
+    /// the catalog to record deletes and start again: bytes, or a
+    /// percentage like 5% [default: 1%, at least 64 MiB].
+    #[arg(long, env = "DEPOT_MIN_FREE_SPACE", value_name = "BYTES|N%")]
+    pub min_free_space: Option<FreeSpace>,
     /// Seconds a request body may go without sending a byte [default: 60].
     #[arg(long, env = "DEPOT_BODY_TIMEOUT", value_name = "SECS")]
     pub body_timeout: Option<u64>,
@@ -182,8 +187,60 @@ struct FileSettings {
     header_timeout: Option<u64>,
     body_timeout: Option<u64>,
     send_timeout: Option<u64>,
+    min_free_space: Option<FreeSpaceSetting>,
     #[serde(default)]
     credentials: Vec<Credential>,
+}
+
+/// Space kept free on the data directory's file system: bytes, or a whole
+/// percentage of the file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeSpace {
+    Bytes(u64),
+    Percent(u8),
+}
+
+impl FreeSpace {
+    /// The least the default keeps free, whatever the file system's size:
+    /// room for the catalog to flush its memory tables (two of 16 MiB in
+    /// each of its tables that take writes) while it records deletes.
+    pub const DEFAULT_FLOOR: u64 = 64 << 20;
+
+    /// Bytes to keep free on a file system of `total` bytes; `None` is the
+    /// default, 1 % of it and at least [`Self::DEFAULT_FLOOR`].
+    pub fn bytes(setting: Option<FreeSpace>, total: u64) -> u64 {
+        match setting {
+            Some(FreeSpace::Bytes(n)) => n,
+            Some(FreeSpace::Percent(p)) => total / 100 * u64::from(p),
+            None => (total / 100).max(Self::DEFAULT_FLOOR),
+        }
+    }
+}
+
+impl std::str::FromStr for FreeSpace {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().strip_suffix('%') {
+            Some(p) => match p.trim().parse::<u8>() {
+                Ok(p) if p <= 50 => Ok(FreeSpace::Percent(p)),
+                _ => Err(format!("{s:?}: a percentage is a whole number from 0 to 50, like 5%")),
+            },
+            None => s
+                .trim()
+                .parse()
+                .map(FreeSpace::Bytes)
+                .map_err(|_| format!("{s:?} is neither a number of bytes nor a percentage like 5%")),
+        }
+    }
+}
+
+/// `min_free_space` in the settings file: a number of bytes or a string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FreeSpaceSetting {
+    Bytes(u64),
+    Text(String),
 }
 
 /// Validated server settings.
@@ -203,6 +260,8 @@ pub struct Settings {
     pub allow_anonymous_write: bool,
     pub limits: Limits,
     pub max_key_bytes: usize,
+    /// `None`: the default (see [`FreeSpace::bytes`]).
+    pub min_free_space: Option<FreeSpace>,
 }
 
 impl Settings {
@@ -264,6 +323,14 @@ impl Settings {
         }
         let max_key_bytes =
             bounded("max-key-bytes", args.max_key_bytes.or(file.max_key_bytes), MAX_KEY_BYTES, 1 << 20)?;
+        let min_free_space = match (args.min_free_space, file.min_free_space) {
+            (Some(flag), _) => Some(flag),
+            (None, Some(FreeSpaceSetting::Bytes(n))) => Some(FreeSpace::Bytes(n)),
+            (None, Some(FreeSpaceSetting::Text(t))) => {
+                Some(t.parse().map_err(|e| anyhow::anyhow!("min_free_space in the settings file: {e}"))?)
+            }
+            (None, None) => None,
+        };
         let settings = Settings {
             data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
@@ -297,6 +364,7 @@ impl Settings {
             allow_anonymous_write: args.allow_anonymous_write.or(file.allow_anonymous_write).unwrap_or(false),
             limits,
             max_key_bytes,
+            min_free_space,
         };
         if settings.engine == EngineKind::Memory && settings.catalog != CatalogKind::Rocksdb {
             bail!("the memory engine keeps nothing across restarts, so it takes the embedded catalog, not --catalog");
@@ -553,6 +621,28 @@ mod tests {
         assert_eq!(s.limits.max_headers, Limits::default().max_headers);
         let zero = ServeArgs { header_timeout: Some(0), ..Default::default() };
         assert!(Settings::resolve(&zero).unwrap_err().to_string().contains("--header-timeout"));
+    }
+
+    #[test]
+    fn free_space_is_bytes_or_a_percentage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        let from_file = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Settings::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() })
+                .map(|s| s.min_free_space)
+                .map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(from_file("min_free_space = 1000\n"), Ok(Some(FreeSpace::Bytes(1000))));
+        assert_eq!(from_file("min_free_space = \"5%\"\n"), Ok(Some(FreeSpace::Percent(5))));
+        assert!(from_file("min_free_space = \"80%\"\n").unwrap_err().contains("from 0 to 50"));
+        assert!(from_file("min_free_space = \"lots\"\n").unwrap_err().contains("neither"));
+        assert_eq!(from_file("").unwrap(), None);
+        let gib = 1 << 30;
+        assert_eq!(FreeSpace::bytes(None, 100 * gib), gib, "1 % by default");
+        assert_eq!(FreeSpace::bytes(None, gib), FreeSpace::DEFAULT_FLOOR, "at least 64 MiB by default");
+        assert_eq!(FreeSpace::bytes(Some(FreeSpace::Percent(0)), gib), 0);
+        assert_eq!(FreeSpace::bytes(Some(FreeSpace::Bytes(7)), gib), 7);
     }
 
     #[test]

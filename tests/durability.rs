@@ -230,6 +230,7 @@ impl Drop for Tmpfs {
 
 /// Filling the device answers 507 (or, once the catalog cannot write its
 /// log, 503), never a bare 500, and every acknowledged object reads back.
+/// No space is kept free here: the device fills to its last byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_device_is_507_and_keeps_what_was_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -237,7 +238,7 @@ async fn a_full_device_is_507_and_keeps_what_was_acknowledged() {
         eprintln!("skipped: cannot mount a tmpfs here");
         return;
     };
-    let server = Server::start_in(&dir.path().join("data"), &[]);
+    let server = Server::start_in(&dir.path().join("data"), &["--min-free-space", "0"]);
     let http = client();
     let (mut stored, mut refused) = (Vec::new(), Vec::new());
     for i in 0..2000u64 {
@@ -266,6 +267,57 @@ async fn a_full_device_is_507_and_keeps_what_was_acknowledged() {
         let r = http.get(server.object_url("files", &format!("k{i}"))).send().await.unwrap();
         assert_eq!(r.status(), 200, "k{i}");
         assert!(r.bytes().await.unwrap() == pattern(len, i), "k{i} reads back");
+    }
+    server.assert_no_panic();
+}
+
+/// With space kept free, a device nearly full refuses uploads with 507 and
+/// says why, while deletes go on; once the collector has freed their
+/// bytes, uploads are accepted again, and the server starts again. A disk
+/// filled to its last byte would stop the catalog from recording deletes,
+/// and from starting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nearly_full_device_refuses_uploads_and_deletes_free_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_device) = Tmpfs::mount(dir.path(), "96m") else {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let data = dir.path().join("data");
+    let args = ["--min-free-space", "33554432", "--gc-grace", "0", "--gc-interval", "1"];
+    let mut server = Server::start_in(&data, &args);
+    let http = client();
+    let put = |i: u64| http.put(server.object_url("files", &format!("k{i}"))).body(pattern(700_000, i)).send();
+    let mut stored = Vec::new();
+    let refusal = loop {
+        let r = put(stored.len() as u64).await.unwrap();
+        match r.status().as_u16() {
+            201 => stored.push(stored.len() as u64),
+            _ => break r,
+        }
+        assert!(stored.len() < 200, "never refused");
+    };
+    assert_eq!(refusal.status(), 507);
+    let message = refusal.text().await.unwrap();
+    assert!(message.contains("--min-free-space"), "{message}");
+    assert!(stored.len() >= 40, "refused after {} uploads", stored.len());
+    for i in &stored[..stored.len() / 2] {
+        let r = http.delete(server.object_url("files", &format!("k{i}"))).send().await.unwrap();
+        assert_eq!(r.status(), 204, "k{i}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match put(1000).await.unwrap().status().as_u16() {
+            201 => break,
+            507 if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            status => panic!("an upload after the deletes: {status}"),
+        }
+    }
+    server.stop();
+    let server = Server::start_in(&data, &args);
+    for i in &stored[stored.len() / 2..] {
+        let r = client().get(server.object_url("files", &format!("k{i}"))).send().await.unwrap();
+        assert!(r.bytes().await.unwrap() == pattern(700_000, *i), "k{i} reads back");
     }
     server.assert_no_panic();
 }

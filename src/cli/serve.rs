@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
 use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LIFE};
-use crate::config::{ServeArgs, Settings};
+use crate::config::{FreeSpace, ServeArgs, Settings};
 use crate::engine::{self, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App};
 use crate::store::maintenance::BackupReport;
@@ -95,6 +95,10 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         engine: Some((settings.engine, settings.engine_config.clone())),
         max_key_bytes: settings.max_key_bytes,
         data: Some(std::path::absolute(data)?),
+        min_free_space: match rustix::fs::statvfs(data.as_path()) {
+            Ok(fs) => FreeSpace::bytes(settings.min_free_space, fs.f_blocks.saturating_mul(fs.f_frsize)),
+            Err(_) => 0,
+        },
     };
     Ok(Store::open(catalog, engine, config).await?)
 }

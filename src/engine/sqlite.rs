@@ -194,8 +194,13 @@ impl SqliteEngine {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
         let conn = connect(path).map_err(db_err)?;
-        // Takes effect only while the file is new: before any table and WAL mode.
+        // Take effect only while the file is new: before any table and WAL
+        // mode. With auto-vacuum, the file shrinks as blobs are deleted
+        // (at the next checkpoint), where it would keep its largest size:
+        // the space must go back to the file system, which uploads check
+        // against the space kept free, and which the catalog shares.
         conn.pragma_update(None, "page_size", PAGE_SIZE).map_err(db_err)?;
+        conn.pragma_update(None, "auto_vacuum", "FULL").map_err(db_err)?;
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)).map_err(db_err)?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -628,6 +633,25 @@ mod tests {
         let c = Connection::open(dir.path().join("blobs.sqlite")).unwrap();
         let count = |t: &str| c.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0)).unwrap();
         (count("chunks"), count("pending"))
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn deleting_blobs_gives_their_space_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = open(&dir, DEFAULT_CHUNK);
+        let kept = engine.put_bytes(conformance::pattern(1_000_000, 1)).await.unwrap();
+        let gone = engine.put_bytes(conformance::pattern(20_000_000, 2)).await.unwrap();
+        let checkpoint = || {
+            let c = Connection::open(dir.path().join("blobs.sqlite")).unwrap();
+            c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).unwrap();
+        };
+        checkpoint();
+        let file = || std::fs::metadata(dir.path().join("blobs.sqlite")).unwrap().len();
+        assert!(file() > 21_000_000, "{}", file());
+        engine.delete(&gone).await.unwrap();
+        checkpoint();
+        assert!(file() < 2_000_000, "the file kept {} bytes", file());
+        assert_eq!(engine.read_to_vec(&kept, ByteRange::full(kept.size)).await.unwrap().len(), 1_000_000);
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -50,7 +50,7 @@ impl From<StoreError> for ApiError {
             StoreError::IncompleteBody { .. } | StoreError::Body(_) => (S::BAD_REQUEST, "IncompleteBody"),
             StoreError::BadRequest(_) => (S::BAD_REQUEST, "InvalidRequest"),
             StoreError::InvalidArgument(_) => (S::BAD_REQUEST, "InvalidArgument"),
-            StoreError::NoSpace => (S::INSUFFICIENT_STORAGE, "InsufficientStorage"),
+            StoreError::NoSpace | StoreError::LowSpace(_) => (S::INSUFFICIENT_STORAGE, "InsufficientStorage"),
             StoreError::WritesDisabled(_) | StoreError::Unavailable(_) => {
                 (S::SERVICE_UNAVAILABLE, "ServiceUnavailable")
             }

@@ -81,6 +81,9 @@ pub enum StoreError {
     InvalidArgument(String),
     #[error("no space left on the storage device")]
     NoSpace,
+    /// Less free space than `--min-free-space` keeps for the catalog.
+    #[error("{0}")]
+    LowSpace(String),
     #[error("writes are disabled until restart: {0}")]
     WritesDisabled(String),
     #[error("the storage backend is unavailable: {0}")]
@@ -131,6 +134,10 @@ pub struct StoreConfig {
     /// The data directory it was opened from, if any: a backup asked of a
     /// server checks that the server serves the directory meant.
     pub data: Option<std::path::PathBuf>,
+    /// Bytes uploads leave free on the data directory's file system (0:
+    /// none), so that the catalog can always record deletes and start:
+    /// RocksDB on a full disk can do neither.
+    pub min_free_space: u64,
 }
 
 impl Default for StoreConfig {
@@ -141,6 +148,7 @@ impl Default for StoreConfig {
             engine: None,
             max_key_bytes: names::MAX_KEY_BYTES,
             data: None,
+            min_free_space: 0,
         }
     }
 }
@@ -524,6 +532,34 @@ impl Store {
         digests.iter().zip(blobs).map(|(d, b)| b.map(|b| b.blob_ref()).ok_or_else(|| missing(*d))).collect()
     }
 
+    /// Refuses an upload of `len` bytes that would leave less than
+    /// `min_free_space` free on the data directory's file system. The
+    /// body counts where the engine keeps it there; an upload of unknown
+    /// length counts as empty, and fails with 507 if it fills the disk.
+    fn check_space(&self, len: Option<u64>) -> Result<()> {
+        let (Some(data), keep) = (&self.config.data, self.config.min_free_space) else {
+            return Ok(());
+        };
+        if keep == 0 {
+            return Ok(());
+        }
+        let Ok(fs) = rustix::fs::statvfs(data) else {
+            return Ok(());
+        };
+        let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+        let local = self.config.engine.as_ref().is_some_and(|(kind, _)| kind.is_embedded());
+        let needed = keep.saturating_add(if local { len.unwrap_or(0) } else { 0 });
+        if free < needed {
+            return Err(StoreError::LowSpace(format!(
+                "not enough space: {} free on the data directory's file system, and uploads leave {} free \
+                 (--min-free-space) for deletes to go on; delete objects or add space",
+                indicatif::HumanBytes(free),
+                indicatif::HumanBytes(keep)
+            )));
+        }
+        Ok(())
+    }
+
     /// Streams a body into a new blob, hashing as it goes; `synced` false
     /// leaves the blob's durability to the engine's next sync.
     async fn write_blob<S, E>(&self, mut body: S, expected: Expected, synced: bool) -> Result<Written>
@@ -531,6 +567,7 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
+        self.check_space(expected.len)?;
         let mut writer = self.engine.writer(expected.len).await?;
         let mut hashes = hashes::BodyHashes::new();
         let failure = loop {
@@ -1082,6 +1119,37 @@ mod tests {
         assert_eq!(read_all(&store, "files", "old").await, b"old");
         faulty.faults.off();
         store.put("files", "new", body(b"new"), PutOptions::default()).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn uploads_leave_the_free_space_kept_and_deletes_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = rustix::fs::statvfs(dir.path()).unwrap();
+        let free = fs.f_bavail * fs.f_frsize;
+        let engine = Arc::new(MemoryEngine::new());
+        let open = |min_free_space: u64| {
+            let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+            let engine = engine.clone();
+            let kind = (EngineKind::Fs, Default::default());
+            let data = Some(dir.path().to_path_buf());
+            let config = StoreConfig { data, engine: Some(kind), min_free_space, ..StoreConfig::default() };
+            Store::open(catalog, engine, config)
+        };
+        let store = open(1).await.unwrap();
+        store.put("files", "kept", body(b"kept"), PutOptions::default()).await.unwrap();
+        // An upload that would eat into the space kept is refused whole.
+        let big = PutOptions { content_length: Some(free + 1), ..PutOptions::default() };
+        let r = store.put("files", "big", body(b"x"), big).await;
+        assert!(matches!(&r, Err(StoreError::LowSpace(m)) if m.contains("--min-free-space")), "{r:?}");
+        drop(store);
+        // With less than the space kept free, no upload goes in...
+        let store = open(free * 2).await.unwrap();
+        let r = store.put("files", "new", body(b"new"), PutOptions::default()).await;
+        assert!(matches!(r, Err(StoreError::LowSpace(_))), "{r:?}");
+        assert!(matches!(store.head("files", "new").await, Err(StoreError::NoSuchKey(_))));
+        // ...and deletes and reads go on.
+        assert_eq!(read_all(&store, "files", "kept").await, b"kept");
+        store.delete("files", "kept", &Default::default()).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]
