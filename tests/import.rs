@@ -103,6 +103,12 @@ async fn a_gridfs_bucket_keeps_names_types_and_dates() {
         upload.write_all(bytes).await.unwrap();
         upload.close().await.unwrap();
     }
+    // A name no key can be: skipped and said, and the import does not
+    // claim success, as for a file it cannot read.
+    let mut nameless = bucket.open_upload_stream("").await.unwrap();
+    let nameless_id = nameless.id().clone();
+    nameless.write_all(b"no name").await.unwrap();
+    nameless.close().await.unwrap();
     let stored: Vec<_> = {
         use futures::TryStreamExt;
         bucket.find(doc! {}).await.unwrap().try_collect().await.unwrap()
@@ -111,8 +117,11 @@ async fn a_gridfs_bucket_keeps_names_types_and_dates() {
 
     let server = Server::start(&[]);
     let url = format!("{}/{db_name}", base.trim_end_matches('/'));
-    let said = ok(&import(&server, &[&url, "legacy"]));
+    let out = import(&server, &[&url, "legacy"]);
+    let (said, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("imported 2 files"), "the newest revision of each name: {said}");
+    assert!(!out.status.success() && err.contains("has no filename"), "{err}");
+    bucket.delete(nameless_id).await.unwrap();
     let (body, content_type, _) = fetch(&server, "legacy", "reports/q1.pdf").await;
     assert!(body == files[0].2);
     assert_eq!(content_type, "application/pdf");

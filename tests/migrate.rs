@@ -186,3 +186,42 @@ async fn blobs_collected_between_slices_leave_no_copy() {
     assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
     assert_eq!(files_under(&data.join("fs")).iter().filter(|p| p.is_file()).count(), 1, "one blob, one file");
 }
+
+/// An engine's database that another store's blobs are in is refused as a
+/// migration's target and as a new store's engine: each store's collector
+/// deletes the blobs its catalog does not know. A cancelled migration
+/// removes the copies it made in a server's engine.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_engine_database_another_store_uses_is_refused() {
+    let (taken, free) = (depot::pg::fresh_test_database().await, depot::pg::fresh_test_database().await);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    let mut first = Server::start_in(&a, &["--engine", "postgres", "--engine-url", &taken]);
+    fill(&first).await;
+    first.stop();
+
+    let refused = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--engine", "postgres", "--engine-url", &taken, "--data"])
+        .arg(&b)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("blob(s) this store does not know"), "{said}");
+
+    let mut other = Server::start_in(&c, &[]);
+    fill(&other).await;
+    other.stop();
+    let refused = migrate(&c, &["--to-engine", "postgres", "--to-engine-url", &taken]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("holds 4 blob(s) already"), "{said}");
+    assert!(!c.join("MIGRATING").exists(), "a refused migration is not under way");
+
+    let into_free = ["--to-engine", "postgres", "--to-engine-url", &free];
+    assert!(ok(&migrate(&c, &[&into_free[..], &["--max-blobs", "2"]].concat())).contains("copied 2 blobs"));
+    ok(&migrate(&c, &[&into_free[..], &["--cancel"]].concat()));
+    // Nothing of the store is left in that database: a new store takes it.
+    let mut fresh = Server::start_in(&b, &["--engine", "postgres", "--engine-url", &free]);
+    fresh.stop();
+    let server = Server::start_in(&c, &[]);
+    check(&server).await;
+}

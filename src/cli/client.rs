@@ -81,7 +81,12 @@ impl Client {
     }
 
     pub(crate) async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
-        let resp = req.send().await.with_context(|| format!("cannot reach the depot server at {}", self.base))?;
+        // A body that fails while it is read (a file that shrank, a source
+        // that broke off) is not the server's doing.
+        let resp = req.send().await.map_err(|e| {
+            let what = if e.is_connect() { "cannot reach" } else { "the request broke off, to" };
+            anyhow::Error::new(e).context(format!("{what} the depot server at {}", self.base))
+        })?;
         if resp.status().is_success() {
             return Ok(resp);
         }

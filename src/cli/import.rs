@@ -277,7 +277,12 @@ fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
 
 fn gridfs_item(file: &Document) -> anyhow::Result<Item> {
     let id = file.get("_id").context("a GridFS file without _id")?.clone();
-    let key = file.get_str("filename").with_context(|| format!("GridFS file {id} has no filename"))?.to_string();
+    let key = file
+        .get_str("filename")
+        .ok()
+        .filter(|name| !name.is_empty())
+        .with_context(|| format!("GridFS file {id} has no filename"))?
+        .to_string();
     let size = match file.get("length") {
         Some(Bson::Int64(n)) => *n as u64,
         Some(Bson::Int32(n)) => *n as u64,

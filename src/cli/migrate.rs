@@ -70,8 +70,8 @@ pub struct MigrateArgs {
     /// go on): migrate a large store a slice at a time.
     #[arg(long, value_name = "N")]
     pub max_blobs: Option<u64>,
-    /// Abandon a migration that has not switched engines yet (copies made
-    /// so far stay in the new engine as unreferenced bytes).
+    /// Abandon a migration that has not switched engines yet; the copies
+    /// made so far are removed (give the same --to-* settings).
     #[arg(long)]
     pub cancel: bool,
     /// Blobs copied at once.
@@ -179,18 +179,27 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let (state, new) = match State::read(&data)? {
         Some(s) if args.cancel && s.phase == Phase::Copy => {
             // The copies made so far go with an embedded engine's directory;
-            // those in a server's engine stay (its bucket or database may
-            // hold other stores' bytes under the same digests).
+            // in a server's engine, which held nothing when the migration
+            // began, the journaled ones are deleted.
             let copies = engine_root(&data, s.to);
             if s.to.is_embedded() && s.to != s.from {
                 std::fs::remove_dir_all(&copies).or_else(ignore_missing)?;
+            } else if !s.to.is_embedded() {
+                let config = target_config(args, &settings.engine_config);
+                let journaled = read_journal(&data.join(JOURNAL))?;
+                runtime(2)?
+                    .block_on(async {
+                        let target = engine::open(s.to, &copies, &config).await?;
+                        for (digest, locator) in journaled {
+                            target.delete(&BlobRef { digest, size: 0, locator }).await?;
+                        }
+                        anyhow::Ok(())
+                    })
+                    .context("removing the copies made in the new engine (give the same --to-* settings)")?;
             }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
             println!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name());
-            if !s.to.is_embedded() {
-                println!("the copies made in the {} engine stay there", s.to.name());
-            }
             return Ok(());
         }
         Some(_) if args.cancel => bail!("the engines were switched already: run without --cancel to finish"),
@@ -218,11 +227,23 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     runtime(2)?.block_on(async {
         let catalog = open_catalog(&settings).await?;
         check_no_live_nodes(catalog.as_ref(), "migrating").await?;
-        if new {
-            state.write(&data)?;
-        }
         let source = engine::open(from, &engine_root(&data, from), &settings.engine_config).await?;
         let target = engine::open(to, &engine_root(&data, to), &to_config).await?;
+        if new {
+            // Copies already there would be taken as this store's without
+            // being read (an engine keeps the first copy of a content), and
+            // another store's collector would delete the ones it does not
+            // know once they are this store's only copies.
+            let held = target.list().await?.len();
+            if held > 0 {
+                bail!(
+                    "the {} engine to migrate to holds {held} blob(s) already: another store's, or copies a \
+                     migration left? Migrate into an empty database, bucket or directory",
+                    to.name()
+                );
+            }
+            state.write(&data)?;
+        }
         let mut state = state;
         if state.phase == Phase::Copy {
             let journal = data.join(JOURNAL);

@@ -11,7 +11,7 @@ use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
 use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LIFE};
 use crate::config::{FreeSpace, ServeArgs, Settings};
-use crate::engine::{self, ENGINE_MARKER, EngineKind};
+use crate::engine::{self, DynEngine, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App};
 use crate::store::maintenance::BackupReport;
 use crate::store::{Store, StoreConfig};
@@ -36,7 +36,13 @@ fn read_engine_marker(data: &Path) -> anyhow::Result<Option<String>> {
 /// Checks that the store's marker fits the engine it is opened with. A
 /// store that holds nothing may be opened with any engine (a first start
 /// that failed leaves such a store): its marker is then rewritten.
-async fn check_engine_marker(data: &Path, found: &str, wanted: &str, catalog: &dyn Catalog) -> anyhow::Result<()> {
+async fn check_engine_marker(
+    data: &Path,
+    found: &str,
+    wanted: &str,
+    catalog: &dyn Catalog,
+    engine: &DynEngine,
+) -> anyhow::Result<()> {
     if found == wanted {
         return Ok(());
     }
@@ -48,8 +54,32 @@ async fn check_engine_marker(data: &Path, found: &str, wanted: &str, catalog: &d
     if stats.objects > 0 || stats.blobs > 0 {
         bail!(why);
     }
+    check_engine_unclaimed(engine, Some(catalog)).await?;
     tracing::info!("{} held an empty store; it now keeps its bytes as this start says", data.display());
     write_engine_marker(data, wanted)
+}
+
+/// Refuses to tie a catalog that knows no blob to an engine's database or
+/// bucket that holds some: they are another store's, and this store's
+/// collector would take them for leftovers of its own crashed writes and
+/// delete them. (Nodes sharing a PostgreSQL catalog share its engine too;
+/// their catalog is not empty.)
+async fn check_engine_unclaimed(engine: &DynEngine, catalog: Option<&dyn Catalog>) -> anyhow::Result<()> {
+    if let Some(catalog) = catalog
+        && catalog.stats().await?.blobs > 0
+    {
+        return Ok(());
+    }
+    let held = engine.list().await?.len();
+    if held > 0 {
+        bail!(
+            "the {} engine's {} holds {held} blob(s) this store does not know: another store's? This store's \
+             collector would delete them. Give each store a database or bucket of its own",
+            engine.name(),
+            if engine.name() == "s3" { "bucket" } else { "database" }
+        );
+    }
+    Ok(())
 }
 
 fn write_engine_marker(data: &Path, marker: &str) -> anyhow::Result<()> {
@@ -81,14 +111,22 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
     let wanted = engine::marker(settings.engine, &settings.engine_config);
     let found = read_engine_marker(data)?;
+    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
+    // A new data directory's own catalog knows no blob (and is made only
+    // once the start is accepted); a shared one may know many.
+    let shared = matches!(settings.catalog, CatalogKind::Postgres(_));
+    let mut catalog = if found.is_some() || shared { Some(open_catalog(settings).await?) } else { None };
     if found.is_none() {
+        check_engine_unclaimed(&engine, catalog.as_deref()).await?;
         write_engine_marker(data, &wanted)?;
     }
-    let catalog = open_catalog(settings).await?;
+    let catalog = match catalog.take() {
+        Some(catalog) => catalog,
+        None => open_catalog(settings).await?,
+    };
     if let Some(found) = found {
-        check_engine_marker(data, &found, &wanted, catalog.as_ref()).await?;
+        check_engine_marker(data, &found, &wanted, catalog.as_ref(), &engine).await?;
     }
-    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
     let config = StoreConfig {
         gc_grace: settings.gc_grace,
         upload_expiry: settings.upload_expiry,
