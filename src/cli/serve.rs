@@ -133,9 +133,13 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         engine: Some((settings.engine, settings.engine_config.clone())),
         max_key_bytes: settings.max_key_bytes,
         data: Some(std::path::absolute(data)?),
+        // Nothing grows in the data directory of a node whose catalog is
+        // PostgreSQL and whose bytes go to a server.
         min_free_space: match rustix::fs::statvfs(data.as_path()) {
-            Ok(fs) => FreeSpace::bytes(settings.min_free_space, fs.f_blocks.saturating_mul(fs.f_frsize)),
-            Err(_) => 0,
+            Ok(fs) if !shared || settings.engine.is_embedded() => {
+                FreeSpace::bytes(settings.min_free_space, fs.f_blocks.saturating_mul(fs.f_frsize))
+            }
+            _ => 0,
         },
     };
     Ok(Store::open(catalog, engine, config).await?)
