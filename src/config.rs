@@ -187,14 +187,16 @@ struct FileSettings {
     header_timeout: Option<u64>,
     body_timeout: Option<u64>,
     send_timeout: Option<u64>,
-    min_free_space: Option<FreeSpaceSetting>,
+    min_free_space: Option<FreeSpace>,
     #[serde(default)]
     credentials: Vec<Credential>,
 }
 
 /// Space kept free on the data directory's file system: bytes, or a whole
-/// percentage of the file system.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// percentage of the file system. In the settings file, a number of bytes
+/// or a string as the flag takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "FreeSpaceSetting")]
 pub enum FreeSpace {
     Bytes(u64),
     Percent(u8),
@@ -241,6 +243,17 @@ impl std::str::FromStr for FreeSpace {
 enum FreeSpaceSetting {
     Bytes(u64),
     Text(String),
+}
+
+impl TryFrom<FreeSpaceSetting> for FreeSpace {
+    type Error = String;
+
+    fn try_from(setting: FreeSpaceSetting) -> Result<Self, String> {
+        match setting {
+            FreeSpaceSetting::Bytes(n) => Ok(FreeSpace::Bytes(n)),
+            FreeSpaceSetting::Text(t) => t.parse(),
+        }
+    }
 }
 
 /// Validated server settings.
@@ -323,14 +336,6 @@ impl Settings {
         }
         let max_key_bytes =
             bounded("max-key-bytes", args.max_key_bytes.or(file.max_key_bytes), MAX_KEY_BYTES, 1 << 20)?;
-        let min_free_space = match (args.min_free_space, file.min_free_space) {
-            (Some(flag), _) => Some(flag),
-            (None, Some(FreeSpaceSetting::Bytes(n))) => Some(FreeSpace::Bytes(n)),
-            (None, Some(FreeSpaceSetting::Text(t))) => {
-                Some(t.parse().map_err(|e| anyhow::anyhow!("min_free_space in the settings file: {e}"))?)
-            }
-            (None, None) => None,
-        };
         let settings = Settings {
             data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("depot-data")),
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address")),
@@ -364,7 +369,7 @@ impl Settings {
             allow_anonymous_write: args.allow_anonymous_write.or(file.allow_anonymous_write).unwrap_or(false),
             limits,
             max_key_bytes,
-            min_free_space,
+            min_free_space: args.min_free_space.or(file.min_free_space),
         };
         if settings.engine == EngineKind::Memory && settings.catalog != CatalogKind::Rocksdb {
             bail!("the memory engine keeps nothing across restarts, so it takes the embedded catalog, not --catalog");

@@ -73,10 +73,9 @@ async fn check_engine_unclaimed(engine: &DynEngine, catalog: Option<&dyn Catalog
     let held = engine.list().await?.len();
     if held > 0 {
         bail!(
-            "the {} engine's {} holds {held} blob(s) this store does not know: another store's? This store's \
+            "the {} engine holds {held} blob(s) this store does not know: another store's? This store's \
              collector would delete them. Give each store a database or bucket of its own",
-            engine.name(),
-            if engine.name() == "s3" { "bucket" } else { "database" }
+            engine.name()
         );
     }
     Ok(())
@@ -115,12 +114,12 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     // A new data directory's own catalog knows no blob (and is made only
     // once the start is accepted); a shared one may know many.
     let shared = matches!(settings.catalog, CatalogKind::Postgres(_));
-    let mut catalog = if found.is_some() || shared { Some(open_catalog(settings).await?) } else { None };
+    let catalog = if found.is_some() || shared { Some(open_catalog(settings).await?) } else { None };
     if found.is_none() {
         check_engine_unclaimed(&engine, catalog.as_deref()).await?;
         write_engine_marker(data, &wanted)?;
     }
-    let catalog = match catalog.take() {
+    let catalog = match catalog {
         Some(catalog) => catalog,
         None => open_catalog(settings).await?,
     };
