@@ -107,6 +107,18 @@ pub async fn objects_and_references(c: &dyn Catalog) {
         multi.iter().map(|o| o.as_ref().map(|o| o.key.as_str())).collect::<Vec<_>>(),
         [Some("a"), None, Some("c")]
     );
+    // The store's own buckets hold records, not objects: their blobs count,
+    // they do not.
+    c.create_bucket(&bucket("_own")).await.unwrap();
+    let before = c.stats().await.unwrap();
+    c.put_object(put("_own", "p/1", &[blob(12, 7)])).await.unwrap();
+    let during = c.stats().await.unwrap();
+    assert_eq!((during.objects, during.logical_bytes), (before.objects, before.logical_bytes));
+    assert_eq!((during.blobs - before.blobs, during.blob_bytes - before.blob_bytes), (1, 7));
+    c.delete_object("_own", "p/1", &Precondition::default()).await.unwrap();
+    let after = c.stats().await.unwrap();
+    assert_eq!((after.objects, after.logical_bytes), (before.objects, before.logical_bytes));
+    c.delete_bucket("_own").await.unwrap();
 }
 
 impl ObjectRecord {

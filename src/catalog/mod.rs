@@ -260,7 +260,8 @@ pub struct ListPage {
     pub next: Option<String>,
 }
 
-/// Totals the catalog keeps as it goes.
+/// Totals the catalog keeps as it goes. Objects and their bytes count in
+/// the buckets clients name; see [`counted`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatalogStats {
     pub objects: i64,
@@ -269,6 +270,13 @@ pub struct CatalogStats {
     pub blobs: i64,
     /// Sum of blob sizes: what is stored once dedup is done.
     pub blob_bytes: i64,
+}
+
+/// Whether the objects of `bucket` count in [`CatalogStats`]: a bucket whose
+/// name starts with `_` is the store's own (the records of multipart
+/// uploads), which no client can name or list.
+pub fn counted(bucket: &str) -> bool {
+    !bucket.starts_with('_')
 }
 
 /// Errors from a catalog.

@@ -426,15 +426,16 @@ impl Catalog for PostgresCatalog {
                         entry.1 = stored;
                     }
                 }
+                let counted = super::counted(&put.bucket) as i64;
                 if let Some(old) = &current {
-                    stats.objects -= 1;
-                    stats.logical_bytes -= to_i64(old.size);
+                    stats.objects -= counted;
+                    stats.logical_bytes -= counted * to_i64(old.size);
                     for part in &old.parts {
                         deltas.entry(part.digest).or_insert((0, None)).0 -= 1;
                     }
                 }
-                stats.objects += 1;
-                stats.logical_bytes += to_i64(put.record.size);
+                stats.objects += counted;
+                stats.logical_bytes += counted * to_i64(put.record.size);
                 written.insert(id, put.record.clone());
                 replaced.push(current);
             }
@@ -488,6 +489,7 @@ impl Catalog for PostgresCatalog {
             let ids: Vec<(&str, &str)> = keys.iter().map(|k| (bucket, k.as_str())).collect();
             lock_keys(txn, &ids).await?;
             let now = now_millis();
+            let counted = super::counted(bucket) as i64;
             let mut stats = CatalogStats::default();
             let mut deltas: BTreeMap<Digest, (i64, Option<BlobRef>)> = BTreeMap::new();
             let mut out = Vec::with_capacity(keys.len());
@@ -498,8 +500,8 @@ impl Catalog for PostgresCatalog {
                     if !precondition.check(Some(c)) {
                         return Err(CatalogError::PreconditionFailed.into());
                     }
-                    stats.objects -= 1;
-                    stats.logical_bytes -= to_i64(c.size);
+                    stats.objects -= counted;
+                    stats.logical_bytes -= counted * to_i64(c.size);
                     for part in &c.parts {
                         deltas.entry(part.digest).or_insert((0, None)).0 -= 1;
                     }

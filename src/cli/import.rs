@@ -213,63 +213,47 @@ fn s3_headers(attributes: &object_store::Attributes) -> Vec<(String, String)> {
 }
 
 /// Every regular file under `root`, keyed by its relative path with `/`.
-/// Symbolic links are followed, as `cp -rL` and aws-cli do, but each
-/// directory is walked once: a link back up the tree is a problem reported,
-/// not a walk without end.
+/// Symbolic links are followed, as `cp -rL` and aws-cli do: a directory
+/// reached through two links is imported under both names (its content is
+/// stored once). A link back up to a directory being walked is a loop,
+/// reported as a problem, not a walk without end.
 fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
-    use std::os::unix::fs::MetadataExt;
     let mut items = Vec::new();
     let mut problems = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    let mut seen = std::collections::HashSet::new();
-    if let Ok(m) = std::fs::metadata(root) {
-        seen.insert((m.dev(), m.ino()));
-    }
-    while let Some(dir) = dirs.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
+    for entry in walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name() {
+        let entry = match entry {
+            Ok(entry) => entry,
             Err(e) => {
-                problems.push(format!("{}: {e}", dir.display()));
+                let path = e.path().unwrap_or(root).display().to_string();
+                problems.push(match e.loop_ancestor() {
+                    Some(ancestor) => format!("{path}: a link back to {}, a loop: skipped", ancestor.display()),
+                    None => format!("{path}: {}", e.io_error().map_or(e.to_string(), ToString::to_string)),
+                });
                 continue;
             }
         };
-        for entry in entries {
-            let entry = entry?;
-            let path = entry.path();
-            let meta = match std::fs::metadata(&path) {
-                Ok(m) => m,
-                Err(e) => {
-                    problems.push(format!("{}: {e}", path.display()));
-                    continue;
-                }
-            };
-            if meta.is_dir() {
-                if seen.insert((meta.dev(), meta.ino())) {
-                    dirs.push(path);
-                } else {
-                    problems.push(format!(
-                        "{}: a directory walked already (a symbolic link loop?): skipped",
-                        path.display()
-                    ));
-                }
-                continue;
-            }
-            if !meta.is_file() {
-                continue;
-            }
-            let relative = path.strip_prefix(root).expect("walked paths are under the root");
-            let Some(key) = relative.to_str() else {
-                problems.push(format!("{}: the name is not UTF-8", path.display()));
-                continue;
-            };
-            items.push(Item {
-                key: key.replace(std::path::MAIN_SEPARATOR, "/"),
-                size: meta.len(),
-                modified: meta.modified().ok(),
-                content_type: None,
-                origin: Origin::File(path),
-            });
+        if !entry.file_type().is_file() {
+            continue;
         }
+        let meta = match entry.metadata() {
+            Ok(m) => m,
+            Err(e) => {
+                problems.push(format!("{}: {e}", entry.path().display()));
+                continue;
+            }
+        };
+        let relative = entry.path().strip_prefix(root).expect("walked paths are under the root");
+        let Some(key) = relative.to_str() else {
+            problems.push(format!("{}: the name is not UTF-8", entry.path().display()));
+            continue;
+        };
+        items.push(Item {
+            key: key.replace(std::path::MAIN_SEPARATOR, "/"),
+            size: meta.len(),
+            modified: meta.modified().ok(),
+            content_type: None,
+            origin: Origin::File(entry.into_path()),
+        });
     }
     items.sort_by(|a, b| a.key.cmp(&b.key));
     Ok((items, problems))
@@ -445,7 +429,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_walk_follows_links_but_walks_each_directory_once() {
+    fn a_walk_follows_links_and_stops_at_loops() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         std::fs::create_dir_all(root.join("d")).unwrap();
@@ -454,11 +438,14 @@ mod tests {
         std::os::unix::fs::symlink("..", root.join("d/up")).unwrap();
         std::os::unix::fs::symlink(".", root.join("self")).unwrap();
         std::os::unix::fs::symlink("d", root.join("alias")).unwrap();
+        std::os::unix::fs::symlink("missing", root.join("dangling")).unwrap();
         let (items, problems) = walk(root).unwrap();
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        // `d` and `alias` are one directory: whichever is met first is walked.
-        assert!(keys == ["d/z", "outside"] || keys == ["alias/z", "outside"], "{keys:?}");
-        assert_eq!(problems.len(), 3, "the three links to directories walked already: {problems:?}");
-        assert!(problems.iter().all(|p| p.contains("walked already")), "{problems:?}");
+        // The link to `d` does not keep `d` itself from being walked.
+        assert_eq!(keys, ["alias/z", "d/z", "outside"]);
+        let loops = problems.iter().filter(|p| p.contains("a loop")).count();
+        assert_eq!(loops, 3, "self, d/up and alias/up lead back up: {problems:?}");
+        assert!(problems.iter().any(|p| p.contains("dangling")), "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
     }
 }

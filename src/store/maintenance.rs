@@ -329,10 +329,13 @@ impl Store {
             digests.dedup();
             let blobs: HashMap<Digest, BlobRecord> =
                 self.catalog.get_blobs(&digests).await?.into_iter().flatten().map(|b| (b.digest, b)).collect();
+            let counted = crate::catalog::counted(&bucket);
             for object in objects {
-                report.objects += 1;
-                totals.objects += 1;
-                totals.logical_bytes += object.size as i64;
+                if counted {
+                    report.objects += 1;
+                    totals.objects += 1;
+                    totals.logical_bytes += object.size as i64;
+                }
                 let (bucket, key) = (bucket.clone(), object.key);
                 let mut sizes_agree = object.parts.iter().map(|p| p.size).sum::<u64>() == object.size;
                 for part in &object.parts {

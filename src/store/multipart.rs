@@ -541,6 +541,8 @@ mod tests {
         let big = vec![7u8; MIN_PART_SIZE as usize];
         let parts = vec![part(&s, &id, 1, big.clone()).await, part(&s, &id, 3, b"tail".to_vec()).await];
         part(&s, &id, 2, b"never used".to_vec()).await;
+        let counted = |s: crate::catalog::CatalogStats| (s.objects, s.logical_bytes);
+        assert_eq!(counted(s.stats().await.unwrap()), (0, 0), "an upload's records are not objects");
         let done = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
         let mut whole = big.clone();
         whole.extend_from_slice(b"tail");
@@ -555,6 +557,7 @@ mod tests {
         );
         let again = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
         assert_eq!(again.etag, done.etag);
+        assert_eq!(counted(s.stats().await.unwrap()), (1, whole.len() as i64));
         // The upload's records are gone; only the object holds blobs: the
         // part never used is unreferenced.
         assert!(s.list_uploads("files", "").await.unwrap().is_empty());
