@@ -191,3 +191,40 @@ async fn an_s3_bucket_keeps_keys_types_dates_headers_and_metadata() {
     let said = ok(&import(&server, &args("media")));
     assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");
 }
+
+#[tokio::test]
+async fn s3_keys_no_path_can_hold_are_imported_whole() {
+    let bucket = depot::engine::s3::fresh_test_bucket().await;
+    let (endpoint, config) = depot::engine::s3::test_server(&bucket);
+    let builder = depot::engine::s3::builder(Some(&endpoint), &config);
+    let bucket_url = depot::engine::s3::resolve(&builder).unwrap().bucket_url;
+    let store = builder.build().unwrap();
+    // Control characters, and bytes a URL or a path must escape.
+    let keys = ["odd/line\nbreak", "odd/tab\tkey", "odd/100%", "odd/#hash", "odd/sp ace+plus", "odd/ünï", "odd/q?x=1"];
+    let http = reqwest::Client::new();
+    for key in keys {
+        const SAFE: &percent_encoding::AsciiSet =
+            &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+        let url = format!("{bucket_url}/{}", percent_encoding::utf8_percent_encode(key, SAFE));
+        let credential = store.credentials().get_credential().await.unwrap();
+        let mut request = http::Request::put(&url).body(object_store::client::HttpRequestBody::empty()).unwrap();
+        object_store::aws::AwsAuthorizer::new(&credential, "s3", "us-east-1")
+            .with_sign_payload(false)
+            .try_authorize(&mut request, None)
+            .unwrap();
+        let body = format!("the bytes of {key}");
+        let resp = http.put(&url).headers(request.headers().clone()).body(body).send().await.unwrap();
+        assert!(resp.status().is_success(), "{key:?}: {}", resp.text().await.unwrap());
+    }
+
+    let server = Server::start(&[]);
+    let source = format!("s3://{bucket}/odd");
+    let (access, secret) = (config.access_key.clone().unwrap(), config.secret_key.clone().unwrap());
+    let flags = ["--s3-endpoint", &endpoint, "--s3-access-key", &access, "--s3-secret-key", &secret];
+    let said = ok(&import(&server, &[&[source.as_str(), "odd"][..], &flags[..]].concat()));
+    assert!(said.contains(&format!("imported {} files", keys.len())), "{said}");
+    for key in keys {
+        let (body, ..) = fetch(&server, "odd", key).await;
+        assert_eq!(String::from_utf8(body).unwrap(), format!("the bytes of {key}"), "{key:?}");
+    }
+}

@@ -4,13 +4,12 @@
 //!
 //! Sources: a directory tree (relative paths become keys), a GridFS bucket
 //! (`mongodb://host/database`; filename becomes the key, contentType and
-//! uploadDate are kept) and an S3 bucket (`s3://bucket/prefix`; keys, content
+//! uploadDate are kept) and an S3 bucket (`s3://bucket/folder`; whole keys, content
 //! types and dates are kept). Each object keeps its source's modification
 //! time, so a re-run skips what is already there the way `rsync` does: same
 //! key, same size, same modification time.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime};
 
@@ -19,10 +18,10 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use indicatif::HumanBytes;
 use mongodb::bson::{Bson, Document, doc};
-use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::client::{Client, ClientArgs, split_target};
-use crate::engine::{S3Config, s3};
+use super::s3_source::S3Source;
+use crate::engine::S3Config;
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
@@ -67,13 +66,13 @@ struct Item {
 enum Origin {
     File(PathBuf),
     GridFs(Bson),
-    S3(object_store::path::Path),
+    S3(String),
 }
 
 enum Source {
     Dir(PathBuf),
     GridFs(mongodb::gridfs::GridFsBucket, mongodb::Collection<Document>),
-    S3(Arc<dyn ObjectStore>, Option<object_store::path::Path>),
+    S3(S3Source),
 }
 
 type Body = std::pin::Pin<Box<dyn Stream<Item = anyhow::Result<Bytes>> + Send>>;
@@ -113,10 +112,7 @@ impl Source {
                 access_key: args.s3_access_key.clone(),
                 secret_key: args.s3_secret_key.clone(),
             };
-            let store =
-                s3::builder(args.s3_endpoint.as_deref(), &config).build().context("configuring the S3 source")?;
-            let prefix = (!prefix.is_empty()).then(|| object_store::path::Path::from(prefix));
-            return Ok(Source::S3(Arc::new(store), prefix));
+            return Ok(Source::S3(S3Source::open(args.s3_endpoint.as_deref(), &config, prefix)?));
         }
         let dir = PathBuf::from(source);
         if !dir.is_dir() {
@@ -150,43 +146,47 @@ impl Source {
                 }
                 Ok((items, problems))
             }
-            Source::S3(store, prefix) => {
-                let mut listing = store.list(prefix.as_ref());
-                let mut items = Vec::new();
-                while let Some(meta) = listing.try_next().await? {
-                    items.push(Item {
-                        key: meta.location.to_string(),
-                        size: meta.size,
-                        modified: Some(meta.last_modified.into()),
+            Source::S3(source) => {
+                let (listed, problems) = source.list().await?;
+                let items = listed
+                    .into_iter()
+                    .map(|l| Item {
+                        key: l.key.clone(),
+                        size: l.size,
+                        modified: l.modified,
                         content_type: None,
-                        origin: Origin::S3(meta.location),
-                    });
-                }
-                Ok((items, Vec::new()))
+                        origin: Origin::S3(l.key),
+                    })
+                    .collect();
+                Ok((items, problems))
             }
         }
     }
 
     /// The item's bytes as a stream, and the headers to store with them
-    /// that only the read tells.
-    async fn open_item(&self, item: &Item) -> anyhow::Result<(Body, Vec<(String, String)>)> {
+    /// that only the read tells; `None` if the item is gone.
+    async fn open_item(&self, item: &Item) -> anyhow::Result<Option<(Body, Vec<(String, String)>)>> {
         match (&item.origin, self) {
             (Origin::File(path), _) => {
-                let f = tokio::fs::File::open(path).await.with_context(|| format!("opening {}", path.display()))?;
+                let f = match tokio::fs::File::open(path).await {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+                };
                 let body = tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).map_err(anyhow::Error::from);
-                Ok((Box::pin(body), Vec::new()))
+                Ok(Some((Box::pin(body), Vec::new())))
             }
             (Origin::GridFs(id), Source::GridFs(bucket, _)) => {
                 use tokio_util::compat::FuturesAsyncReadCompatExt;
                 let download = bucket.open_download_stream(id.clone()).await?;
                 let body = tokio_util::io::ReaderStream::with_capacity(download.compat(), 256 * 1024)
                     .map_err(anyhow::Error::from);
-                Ok((Box::pin(body), Vec::new()))
+                Ok(Some((Box::pin(body), Vec::new())))
             }
-            (Origin::S3(location), Source::S3(store, _)) => {
-                let got = store.get(location).await?;
-                let headers = s3_headers(&got.attributes);
-                Ok((Box::pin(got.into_stream().map_err(anyhow::Error::from)), headers))
+            (Origin::S3(key), Source::S3(source)) => {
+                let Some(got) = source.get(key).await? else { return Ok(None) };
+                let headers = s3_headers(got.headers());
+                Ok(Some((Box::pin(got.bytes_stream().map_err(anyhow::Error::from)), headers)))
             }
             _ => bail!("an item from another source"),
         }
@@ -195,21 +195,14 @@ impl Source {
 
 /// What an S3 object says of itself that depot keeps: its Content-Type,
 /// the headers it is served with, and its user metadata.
-fn s3_headers(attributes: &object_store::Attributes) -> Vec<(String, String)> {
-    use object_store::Attribute;
-    let named = |(attribute, value): (&Attribute, &object_store::AttributeValue)| {
-        let name = match attribute {
-            Attribute::ContentType => "content-type".to_string(),
-            Attribute::CacheControl => "cache-control".to_string(),
-            Attribute::ContentDisposition => "content-disposition".to_string(),
-            Attribute::ContentEncoding => "content-encoding".to_string(),
-            Attribute::ContentLanguage => "content-language".to_string(),
-            Attribute::Metadata(name) => format!("x-amz-meta-{name}"),
-            _ => return None,
-        };
-        Some((name, value.as_ref().to_string()))
-    };
-    attributes.iter().filter_map(named).collect()
+fn s3_headers(headers: &reqwest::header::HeaderMap) -> Vec<(String, String)> {
+    const KEPT: [&str; 5] =
+        ["content-type", "cache-control", "content-disposition", "content-encoding", "content-language"];
+    headers
+        .iter()
+        .filter(|(name, _)| KEPT.contains(&name.as_str()) || name.as_str().starts_with("x-amz-meta-"))
+        .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
+        .collect()
 }
 
 /// Every regular file under `root`, keyed by its relative path with `/`.
@@ -290,6 +283,7 @@ struct Tally {
     deduplicated: AtomicU64,
     skipped: AtomicU64,
     vanished: AtomicU64,
+    markers: AtomicU64,
     failed: AtomicU64,
 }
 
@@ -298,9 +292,10 @@ enum Outcome {
         deduplicated: bool,
     },
     Skipped,
-    /// Listed, but gone when read (deleted meanwhile, or a folder marker
-    /// some S3 servers list).
+    /// Listed, but gone when read (deleted meanwhile).
     Vanished,
+    /// An S3 key ending in `/`: a folder marker, not a file.
+    Marker,
 }
 
 /// `depot import`.
@@ -338,6 +333,9 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                         Ok(Outcome::Vanished) => {
                             tally.vanished.fetch_add(1, Ordering::Relaxed);
                         }
+                        Ok(Outcome::Marker) => {
+                            tally.markers.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(e) => {
                             tally.failed.fetch_add(1, Ordering::Relaxed);
                             bar.suspend(|| eprintln!("failed: {key}: {e:#}"));
@@ -363,19 +361,16 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
         );
         match tally.vanished.load(Ordering::Relaxed) {
             0 => {}
-            n => println!("{n} listed entries were gone when read (deleted meanwhile, or folder markers)"),
+            n => println!("{n} listed entries were gone when read (deleted meanwhile)"),
+        }
+        match tally.markers.load(Ordering::Relaxed) {
+            0 => {}
+            n => println!("{n} folder markers (S3 keys ending in /) left out"),
         }
         match tally.failed.load(Ordering::Relaxed) {
             0 => Ok(()),
             n => bail!("{n} files could not be imported; run the import again to retry them"),
         }
-    })
-}
-
-fn is_not_found(e: &anyhow::Error) -> bool {
-    e.chain().any(|cause| {
-        matches!(cause.downcast_ref::<object_store::Error>(), Some(object_store::Error::NotFound { .. }))
-            || cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
     })
 }
 
@@ -392,6 +387,9 @@ async fn ensure_bucket(client: &Client, bucket: &str) -> anyhow::Result<()> {
 }
 
 async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, item: &Item) -> anyhow::Result<Outcome> {
+    if matches!(item.origin, Origin::S3(_)) && item.key.ends_with('/') {
+        return Ok(Outcome::Marker);
+    }
     let url = client.url(bucket, key)?;
     let modified = item.modified.map(httpdate::fmt_http_date);
     let head = client.request(reqwest::Method::HEAD, &url).send().await?;
@@ -404,11 +402,7 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
     {
         return Ok(Outcome::Skipped);
     }
-    let (body, mut headers) = match source.open_item(item).await {
-        Ok(opened) => opened,
-        Err(e) if is_not_found(&e) => return Ok(Outcome::Vanished),
-        Err(e) => return Err(e),
-    };
+    let Some((body, mut headers)) = source.open_item(item).await? else { return Ok(Outcome::Vanished) };
     let mut req = client
         .request(reqwest::Method::PUT, &url)
         .header(reqwest::header::CONTENT_LENGTH, item.size)

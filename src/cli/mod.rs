@@ -4,6 +4,7 @@
 pub mod client;
 pub mod import;
 pub mod migrate;
+mod s3_source;
 pub mod serve;
 
 use std::path::PathBuf;

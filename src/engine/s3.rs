@@ -206,6 +206,50 @@ pub fn builder(endpoint: Option<&str>, config: &S3Config) -> AmazonS3Builder {
     builder
 }
 
+/// Where the requests of a [`builder`] go.
+pub struct Resolved {
+    pub bucket: String,
+    pub region: String,
+    /// `http(s)://host[:port]/bucket`: path-style requests.
+    pub bucket_url: String,
+}
+
+/// The bucket, region and endpoint `builder` was given or found in the
+/// environment, for requests of our own.
+pub fn resolve(builder: &AmazonS3Builder) -> Result<Resolved> {
+    let bucket = builder
+        .get_config_value(&AmazonS3ConfigKey::Bucket)
+        .ok_or_else(|| EngineError::other(NAME, "needs a bucket: --s3-bucket NAME (or AWS_BUCKET)"))?;
+    let region = builder.get_config_value(&AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
+    let endpoint = builder
+        .get_config_value(&AmazonS3ConfigKey::Endpoint)
+        .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+    let bucket_url = format!("{}/{bucket}", endpoint.trim_end_matches('/'));
+    Ok(Resolved { bucket, region, bucket_url })
+}
+
+/// The headers that sign a request without a body to `url` with `store`'s
+/// credentials (AWS Signature Version 4).
+pub async fn sign(
+    store: &AmazonS3,
+    region: &str,
+    method: &Method,
+    url: &str,
+    headers: &HeaderMap,
+) -> Result<HeaderMap> {
+    let credential = store.credentials().get_credential().await.map_err(|e| store_err(e, None))?;
+    let mut request = http::Request::builder()
+        .method(method.clone())
+        .uri(url)
+        .body(HttpRequestBody::empty())
+        .map_err(|e| EngineError::other(NAME, e))?;
+    request.headers_mut().extend(headers.clone());
+    AwsAuthorizer::new(&credential, "s3", region)
+        .try_authorize(&mut request, None)
+        .map_err(|e| EngineError::other(NAME, e))?;
+    Ok(request.headers().clone())
+}
+
 /// Creates the bucket `config` names (`object_store` cannot); an existing
 /// bucket of the same owner is fine.
 pub async fn create_bucket(endpoint: Option<&str>, config: &S3Config) -> Result<()> {
@@ -261,13 +305,7 @@ impl S3Engine {
             return Err(EngineError::other(NAME, format!("parts must be at least {MIN_PART} bytes")));
         }
         let builder = builder(endpoint, config);
-        let bucket = builder
-            .get_config_value(&AmazonS3ConfigKey::Bucket)
-            .ok_or_else(|| EngineError::other(NAME, "needs a bucket: --s3-bucket NAME (or AWS_BUCKET)"))?;
-        let region = builder.get_config_value(&AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
-        let endpoint = builder
-            .get_config_value(&AmazonS3ConfigKey::Endpoint)
-            .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+        let Resolved { bucket, region, bucket_url } = resolve(&builder)?;
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -298,7 +336,6 @@ impl S3Engine {
             .timeout(COPY_TIMEOUT)
             .build()
             .map_err(|e| EngineError::other(NAME, e))?;
-        let bucket_url = format!("{}/{bucket}", endpoint.trim_end_matches('/'));
         let (part_size, stale_after) = (tuning.part_size, tuning.stale_after);
         let inner = Inner { store, bucket, region, bucket_url, http, part_size, stale_after };
         Ok(S3Engine { inner: Arc::new(inner) })
@@ -309,21 +346,12 @@ impl Inner {
     /// Sends one request signed with the store's credentials, retried like
     /// `object_store`'s own; returns the status and the body.
     async fn send_signed(&self, method: Method, url: &str, headers: HeaderMap) -> Result<(StatusCode, String)> {
-        let credential = self.store.credentials().get_credential().await.map_err(|e| store_err(e, None))?;
         let started = std::time::Instant::now();
         let mut backoff = Duration::from_millis(100);
         let mut retries = 0;
         loop {
-            let mut request = http::Request::builder()
-                .method(method.clone())
-                .uri(url)
-                .body(HttpRequestBody::empty())
-                .map_err(|e| EngineError::other(NAME, e))?;
-            request.headers_mut().extend(headers.clone());
-            AwsAuthorizer::new(&credential, "s3", &self.region)
-                .try_authorize(&mut request, None)
-                .map_err(|e| EngineError::other(NAME, e))?;
-            let sent = self.http.request(method.clone(), url).headers(request.headers().clone()).send().await;
+            let signed = sign(&self.store, &self.region, &method, url, &headers).await?;
+            let sent = self.http.request(method.clone(), url).headers(signed).send().await;
             let failure = match sent {
                 Ok(response) => {
                     let status = response.status();

@@ -1,0 +1,179 @@
+//! The S3 bucket `depot import` reads from: its keys listed (ListObjectsV2,
+//! with the keys URL-encoded) and read (GET) by requests we sign ourselves.
+//! `object_store`, which the `s3` engine uses, keeps keys as paths, and a
+//! path cannot hold every S3 key (control characters, empty segments, a
+//! leading or trailing `/`): one such key failed the whole listing.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use http::{HeaderMap, Method, StatusCode};
+use object_store::aws::AmazonS3;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use serde::Deserialize;
+
+use crate::engine::{S3Config, s3};
+
+/// What a key's path is sent as: every byte but the unreserved ones and `/`
+/// percent-encoded, as Signature Version 4 has it.
+const KEY: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+
+/// A query parameter's value, encoded the same way and `/` with it.
+const QUERY: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// Tries of a request that failed on the network or with a 5xx or 429.
+const ATTEMPTS: u32 = 4;
+
+pub struct S3Source {
+    store: AmazonS3,
+    region: String,
+    bucket_url: String,
+    /// Empty, or ending in `/`: the prefix is a folder, as `aws s3 cp
+    /// --recursive` takes it.
+    prefix: String,
+    http: reqwest::Client,
+}
+
+/// One key as listed.
+pub struct Listed {
+    pub key: String,
+    pub size: u64,
+    pub modified: Option<SystemTime>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListBucketResult {
+    #[serde(default)]
+    contents: Vec<Contents>,
+    next_continuation_token: Option<String>,
+    encoding_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Contents {
+    key: String,
+    size: u64,
+    last_modified: Option<String>,
+}
+
+impl S3Source {
+    pub fn open(endpoint: Option<&str>, config: &S3Config, prefix: &str) -> anyhow::Result<S3Source> {
+        let builder = s3::builder(endpoint, config);
+        let s3::Resolved { region, bucket_url, .. } = s3::resolve(&builder)?;
+        let store = builder.build().context("configuring the S3 source")?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(Duration::from_secs(60))
+            .build()?;
+        let prefix = match prefix {
+            "" => String::new(),
+            p if p.ends_with('/') => p.to_string(),
+            p => format!("{p}/"),
+        };
+        Ok(S3Source { store, region, bucket_url, prefix, http })
+    }
+
+    /// Every key under the prefix, with the keys that cannot be read by
+    /// URL as problems.
+    pub async fn list(&self) -> anyhow::Result<(Vec<Listed>, Vec<String>)> {
+        let (mut listed, mut problems) = (Vec::new(), Vec::new());
+        let mut token: Option<String> = None;
+        loop {
+            let mut url = format!("{}?list-type=2&encoding-type=url", self.bucket_url);
+            for (name, value) in [("prefix", Some(&self.prefix)), ("continuation-token", token.as_ref())] {
+                if let Some(value) = value.filter(|v| !v.is_empty()) {
+                    url.push_str(&format!("&{name}={}", utf8_percent_encode(value, QUERY)));
+                }
+            }
+            let response = self.send(&url).await?;
+            let status = response.status();
+            let body = response.text().await.context("reading a listing")?;
+            if !status.is_success() {
+                bail!("the S3 server answered {status}: {}", error_summary(&body));
+            }
+            let page: ListBucketResult =
+                quick_xml::de::from_str(&body).context("the S3 server's listing is not one ListObjectsV2 gives")?;
+            let encoded = page.encoding_type.as_deref() == Some("url");
+            for item in page.contents {
+                let key = match encoded {
+                    true => match percent_decode_str(&item.key).decode_utf8() {
+                        Ok(key) => key.into_owned(),
+                        Err(_) => {
+                            problems.push(format!("{}: the key is not UTF-8", item.key));
+                            continue;
+                        }
+                    },
+                    false => item.key,
+                };
+                if key.split('/').any(|segment| segment == "." || segment == "..") {
+                    // A URL's `.` and `..` segments are resolved, not sent.
+                    problems.push(format!("{key:?}: a key with a `.` or `..` segment cannot be read by URL"));
+                    continue;
+                }
+                let modified = item.last_modified.and_then(|t| humantime::parse_rfc3339_weak(&t).ok());
+                listed.push(Listed { key, size: item.size, modified });
+            }
+            match page.next_continuation_token {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => return Ok((listed, problems)),
+            }
+        }
+    }
+
+    /// A GET of `key`, answered with its headers and its body to come;
+    /// `None` if there is no such key (any longer).
+    pub async fn get(&self, key: &str) -> anyhow::Result<Option<reqwest::Response>> {
+        let response = self.send(&format!("{}/{}", self.bucket_url, utf8_percent_encode(key, KEY))).await?;
+        match response.status() {
+            s if s.is_success() => Ok(Some(response)),
+            StatusCode::NOT_FOUND => Ok(None),
+            status => bail!("the S3 server answered {status}: {}", error_summary(&response.text().await?)),
+        }
+    }
+
+    /// A signed GET of `url`, tried again after a network error, a 5xx or a
+    /// 429, up to [`ATTEMPTS`] times.
+    async fn send(&self, url: &str) -> anyhow::Result<reqwest::Response> {
+        let mut backoff = Duration::from_millis(200);
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            let signed = s3::sign(&self.store, &self.region, &Method::GET, url, &HeaderMap::new()).await?;
+            let failure = match self.http.get(url).headers(signed).send().await {
+                Ok(r) if !(r.status().is_server_error() || r.status() == StatusCode::TOO_MANY_REQUESTS) => {
+                    return Ok(r);
+                }
+                Ok(r) => anyhow::anyhow!("the S3 server answered {}", r.status()),
+                Err(e) if e.is_connect() => {
+                    anyhow::Error::new(e).context(format!("cannot reach the S3 server at {}", self.bucket_url))
+                }
+                Err(e) => {
+                    anyhow::Error::new(e).context(format!("a request to the S3 server at {} failed", self.bucket_url))
+                }
+            };
+            if attempt == ATTEMPTS {
+                let elapsed = started.elapsed().as_secs_f64();
+                return Err(failure.context(format!("after {attempt} tries in {elapsed:.1} s")));
+            }
+            attempt += 1;
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+}
+
+/// The code and message of an S3 error document, or its start.
+fn error_summary(body: &str) -> String {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Error {
+        code: String,
+        message: Option<String>,
+    }
+    match quick_xml::de::from_str::<Error>(body) {
+        Ok(e) => format!("{}{}", e.code, e.message.map(|m| format!(": {m}")).unwrap_or_default()),
+        Err(_) => body.chars().take(200).collect(),
+    }
+}
