@@ -129,8 +129,9 @@ impl App {
     /// Answers one request; never fails (errors are responses). Every
     /// response carries the request's ID, and everything logged while
     /// answering it is in a span with that ID.
-    pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response {
+    pub async fn handle(self: Arc<Self>, mut req: http::Request<Incoming>) -> Response {
         let id = request_id(req.headers());
+        req.extensions_mut().insert(RequestId(id.clone()));
         let span = tracing::info_span!("request", id = %id);
         let (method, path) = (req.method().clone(), req.uri().path().to_string());
         let mut response = self.respond(req).instrument(span.clone()).await;
@@ -273,6 +274,10 @@ impl App {
 
 const REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
 const AMZ_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-amz-request-id");
+
+/// The ID of the request being answered, in its extensions.
+#[derive(Clone)]
+pub(crate) struct RequestId(pub(crate) String);
 
 /// The client's `X-Request-Id` when it is a sane token (so a proxy's IDs
 /// carry through), else a new random one.

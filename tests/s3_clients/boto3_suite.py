@@ -721,6 +721,31 @@ def area_delete(s3, buckets):
         s3.meta.events.unregister("before-send.s3.DeleteObjects", change_document)
     expect_equal(s3.head_object(Bucket=bucket, Key="keepmf")["ContentLength"], 4, "... and deleted nothing")
 
+    # Keys as a client may write them in the document: characters as
+    # character references, and a carriage return, which the answer must
+    # escape too (an XML parser reads a raw one as a line feed).
+    odd = ["ref-\u00fc-x", "cr-\r-x"]
+    for key in odd:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"odd")
+    document = b"<Delete><Object><Key>ref-&#xFC;-x</Key></Object><Object><Key>cr-&#13;-x</Key></Object></Delete>"
+    md5 = base64.b64encode(hashlib.md5(document).digest()).decode()
+    payload = hashlib.sha256(document).hexdigest()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    *_, headers = signed_put(f"/{bucket}", document, payload, now, {"content-md5": md5}, "POST", "delete=")
+    status, answer = send_put(f"/{bucket}", document, headers, "POST", "delete")
+    expect_equal(status, 200, "DeleteObjects with character references")
+    deleted = sorted(e.text for e in ET.fromstring(answer).iter() if e.tag.rpartition("}")[2] == "Key")
+    expect_equal(deleted, sorted(odd), "DeleteObjects reads character references and answers with the keys exact")
+    expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket)), ["keep", "keepmf"], "... and deleted them")
+
+    status, headers, answer = http_get(f"{ENDPOINT}/{bucket}/keep?acl")  # anonymous: AccessDenied
+    named = ET.fromstring(answer).findtext("RequestId")
+    expect(
+        status == 403 and named and named == headers.get("x-amz-request-id"),
+        "an error's XML names its request, as the x-amz-request-id header does",
+        f"status {status}, {short(answer)}",
+    )
+
 
 def area_copy(s3, buckets):
     bucket = buckets.create(s3)
@@ -1607,10 +1632,11 @@ def signing_key(day):
     return key
 
 
-def signed_put(path, body, payload_hash, at, headers=None):
-    """PUT `body` (bytes as sent) to `path`, signed with SigV4 at time `at`
-    with x-amz-content-sha256 = `payload_hash`. Returns (status, body,
-    seed signature, signing key, amz date, scope)."""
+def signed_put(path, body, payload_hash, at, headers=None, method="PUT", query=""):
+    """The headers of a PUT (or `method`) of `body` to `path` (and `query`,
+    in canonical form), signed with SigV4 at time `at` with
+    x-amz-content-sha256 = `payload_hash`. Returns (seed signature, signing
+    key, amz date, scope, headers)."""
     amz_date = at.strftime("%Y%m%dT%H%M%SZ")
     day = amz_date[:8]
     scope = f"{day}/{REGION}/s3/aws4_request"
@@ -1620,7 +1646,7 @@ def signed_put(path, body, payload_hash, at, headers=None):
     names = sorted(h.lower() for h in headers)
     canonical_headers = "".join(f"{n}:{headers[n].strip()}\n" for n in names)
     canonical = "\n".join(
-        ["PUT", urllib.parse.quote(path, safe="/~"), "", canonical_headers, ";".join(names), payload_hash]
+        [method, urllib.parse.quote(path, safe="/~"), query, canonical_headers, ";".join(names), payload_hash]
     )
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = signing_key(day)
@@ -1656,11 +1682,12 @@ def presigned_put(bucket, key, params):
     return f"{ENDPOINT}{path}?{canonical_query}&X-Amz-Signature={signature}"
 
 
-def send_put(path, body, headers):
+def send_put(path, body, headers, method="PUT", query=""):
     parts = urllib.parse.urlsplit(ENDPOINT)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     try:
-        conn.request("PUT", urllib.parse.quote(path, safe="/~"), body=body, headers=headers)
+        target = urllib.parse.quote(path, safe="/~") + (f"?{query}" if query else "")
+        conn.request(method, target, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, response.read()
     finally:

@@ -187,9 +187,40 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
     Ok(http::Request::from_parts(parts, s3s::Body::from(bytes)))
 }
 
+/// An XML answer put right where the protocol layer writes it wrong or
+/// short: a carriage return in a key is written `&#13;` (an XML reader takes
+/// a raw one for a line feed, so the client would read another key), and an
+/// error names its request (`RequestId`), as S3's errors do.
+fn finish_xml(mut response: http::Response<s3s::Body>, request_id: Option<&str>) -> http::Response<s3s::Body> {
+    let xml = response.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/xml");
+    let Some(document) = response.body().bytes().filter(|_| xml) else { return response };
+    let mut text = match String::from_utf8(document.to_vec()) {
+        Ok(text) => text,
+        Err(_) => return response,
+    };
+    let mut changed = false;
+    if text.contains('\r') {
+        text = text.replace('\r', "&#13;");
+        changed = true;
+    }
+    if let Some(id) = request_id
+        && response.status().as_u16() >= 300
+        && !text.contains("<RequestId>")
+        && let Some(end) = text.rfind("</Error>")
+    {
+        text.insert_str(end, &format!("<RequestId>{id}</RequestId>"));
+        changed = true;
+    }
+    if changed {
+        *response.body_mut() = s3s::Body::from(text);
+    }
+    response
+}
+
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request) -> Response {
     let head = req.method() == http::Method::HEAD;
+    let request_id = req.extensions().get::<super::RequestId>().map(|id| id.0.clone());
     let prepared = match refused_signing(&req) {
         Some(e) => Err(e),
         None => prepare(req).await,
@@ -209,6 +240,7 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
             ));
         }
     };
+    response = finish_xml(response, request_id.as_deref());
     // HeadObject of a range answers 206, as GetObject does; the protocol
     // layer answers every HeadObject with 200.
     if head && response.status() == http::StatusCode::OK && response.headers().contains_key(http::header::CONTENT_RANGE)
@@ -346,4 +378,26 @@ fn api_to_s3(e: ApiError) -> S3Error {
     let mut err = S3Error::with_message(code, e.message);
     err.set_status_code(e.status);
     err
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xml_answers_escape_carriage_returns_and_errors_name_their_request() {
+        let answer = |status: u16, body: &str| {
+            let mut r = http::Response::new(s3s::Body::from(body.to_string()));
+            *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+            r
+        };
+        let text = |r: http::Response<s3s::Body>| String::from_utf8(r.body().bytes().unwrap().to_vec()).unwrap();
+        let deleted = finish_xml(answer(200, "<Deleted><Key>a\rb\nc</Key></Deleted>"), Some("id1"));
+        assert_eq!(text(deleted), "<Deleted><Key>a&#13;b\nc</Key></Deleted>");
+        let error = finish_xml(answer(404, "<Error><Code>NoSuchKey</Code></Error>"), Some("id2"));
+        assert_eq!(text(error), "<Error><Code>NoSuchKey</Code><RequestId>id2</RequestId></Error>");
+        let named = "<Error><Code>X</Code><RequestId>given</RequestId></Error>";
+        assert_eq!(text(finish_xml(answer(400, named), Some("id3"))), named);
+    }
 }
