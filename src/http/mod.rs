@@ -129,12 +129,11 @@ impl App {
     /// Answers one request; never fails (errors are responses). Every
     /// response carries the request's ID, and everything logged while
     /// answering it is in a span with that ID.
-    pub async fn handle(self: Arc<Self>, mut req: http::Request<Incoming>) -> Response {
+    pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response {
         let id = request_id(req.headers());
-        req.extensions_mut().insert(RequestId(id.clone()));
         let span = tracing::info_span!("request", id = %id);
         let (method, path) = (req.method().clone(), req.uri().path().to_string());
-        let mut response = self.respond(req).instrument(span.clone()).await;
+        let mut response = self.respond(req, &id).instrument(span.clone()).await;
         let status = response.status();
         let _entered = span.enter();
         if status.is_server_error() {
@@ -149,7 +148,7 @@ impl App {
         response
     }
 
-    async fn respond(self: Arc<Self>, req: http::Request<Incoming>) -> Response {
+    async fn respond(self: Arc<Self>, req: http::Request<Incoming>, id: &str) -> Response {
         let started = Instant::now();
         let method = req.method().clone();
         let expects_continue =
@@ -167,7 +166,7 @@ impl App {
         if let Some(caller) = caller {
             req.extensions_mut().insert(caller);
         }
-        let mut response = self.clone().answer(req, s3, !authorized).await;
+        let mut response = self.clone().answer(req, s3, !authorized, id).await;
         let refused = response.status().is_client_error() || response.status().is_server_error();
         // A body that stopped coming is a timeout, whatever the handler
         // made of the failed read (native answers only: S3 clients get the
@@ -192,7 +191,7 @@ impl App {
         response
     }
 
-    async fn answer(self: Arc<Self>, req: Request, s3: bool, anonymous: bool) -> Response {
+    async fn answer(self: Arc<Self>, req: Request, s3: bool, anonymous: bool, id: &str) -> Response {
         // RFC 9112 section 3.2: an HTTP/1.1 request without a Host, or
         // any request with more than one, is a 400.
         let hosts = req.headers().get_all(header::HOST).iter().count();
@@ -245,11 +244,11 @@ impl App {
             false => None,
             true => match self.uploads.clone().try_acquire_owned() {
                 Ok(permit) => Some(permit),
-                Err(_) => return self.slow_down(s3),
+                Err(_) => return self.slow_down(s3, id),
             },
         };
         if s3 {
-            s3::handle(&self.s3, req).await
+            s3::handle(&self.s3, req, id).await
         } else {
             match native::route(&self, req).await {
                 Ok(r) => r,
@@ -260,10 +259,10 @@ impl App {
 
     /// 503 with Retry-After, for an upload beyond `max_uploads` (S3's
     /// SlowDown for S3 requests).
-    fn slow_down(&self, s3: bool) -> Response {
+    fn slow_down(&self, s3: bool, id: &str) -> Response {
         let message = format!("{} uploads are in progress; retry later", self.limits.max_uploads);
         let mut r = if s3 {
-            s3::slow_down(message)
+            s3::slow_down(message, id)
         } else {
             error_response(&ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "SlowDown", message))
         };
@@ -274,10 +273,6 @@ impl App {
 
 const REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
 const AMZ_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-amz-request-id");
-
-/// The ID of the request being answered, in its extensions.
-#[derive(Clone)]
-pub(crate) struct RequestId(pub(crate) String);
 
 /// The client's `X-Request-Id` when it is a sane token (so a proxy's IDs
 /// carry through), else a new random one.

@@ -191,7 +191,7 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
 /// short: a carriage return in a key is written `&#13;` (an XML reader takes
 /// a raw one for a line feed, so the client would read another key), and an
 /// error names its request (`RequestId`), as S3's errors do.
-fn finish_xml(mut response: http::Response<s3s::Body>, request_id: Option<&str>) -> http::Response<s3s::Body> {
+fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str) -> http::Response<s3s::Body> {
     let xml = response.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/xml");
     let Some(document) = response.body().bytes().filter(|_| xml) else { return response };
     let mut text = match String::from_utf8(document.to_vec()) {
@@ -203,12 +203,11 @@ fn finish_xml(mut response: http::Response<s3s::Body>, request_id: Option<&str>)
         text = text.replace('\r', "&#13;");
         changed = true;
     }
-    if let Some(id) = request_id
-        && response.status().as_u16() >= 300
+    if response.status().as_u16() >= 300
         && !text.contains("<RequestId>")
         && let Some(end) = text.rfind("</Error>")
     {
-        text.insert_str(end, &format!("<RequestId>{id}</RequestId>"));
+        text.insert_str(end, &format!("<RequestId>{request_id}</RequestId>"));
         changed = true;
     }
     if changed {
@@ -218,9 +217,8 @@ fn finish_xml(mut response: http::Response<s3s::Body>, request_id: Option<&str>)
 }
 
 /// Answers one S3 request.
-pub async fn handle(service: &S3Service, req: Request) -> Response {
+pub async fn handle(service: &S3Service, req: Request, request_id: &str) -> Response {
     let head = req.method() == http::Method::HEAD;
-    let request_id = req.extensions().get::<super::RequestId>().map(|id| id.0.clone());
     let prepared = match refused_signing(&req) {
         Some(e) => Err(e),
         None => prepare(req).await,
@@ -240,7 +238,7 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
             ));
         }
     };
-    response = finish_xml(response, request_id.as_deref());
+    response = finish_xml(response, request_id);
     // HeadObject of a range answers 206, as GetObject does; the protocol
     // layer answers every HeadObject with 200.
     if head && response.status() == http::StatusCode::OK && response.headers().contains_key(http::header::CONTENT_RANGE)
@@ -251,9 +249,10 @@ pub async fn handle(service: &S3Service, req: Request) -> Response {
 }
 
 /// S3's SlowDown (503): too many requests at once.
-pub fn slow_down(message: String) -> Response {
+pub fn slow_down(message: String, request_id: &str) -> Response {
     let mut e = S3Error::new(S3ErrorCode::SlowDown);
     e.set_message(message);
+    e.set_request_id(request_id);
     match e.to_http_response() {
         Ok(r) => r.map(|b| b.map_err(io::Error::other).boxed_unsync()),
         Err(_) => super::error_response(&ApiError::new(
@@ -393,11 +392,11 @@ mod tests {
             r
         };
         let text = |r: http::Response<s3s::Body>| String::from_utf8(r.body().bytes().unwrap().to_vec()).unwrap();
-        let deleted = finish_xml(answer(200, "<Deleted><Key>a\rb\nc</Key></Deleted>"), Some("id1"));
+        let deleted = finish_xml(answer(200, "<Deleted><Key>a\rb\nc</Key></Deleted>"), "id1");
         assert_eq!(text(deleted), "<Deleted><Key>a&#13;b\nc</Key></Deleted>");
-        let error = finish_xml(answer(404, "<Error><Code>NoSuchKey</Code></Error>"), Some("id2"));
+        let error = finish_xml(answer(404, "<Error><Code>NoSuchKey</Code></Error>"), "id2");
         assert_eq!(text(error), "<Error><Code>NoSuchKey</Code><RequestId>id2</RequestId></Error>");
         let named = "<Error><Code>X</Code><RequestId>given</RequestId></Error>";
-        assert_eq!(text(finish_xml(answer(400, named), Some("id3"))), named);
+        assert_eq!(text(finish_xml(answer(400, named), "id3")), named);
     }
 }
