@@ -10,6 +10,8 @@ use indicatif::{HumanBytes, ProgressBar};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
+use crate::store::names::URL_PATH;
+
 /// Where the server is and how to authenticate.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ClientArgs {
@@ -22,10 +24,6 @@ pub struct ClientArgs {
 }
 
 const BAR_FROM: u64 = 1024 * 1024;
-
-/// Characters escaped in a key placed in a URL path.
-const KEY: &percent_encoding::AsciiSet =
-    &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 pub(crate) struct Client {
     pub(crate) base: String,
@@ -125,7 +123,7 @@ fn key_path(key: &str) -> anyhow::Result<String> {
         if i > 0 {
             path.push_str(if dot(segment) || (i == 1 && dot(segments[0])) { "%2F" } else { "/" });
         }
-        path.extend(percent_encoding::utf8_percent_encode(segment, KEY));
+        path.extend(percent_encoding::utf8_percent_encode(segment, URL_PATH));
     }
     Ok(path)
 }

@@ -9,20 +9,14 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use http::{HeaderMap, Method, StatusCode};
 use object_store::aws::AmazonS3;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use percent_encoding::{AsciiSet, percent_decode_str, utf8_percent_encode};
 use serde::Deserialize;
 
 use crate::engine::{S3Config, s3};
+use crate::store::names::URL_PATH;
 
-/// What a key's path is sent as: every byte but the unreserved ones and `/`
-/// percent-encoded, as Signature Version 4 has it.
-const KEY: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
-
-/// A query parameter's value, encoded the same way and `/` with it.
-const QUERY: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
-
-/// Tries of a request that failed on the network or with a 5xx or 429.
-const ATTEMPTS: u32 = 4;
+/// A query parameter's value: escaped as a key in a path is, and `/` too.
+const QUERY: &AsciiSet = &URL_PATH.add(b'/');
 
 pub struct S3Source {
     store: AmazonS3,
@@ -63,10 +57,8 @@ impl S3Source {
         let builder = s3::builder(endpoint, config);
         let s3::Resolved { region, bucket_url, .. } = s3::resolve(&builder)?;
         let store = builder.build().context("configuring the S3 source")?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .read_timeout(Duration::from_secs(60))
-            .build()?;
+        let http =
+            reqwest::Client::builder().connect_timeout(s3::CONNECT_TIMEOUT).read_timeout(s3::READ_TIMEOUT).build()?;
         let prefix = match prefix {
             "" => String::new(),
             p if p.ends_with('/') => p.to_string(),
@@ -125,7 +117,7 @@ impl S3Source {
     /// A GET of `key`, answered with its headers and its body to come;
     /// `None` if there is no such key (any longer).
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<reqwest::Response>> {
-        let response = self.send(&format!("{}/{}", self.bucket_url, utf8_percent_encode(key, KEY))).await?;
+        let response = self.send(&format!("{}/{}", self.bucket_url, utf8_percent_encode(key, URL_PATH))).await?;
         match response.status() {
             s if s.is_success() => Ok(Some(response)),
             StatusCode::NOT_FOUND => Ok(None),
@@ -134,9 +126,10 @@ impl S3Source {
     }
 
     /// A signed GET of `url`, tried again after a network error, a 5xx or a
-    /// 429, up to [`ATTEMPTS`] times.
+    /// 429 as the engine's requests are: at most [`s3::MAX_RETRIES`] times
+    /// within [`s3::RETRY_TIMEOUT`].
     async fn send(&self, url: &str) -> anyhow::Result<reqwest::Response> {
-        let mut backoff = Duration::from_millis(200);
+        let mut backoff = Duration::from_millis(100);
         let started = Instant::now();
         let mut attempt = 1;
         loop {
@@ -153,7 +146,7 @@ impl S3Source {
                     anyhow::Error::new(e).context(format!("a request to the S3 server at {} failed", self.bucket_url))
                 }
             };
-            if attempt == ATTEMPTS {
+            if attempt > s3::MAX_RETRIES || started.elapsed() > s3::RETRY_TIMEOUT {
                 let elapsed = started.elapsed().as_secs_f64();
                 return Err(failure.context(format!("after {attempt} tries in {elapsed:.1} s")));
             }

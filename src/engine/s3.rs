@@ -87,10 +87,11 @@ pub const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_RETRIES: usize = 3;
 /// No retry starts later than this after the first attempt.
 pub const RETRY_TIMEOUT: Duration = Duration::from_secs(10);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a connection to the server.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for the next bytes of an answer. There is no limit on a
 /// whole request: a GET streams as fast as its client reads, however long.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest self-copy (a server-side copy of up to [`MAX_BLOB`]).
 const COPY_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where uploads in progress live.

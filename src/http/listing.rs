@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::native::{query, query_value};
 use super::{App, Request, Response, full, json};
 use crate::catalog::{ListQuery, from_millis};
+use crate::store::names::URL_PATH;
 
 /// Most entries in one page.
 const MAX_LIMIT: usize = 10_000;
@@ -45,7 +46,7 @@ pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, A
     }
     let mut rows = String::new();
     for b in &buckets {
-        let href = escape(&percent_encoding::utf8_percent_encode(&b.name, PATH).to_string());
+        let href = escape(&percent_encoding::utf8_percent_encode(&b.name, URL_PATH).to_string());
         rows.push_str(&format!(
             "<tr><td><a href=\"/{href}/\">{}/</a></td><td>{}</td></tr>\n",
             escape(&b.name),
@@ -98,7 +99,7 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
         });
         return Ok(negotiated(json(StatusCode::OK, &body)));
     }
-    let link = |key: &str| escape(&format!("/{bucket}/{}", percent_encoding::utf8_percent_encode(key, PATH)));
+    let link = |key: &str| escape(&format!("/{bucket}/{}", percent_encoding::utf8_percent_encode(key, URL_PATH)));
     let mut rows = String::new();
     if let Some(parent) = parent_of(prefix) {
         rows.push_str(&format!("<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n", link(parent)));
@@ -135,10 +136,6 @@ fn parent_of(prefix: &str) -> Option<&str> {
     let trimmed = prefix.strip_suffix('/')?;
     Some(trimmed.rfind('/').map_or("", |i| &trimmed[..=i]))
 }
-
-/// Characters escaped in links: everything but unreserved characters and `/`.
-const PATH: &percent_encoding::AsciiSet =
-    &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 pub(super) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

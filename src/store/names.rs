@@ -2,6 +2,12 @@
 //! only for length and NUL, and no component of the store ever turns it into
 //! a file name.
 
+/// What a key (or a bucket name) is escaped of in a URL's path: every byte
+/// but RFC 3986's unreserved characters and `/`, as S3 (SigV4 and
+/// `encoding-type=url`) has it.
+pub const URL_PATH: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
 /// Longest key, in bytes, as in S3: the default of `--max-key-bytes`.
 pub const MAX_KEY_BYTES: usize = 1024;
 

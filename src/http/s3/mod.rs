@@ -194,25 +194,20 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
 fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str) -> http::Response<s3s::Body> {
     let xml = response.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/xml");
     let Some(document) = response.body().bytes().filter(|_| xml) else { return response };
-    let mut text = match String::from_utf8(document.to_vec()) {
-        Ok(text) => text,
-        Err(_) => return response,
-    };
-    let mut changed = false;
-    if text.contains('\r') {
-        text = text.replace('\r', "&#13;");
-        changed = true;
+    let error = response.status().as_u16() >= 300;
+    // Most answers need neither: they are passed on without a copy.
+    if !(document.contains(&b'\r') || error) {
+        return response;
     }
-    if response.status().as_u16() >= 300
+    let Ok(mut text) = String::from_utf8(document.to_vec()) else { return response };
+    text = text.replace('\r', "&#13;");
+    if error
         && !text.contains("<RequestId>")
         && let Some(end) = text.rfind("</Error>")
     {
         text.insert_str(end, &format!("<RequestId>{request_id}</RequestId>"));
-        changed = true;
     }
-    if changed {
-        *response.body_mut() = s3s::Body::from(text);
-    }
+    *response.body_mut() = s3s::Body::from(text);
     response
 }
 

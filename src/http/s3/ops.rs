@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::utf8_percent_encode;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
@@ -13,14 +13,11 @@ use crate::catalog::{BucketRecord, ListPage, ListQuery, ObjectRecord, Preconditi
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
+use crate::store::names::URL_PATH;
 use crate::store::{NewMetadata, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
 const MAX_KEYS: i32 = 1000;
-
-/// What `encoding-type=url` leaves as it is: RFC 3986's unreserved
-/// characters and `/`.
-const URL_ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
 
 pub struct DepotS3 {
     pub store: Arc<Store>,
@@ -237,7 +234,7 @@ impl Encoder {
     }
 
     fn text(&self, s: &str) -> String {
-        if self.0 { utf8_percent_encode(s, URL_ENCODE).to_string() } else { s.to_string() }
+        if self.0 { utf8_percent_encode(s, URL_PATH).to_string() } else { s.to_string() }
     }
 
     fn objects(&self, page: &ListPage) -> Vec<Object> {
