@@ -298,8 +298,8 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             _ if repair => "its damaged bytes are removed: upload it again",
             _ => "run `depot verify --repair`, which removes damaged bytes, then upload it again",
         };
-        for (bucket, key) in &report.damaged_objects {
-            println!("lost or damaged: {bucket}/{key} ({remedy})");
+        for damaged in &report.damaged_objects {
+            println!("lost or damaged: {damaged} ({remedy})");
         }
         for b in &report.leftovers {
             println!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size);

@@ -100,9 +100,28 @@ pub struct VerifyReport {
     /// them through every upload of that content. Their objects still need
     /// uploading again.
     pub cleared: u64,
-    /// Objects (bucket, key) whose bytes are lost or damaged: they need
-    /// uploading again.
-    pub damaged_objects: Vec<(String, String)>,
+    /// Objects whose bytes are lost or damaged, and parts of uploads in
+    /// progress: they need uploading again.
+    pub damaged_objects: Vec<DamagedObject>,
+}
+
+/// An object, or a part of a multipart upload in progress, that refers to
+/// lost or damaged bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamagedObject {
+    pub bucket: String,
+    pub key: String,
+    /// The upload and part number, for a part of an upload in progress.
+    pub part: Option<(String, u32)>,
+}
+
+impl fmt::Display for DamagedObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((upload_id, part)) = &self.part {
+            write!(f, "part {part} of the multipart upload {upload_id} of ")?;
+        }
+        write!(f, "{}/{}", self.bucket, self.key)
+    }
 }
 
 impl VerifyReport {
@@ -362,13 +381,22 @@ impl Store {
         Ok(refs)
     }
 
-    /// The objects (bucket, key) with a part in `damaged`.
-    async fn objects_using(&self, damaged: &HashSet<Digest>) -> Result<Vec<(String, String)>> {
+    /// The objects, and the parts of uploads in progress, with a part in
+    /// `damaged`.
+    async fn objects_using(&self, damaged: &HashSet<Digest>) -> Result<Vec<DamagedObject>> {
         let mut found = Vec::new();
+        let mut parts = Vec::new();
         let mut pages = ObjectPages::new(self.catalog.as_ref()).await?;
         while let Some((bucket, objects)) = pages.next().await? {
-            let hit = objects.into_iter().filter(|o| o.parts.iter().any(|p| damaged.contains(&p.digest)));
-            found.extend(hit.map(|o| (bucket.clone(), o.key)));
+            for o in objects.into_iter().filter(|o| o.parts.iter().any(|p| damaged.contains(&p.digest))) {
+                match bucket.as_str() {
+                    super::multipart::UPLOADS => parts.push(o.key),
+                    _ => found.push(DamagedObject { bucket: bucket.clone(), key: o.key, part: None }),
+                }
+            }
+        }
+        if !parts.is_empty() {
+            found.extend(self.upload_parts_named(&parts).await?);
         }
         Ok(found)
     }
@@ -556,9 +584,32 @@ mod tests {
         let report = store.verify(true, &hidden()).await.unwrap();
         assert_eq!(report.problems, vec![Problem::MissingBytes { digest: lost }]);
         assert_eq!(report.unresolved(), 1);
-        assert_eq!(report.damaged_objects, vec![("files".to_string(), "a".to_string())]);
+        assert_eq!(report.damaged_objects, vec![damaged("a", None)]);
         // The record stays: the object's bytes may yet be restored.
         assert!(store.head("files", "a").await.is_ok());
+    }
+
+    fn damaged(key: &str, part: Option<(&str, u32)>) -> DamagedObject {
+        DamagedObject { bucket: "files".into(), key: key.into(), part: part.map(|(id, n)| (id.to_string(), n)) }
+    }
+
+    #[tokio::test]
+    async fn lost_parts_of_uploads_in_progress_are_named_by_their_upload() {
+        let engine: DynEngine = Arc::new(MemoryEngine::new());
+        let (store, _dir) = store_over(engine.clone()).await;
+        let id = store.create_upload("files", "movie", Default::default()).await.unwrap();
+        let part = |n, bytes| store.upload_part("files", "movie", &id, n, body(bytes), PutOptions::default());
+        part(1, b"first part").await.unwrap();
+        let lost = part(2, b"second part").await.unwrap().sha256;
+        put(&store, "copy", b"second part").await;
+        engine.delete(&store.catalog.get_blob(&lost).await.unwrap().unwrap().blob_ref()).await.unwrap();
+
+        let report = store.verify(false, &hidden()).await.unwrap();
+        assert_eq!(report.damaged_objects, vec![damaged("copy", None), damaged("movie", Some((&id, 2)))]);
+        assert_eq!(
+            report.damaged_objects[1].to_string(),
+            format!("part 2 of the multipart upload {id} of files/movie")
+        );
     }
 
     #[tokio::test]
@@ -579,7 +630,7 @@ mod tests {
         // ...until the repair removes it: the objects still need uploading.
         let repaired = store.verify(true, &hidden()).await.unwrap();
         assert_eq!((repaired.cleared, repaired.unresolved()), (1, 1));
-        assert_eq!(repaired.damaged_objects, vec![("files".to_string(), "a".to_string())]);
+        assert_eq!(repaired.damaged_objects, vec![damaged("a", None)]);
         let after = store.verify(false, &hidden()).await.unwrap();
         assert_eq!(after.problems, vec![Problem::MissingBytes { digest }]);
         put(&store, "a", b"alpha").await;

@@ -15,11 +15,14 @@
 //! leaves records the next Complete, Abort or the collector removes. The
 //! object's parts are the uploaded parts' blobs: nothing is copied.
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
 use md5::Digest as _;
 use rand::Rng;
 
+use super::maintenance::DamagedObject;
 use super::{NewMetadata, PutOptions, Result, Store, StoreError, names};
 use crate::catalog::{CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis};
 use crate::engine::{ByteRange, Digest};
@@ -285,6 +288,33 @@ impl Store {
                 None => return Ok(()),
             }
         }
+    }
+
+    /// What the part records `keys` (`p/<upload id>/<part>`) are parts of:
+    /// their uploads' buckets and keys. Parts of an upload whose record is
+    /// gone (a crash cut its abort or completion short) name the store's
+    /// own bucket and the record's key.
+    pub(super) async fn upload_parts_named(&self, keys: &[String]) -> Result<Vec<DamagedObject>> {
+        let mut uploads = HashMap::new();
+        self.each_upload_record("u/", |r| {
+            if let Some((bucket, id)) = r.key.strip_prefix("u/").and_then(|rest| rest.split_once('/')) {
+                uploads.insert(id.to_string(), (bucket.to_string(), target(r).to_string()));
+            }
+        })
+        .await?;
+        Ok(keys
+            .iter()
+            .map(|record_key| {
+                let mut words = record_key.split('/').skip(1);
+                let (id, part) = (words.next().unwrap_or(""), words.next().and_then(|p| p.parse().ok()));
+                match (uploads.get(id), part) {
+                    (Some((bucket, key)), Some(part)) => {
+                        DamagedObject { bucket: bucket.clone(), key: key.clone(), part: Some((id.to_string(), part)) }
+                    }
+                    _ => DamagedObject { bucket: UPLOADS.to_string(), key: record_key.clone(), part: None },
+                }
+            })
+            .collect())
     }
 
     /// Every record key of an upload: the upload and its parts.
