@@ -98,7 +98,9 @@ pub struct ObjectRecord {
     /// User metadata (`x-amz-meta-*`), in the order given.
     pub metadata: Vec<(String, String)>,
     /// Response headers given with the body and sent back with it: some of
-    /// [`STORED_HEADERS`], lower-case, in that order.
+    /// [`STORED_HEADERS`], lower-case, in that order; then the checksum its
+    /// uploader declared for the whole body, if any (an
+    /// `x-amz-checksum-*`: see [`ObjectRecord::checksum`]).
     #[serde(skip)]
     pub headers: Vec<(String, String)>,
 }
@@ -106,6 +108,11 @@ pub struct ObjectRecord {
 /// The headers an upload may set for its downloads, as S3 stores them.
 pub const STORED_HEADERS: [&str; 5] =
     ["cache-control", "content-disposition", "content-encoding", "content-language", "expires"];
+
+/// The stored header of a checksum of the whole body, as S3 names them
+/// (`x-amz-checksum-crc32`, `-sha256`, ...). It describes the bytes, not
+/// how they are served, so a copy keeps it whatever its metadata.
+pub const CHECKSUM_HEADER_PREFIX: &str = "x-amz-checksum-";
 
 impl ObjectRecord {
     /// The record's stored form. Records without headers end after the
@@ -129,6 +136,12 @@ impl ObjectRecord {
     /// The stored header `name` (lower-case), if the object has it.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The checksum of the whole body its uploader declared, as a stored
+    /// header: name (`x-amz-checksum-crc32`, ...) and value.
+    pub fn checksum(&self) -> Option<(&str, &str)> {
+        self.headers.iter().find(|(n, _)| n.starts_with(CHECKSUM_HEADER_PREFIX)).map(|(n, v)| (n.as_str(), v.as_str()))
     }
 }
 

@@ -283,6 +283,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         metadata,
         headers: stored,
         modified,
+        ..PutOptions::default()
     };
     let body = req.into_body().into_data_stream();
     let put = app.store.put(bucket, key, body, opts).await?;

@@ -169,9 +169,22 @@ pub struct PutOptions {
     /// Response headers to store with the object: some of
     /// [`crate::catalog::STORED_HEADERS`], lower-case, in that order.
     pub headers: Vec<(String, String)>,
+    /// Headers known only once the body has ended, such as a checksum sent
+    /// after it: stored after `headers`.
+    pub late_headers: Option<LateHeaders>,
     /// The modification time to record instead of now: imports keep their
     /// source's dates.
     pub modified: Option<Millis>,
+}
+
+/// Gives headers to store once the body's last byte has been read.
+#[derive(Clone)]
+pub struct LateHeaders(pub Arc<dyn Fn() -> Vec<(String, String)> + Send + Sync>);
+
+impl std::fmt::Debug for LateHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateHeaders")
+    }
 }
 
 /// Most bytes of user metadata an object may carry (names and values, as
@@ -469,7 +482,11 @@ impl Store {
         let written = self.note(self.write_blob(body, expected, true).await)?;
         let registering = Instant::now();
         self.put_time.bytes_ns.fetch_add((registering - started).as_nanos() as u64, Ordering::Relaxed);
-        let about = NewMetadata { content_type: opts.content_type, metadata: opts.metadata, headers: opts.headers };
+        let mut headers = opts.headers;
+        if let Some(LateHeaders(late)) = &opts.late_headers {
+            headers.extend(late());
+        }
+        let about = NewMetadata { content_type: opts.content_type, metadata: opts.metadata, headers };
         let mut record = written.record(key, about);
         if let Some(modified) = opts.modified {
             // 0 means undated (a blob served by its address): the epoch
@@ -521,7 +538,9 @@ impl Store {
             check_metadata(&new.metadata)?;
             record.content_type = new.content_type.unwrap_or_else(|| guess_content_type(key));
             record.metadata = new.metadata;
+            let checksum = record.checksum().map(|(n, v)| (n.to_string(), v.to_string()));
             record.headers = new.headers;
+            record.headers.extend(checksum);
         }
         let blobs = self
             .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))

@@ -1516,6 +1516,28 @@ def area_checksums(s3, buckets):
     body = data(300_000, 14)
     s3.put_object(Bucket=bucket, Key="header", Body=body, ChecksumCRC32=crc32_b64(body))
     expect(body_of(s3.get_object(Bucket=bucket, Key="header")) == body, "PutObject with the right x-amz-checksum-crc32")
+    # The checksum is kept and answered for the whole body, as S3 does when
+    # asked; boto3 then checks the body it reads against it.
+    crc = crc32_b64(body)
+    got = s3.get_object(Bucket=bucket, Key="header", ChecksumMode="ENABLED")
+    expect_equal(
+        (got.get("ChecksumCRC32"), got.get("ChecksumType")), (crc, "FULL_OBJECT"), "GetObject answers the stored CRC32"
+    )
+    expect(body_of(got) == body, "... with the body it checks")
+    head = s3.head_object(Bucket=bucket, Key="header", ChecksumMode="ENABLED")
+    expect_equal(head.get("ChecksumCRC32"), crc, "HeadObject answers the stored CRC32")
+    part = s3.get_object(Bucket=bucket, Key="header", Range="bytes=0-99", ChecksumMode="ENABLED")
+    expect_equal(part.get("ChecksumCRC32"), None, "a range gets no checksum of the whole")
+    copied = s3.copy_object(
+        Bucket=bucket,
+        Key="header-copy",
+        CopySource={"Bucket": bucket, "Key": "header"},
+        MetadataDirective="REPLACE",
+        ContentType="text/plain",
+    )
+    expect_equal(copied["CopyObjectResult"].get("ChecksumCRC32"), crc, "CopyObject answers the source's CRC32")
+    head = s3.head_object(Bucket=bucket, Key="header-copy", ChecksumMode="ENABLED")
+    expect_equal(head.get("ChecksumCRC32"), crc, "... and the copy keeps it, its metadata replaced")
     expect_error(
         "PutObject with a wrong x-amz-checksum-crc32 is BadDigest",
         "BadDigest",
@@ -1534,6 +1556,8 @@ def area_checksums(s3, buckets):
     r = chunked.put_object(Bucket=bucket, Key="trailer", Body=body)
     expect_equal(r["ETag"], etag_of(body), "aws-chunked PutObject with a CRC32 trailer: ETag of the decoded body")
     expect(body_of(s3.get_object(Bucket=bucket, Key="trailer")) == body, "... and the decoded body is stored")
+    head = s3.head_object(Bucket=bucket, Key="trailer", ChecksumMode="ENABLED")
+    expect_equal(head.get("ChecksumCRC32"), crc32_b64(body), "... with the CRC32 of its trailer")
 
     upload = chunked.create_multipart_upload(Bucket=bucket, Key="trailer-mp", ChecksumAlgorithm="CRC32")["UploadId"]
     parts = [data(5 * MiB, 17), data(1000, 18)]

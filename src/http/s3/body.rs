@@ -35,6 +35,27 @@ fn field(c: &Checksum, name: &str) -> Option<String> {
     }
 }
 
+/// The checksums of `c` as the headers that declared them, to be stored
+/// with the object and answered with it.
+pub fn headers_of(c: &Checksum) -> Vec<(String, String)> {
+    ALGORITHMS.iter().filter_map(|name| Some((name.to_string(), field(c, name)?))).collect()
+}
+
+/// A checksum stored as a header ([`headers_of`]), as S3's fields.
+pub fn from_header(name: &str, value: &str) -> Checksum {
+    let value = Some(value.to_string());
+    let mut c = Checksum::default();
+    match name {
+        "x-amz-checksum-crc32" => c.checksum_crc32 = value,
+        "x-amz-checksum-crc32c" => c.checksum_crc32c = value,
+        "x-amz-checksum-crc64nvme" => c.checksum_crc64nvme = value,
+        "x-amz-checksum-sha1" => c.checksum_sha1 = value,
+        "x-amz-checksum-sha256" => c.checksum_sha256 = value,
+        _ => {}
+    }
+    c
+}
+
 /// Checks a document sent whole (the XML of DeleteObjects or
 /// CompleteMultipartUpload) against what its headers declare: its
 /// Content-MD5, its `x-amz-content-sha256` and any `x-amz-checksum-*`. A

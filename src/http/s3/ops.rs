@@ -7,14 +7,14 @@ use percent_encoding::utf8_percent_encode;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
-use super::body::{Checked, Failure};
+use super::body::{self, Checked, Failure};
 use super::to_s3;
 use crate::catalog::{BucketRecord, ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
 use crate::store::names::URL_PATH;
-use crate::store::{NewMetadata, PutOptions, Store, StoreError, UploadQuery};
+use crate::store::{LateHeaders, NewMetadata, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
 const MAX_KEYS: i32 = 1000;
@@ -50,6 +50,45 @@ fn modified(record: &ObjectRecord) -> Timestamp {
 
 fn metadata(record: &ObjectRecord) -> Option<Metadata> {
     (!record.metadata.is_empty()).then(|| record.metadata.iter().cloned().collect())
+}
+
+/// An answer of type `$ty` with the checksum `$c` in its five checksum
+/// fields, besides the fields given.
+macro_rules! with_checksum {
+    ($c:expr, $ty:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
+        let c: Checksum = $c;
+        // CopyObjectResult is given every field, and needs no default.
+        #[allow(clippy::needless_update)]
+        let answer = $ty {
+            checksum_crc32: c.checksum_crc32,
+            checksum_crc32c: c.checksum_crc32c,
+            checksum_crc64nvme: c.checksum_crc64nvme,
+            checksum_sha1: c.checksum_sha1,
+            checksum_sha256: c.checksum_sha256,
+            $($field $(: $value)?,)*
+            ..Default::default()
+        };
+        answer
+    }};
+}
+
+/// The checksum its uploader declared for the object, as S3 answers it:
+/// only when the request asks (`x-amz-checksum-mode: ENABLED`), and only
+/// with the whole body, which a checksum of the whole cannot check a range
+/// of. Objects completed from parts have none.
+fn stored_checksum(record: &ObjectRecord, mode: Option<&ChecksumMode>, whole: bool) -> Checksum {
+    match record.checksum() {
+        Some((name, value)) if whole && mode.is_some_and(|m| m.as_str() == ChecksumMode::ENABLED) => {
+            body::from_header(name, value)
+        }
+        _ => Checksum::default(),
+    }
+}
+
+/// FULL_OBJECT where there is a checksum: every one depot answers is of
+/// the whole body.
+fn checksum_type(c: &Checksum) -> Option<ChecksumType> {
+    (*c != Checksum::default()).then(|| ChecksumType::from_static(ChecksumType::FULL_OBJECT))
 }
 
 /// User metadata in a stable order.
@@ -298,7 +337,12 @@ where
     let failure = Failure::default();
     let checked = Checked::new(body, &req.headers, req.trailing_headers.clone(), failure.clone())?;
     let computed = checked.computed.clone();
-    let opts = PutOptions { content_length: len, ..opts };
+    // The declared checksum, verified, is stored with the object.
+    let verified = computed.clone();
+    let late_headers = LateHeaders(Arc::new(move || {
+        verified.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(body::headers_of).unwrap_or_default()
+    }));
+    let opts = PutOptions { content_length: len, late_headers: Some(late_headers), ..opts };
     match write(checked, opts).await {
         Ok(r) => Ok((r, computed.lock().unwrap_or_else(|p| p.into_inner()).take())),
         Err(e) => Err(failure.take().unwrap_or_else(|| to_s3(e))),
@@ -531,16 +575,7 @@ impl S3 for DepotS3 {
         }
         let (put, checksum) =
             upload(&req, body, opts, |body, opts| async move { store.put(&bucket, &key, body, opts).await }).await?;
-        let checksum = checksum.unwrap_or_default();
-        ok(PutObjectOutput {
-            e_tag: Some(etag(&put.record)),
-            checksum_crc32: checksum.checksum_crc32,
-            checksum_crc32c: checksum.checksum_crc32c,
-            checksum_crc64nvme: checksum.checksum_crc64nvme,
-            checksum_sha1: checksum.checksum_sha1,
-            checksum_sha256: checksum.checksum_sha256,
-            ..Default::default()
-        })
+        ok(with_checksum!(checksum.unwrap_or_default(), PutObjectOutput { e_tag: Some(etag(&put.record)) }))
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
@@ -567,24 +602,28 @@ impl S3 for DepotS3 {
         check_conditions(&req, &record)?;
         let (range, content_range) = resolve_range(ranged(&req, input.range.as_ref(), &record), &record)?;
         let body = self.store.read(&record, range).await.map_err(to_s3)?;
-        let output = GetObjectOutput {
-            body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
-            content_length: Some(range.len() as i64),
-            content_range,
-            accept_ranges: Some("bytes".into()),
-            // The response-* query parameters override what is stored, as
-            // in S3 (presigned download links name the file this way).
-            content_type: Some(input.response_content_type.clone().unwrap_or_else(|| record.content_type.clone())),
-            cache_control: stored(&record, "cache-control", &input.response_cache_control),
-            content_disposition: stored(&record, "content-disposition", &input.response_content_disposition),
-            content_encoding: stored(&record, "content-encoding", &input.response_content_encoding),
-            content_language: stored(&record, "content-language", &input.response_content_language),
-            expires: input.response_expires.clone().or_else(|| expires(&record)),
-            e_tag: Some(etag(&record)),
-            last_modified: Some(modified(&record)),
-            metadata: metadata(&record),
-            ..Default::default()
-        };
+        let checksum = stored_checksum(&record, input.checksum_mode.as_ref(), content_range.is_none());
+        let output = with_checksum!(
+            checksum.clone(),
+            GetObjectOutput {
+                body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
+                content_length: Some(range.len() as i64),
+                content_range,
+                accept_ranges: Some("bytes".into()),
+                // The response-* query parameters override what is stored, as
+                // in S3 (presigned download links name the file this way).
+                content_type: Some(input.response_content_type.clone().unwrap_or_else(|| record.content_type.clone())),
+                cache_control: stored(&record, "cache-control", &input.response_cache_control),
+                content_disposition: stored(&record, "content-disposition", &input.response_content_disposition),
+                content_encoding: stored(&record, "content-encoding", &input.response_content_encoding),
+                content_language: stored(&record, "content-language", &input.response_content_language),
+                expires: input.response_expires.clone().or_else(|| expires(&record)),
+                e_tag: Some(etag(&record)),
+                last_modified: Some(modified(&record)),
+                metadata: metadata(&record),
+                checksum_type: checksum_type(&checksum),
+            }
+        );
         let served = output.content_type.clone().unwrap_or_default();
         object_response(output, &record, &served)
     }
@@ -599,21 +638,25 @@ impl S3 for DepotS3 {
         // As S3 does: a range changes the length given (and the status, to
         // 206: see `handle`), and one not within the object is a 416.
         let (range, content_range) = resolve_range(ranged(&req, req.input.range.as_ref(), &record), &record)?;
-        let output = HeadObjectOutput {
-            content_length: Some(range.len() as i64),
-            content_range,
-            accept_ranges: Some("bytes".into()),
-            content_type: Some(record.content_type.clone()),
-            cache_control: stored(&record, "cache-control", &None),
-            content_disposition: stored(&record, "content-disposition", &None),
-            content_encoding: stored(&record, "content-encoding", &None),
-            content_language: stored(&record, "content-language", &None),
-            expires: expires(&record),
-            e_tag: Some(etag(&record)),
-            last_modified: Some(modified(&record)),
-            metadata: metadata(&record),
-            ..Default::default()
-        };
+        let checksum = stored_checksum(&record, req.input.checksum_mode.as_ref(), content_range.is_none());
+        let output = with_checksum!(
+            checksum.clone(),
+            HeadObjectOutput {
+                content_length: Some(range.len() as i64),
+                content_range,
+                accept_ranges: Some("bytes".into()),
+                content_type: Some(record.content_type.clone()),
+                cache_control: stored(&record, "cache-control", &None),
+                content_disposition: stored(&record, "content-disposition", &None),
+                content_encoding: stored(&record, "content-encoding", &None),
+                content_language: stored(&record, "content-language", &None),
+                expires: expires(&record),
+                e_tag: Some(etag(&record)),
+                last_modified: Some(modified(&record)),
+                metadata: metadata(&record),
+                checksum_type: checksum_type(&checksum),
+            }
+        );
         object_response(output, &record, &record.content_type)
     }
 
@@ -708,10 +751,16 @@ impl S3 for DepotS3 {
             .await
             .map_err(to_s3)?;
         ok(CopyObjectOutput {
-            copy_object_result: Some(CopyObjectResult {
-                e_tag: Some(etag(&put.record)),
-                last_modified: Some(modified(&put.record)),
-                ..Default::default()
+            copy_object_result: Some({
+                let c = put.record.checksum().map(|(n, v)| body::from_header(n, v)).unwrap_or_default();
+                with_checksum!(
+                    c.clone(),
+                    CopyObjectResult {
+                        e_tag: Some(etag(&put.record)),
+                        last_modified: Some(modified(&put.record)),
+                        checksum_type: checksum_type(&c),
+                    }
+                )
             }),
             ..Default::default()
         })
@@ -844,16 +893,7 @@ impl S3 for DepotS3 {
             store.upload_part(&bucket, &key, &id, part, body, opts).await
         })
         .await?;
-        let checksum = checksum.unwrap_or_default();
-        ok(UploadPartOutput {
-            e_tag: Some(etag(&record)),
-            checksum_crc32: checksum.checksum_crc32,
-            checksum_crc32c: checksum.checksum_crc32c,
-            checksum_crc64nvme: checksum.checksum_crc64nvme,
-            checksum_sha1: checksum.checksum_sha1,
-            checksum_sha256: checksum.checksum_sha256,
-            ..Default::default()
-        })
+        ok(with_checksum!(checksum.unwrap_or_default(), UploadPartOutput { e_tag: Some(etag(&record)) }))
     }
 
     async fn upload_part_copy(
