@@ -72,23 +72,26 @@ macro_rules! with_checksum {
     }};
 }
 
-/// The checksum its uploader declared for the object, as S3 answers it:
-/// only when the request asks (`x-amz-checksum-mode: ENABLED`), and only
-/// with the whole body, which a checksum of the whole cannot check a range
-/// of. Objects completed from parts have none.
-fn stored_checksum(record: &ObjectRecord, mode: Option<&ChecksumMode>, whole: bool) -> Checksum {
+/// The checksum its uploader declared for the object, and its type (every
+/// one depot keeps is of the whole body). Objects completed from parts
+/// have none.
+fn record_checksum(record: &ObjectRecord) -> (Checksum, Option<ChecksumType>) {
     match record.checksum() {
-        Some((name, value)) if whole && mode.is_some_and(|m| m.as_str() == ChecksumMode::ENABLED) => {
-            body::from_header(name, value)
+        Some((name, value)) => {
+            (body::from_header(name, value), Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT)))
         }
-        _ => Checksum::default(),
+        None => Default::default(),
     }
 }
 
-/// FULL_OBJECT where there is a checksum: every one depot answers is of
-/// the whole body.
-fn checksum_type(c: &Checksum) -> Option<ChecksumType> {
-    (*c != Checksum::default()).then(|| ChecksumType::from_static(ChecksumType::FULL_OBJECT))
+/// [`record_checksum`] as GetObject and HeadObject answer it: only when
+/// the request asks (`x-amz-checksum-mode: ENABLED`), and only with the
+/// whole body, which a checksum of the whole cannot check a range of.
+fn asked_checksum(record: &ObjectRecord, mode: Option<&ChecksumMode>, whole: bool) -> (Checksum, Option<ChecksumType>) {
+    match mode {
+        Some(m) if whole && m.as_str() == ChecksumMode::ENABLED => record_checksum(record),
+        _ => Default::default(),
+    }
 }
 
 /// User metadata in a stable order.
@@ -602,9 +605,9 @@ impl S3 for DepotS3 {
         check_conditions(&req, &record)?;
         let (range, content_range) = resolve_range(ranged(&req, input.range.as_ref(), &record), &record)?;
         let body = self.store.read(&record, range).await.map_err(to_s3)?;
-        let checksum = stored_checksum(&record, input.checksum_mode.as_ref(), content_range.is_none());
+        let (checksum, kind) = asked_checksum(&record, input.checksum_mode.as_ref(), content_range.is_none());
         let output = with_checksum!(
-            checksum.clone(),
+            checksum,
             GetObjectOutput {
                 body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
                 content_length: Some(range.len() as i64),
@@ -621,7 +624,7 @@ impl S3 for DepotS3 {
                 e_tag: Some(etag(&record)),
                 last_modified: Some(modified(&record)),
                 metadata: metadata(&record),
-                checksum_type: checksum_type(&checksum),
+                checksum_type: kind,
             }
         );
         let served = output.content_type.clone().unwrap_or_default();
@@ -638,9 +641,9 @@ impl S3 for DepotS3 {
         // As S3 does: a range changes the length given (and the status, to
         // 206: see `handle`), and one not within the object is a 416.
         let (range, content_range) = resolve_range(ranged(&req, req.input.range.as_ref(), &record), &record)?;
-        let checksum = stored_checksum(&record, req.input.checksum_mode.as_ref(), content_range.is_none());
+        let (checksum, kind) = asked_checksum(&record, req.input.checksum_mode.as_ref(), content_range.is_none());
         let output = with_checksum!(
-            checksum.clone(),
+            checksum,
             HeadObjectOutput {
                 content_length: Some(range.len() as i64),
                 content_range,
@@ -654,7 +657,7 @@ impl S3 for DepotS3 {
                 e_tag: Some(etag(&record)),
                 last_modified: Some(modified(&record)),
                 metadata: metadata(&record),
-                checksum_type: checksum_type(&checksum),
+                checksum_type: kind,
             }
         );
         object_response(output, &record, &record.content_type)
@@ -752,13 +755,13 @@ impl S3 for DepotS3 {
             .map_err(to_s3)?;
         ok(CopyObjectOutput {
             copy_object_result: Some({
-                let c = put.record.checksum().map(|(n, v)| body::from_header(n, v)).unwrap_or_default();
+                let (checksum, kind) = record_checksum(&put.record);
                 with_checksum!(
-                    c.clone(),
+                    checksum,
                     CopyObjectResult {
                         e_tag: Some(etag(&put.record)),
                         last_modified: Some(modified(&put.record)),
-                        checksum_type: checksum_type(&c),
+                        checksum_type: kind,
                     }
                 )
             }),
