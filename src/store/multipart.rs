@@ -24,7 +24,9 @@ use rand::Rng;
 
 use super::maintenance::DamagedObject;
 use super::{NewMetadata, PutOptions, Result, Store, StoreError, names};
-use crate::catalog::{CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis};
+use crate::catalog::{
+    CHECKSUM_HEADER_PREFIX, CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis,
+};
 use crate::engine::{ByteRange, Digest};
 
 /// The store's bucket of multipart uploads.
@@ -38,6 +40,20 @@ const MAX_PART_NUMBER: u32 = 10_000;
 
 /// The metadata entry of an upload record that holds the target key.
 const TARGET: &str = "key";
+
+/// The checksum of an object completed from parts, made by whoever knows
+/// its algorithm (the S3 API). Completion shows it each part listed, then
+/// every byte of the assembled object, and stores the header it finishes
+/// with as the object's checksum (see [`ObjectRecord::checksum`]); an error
+/// from any step refuses the completion and writes nothing.
+pub trait CompletionChecksum: Send {
+    /// Part `number`, as listed and stored.
+    fn part(&mut self, number: u32, record: &ObjectRecord) -> Result<()>;
+    /// The next bytes of the assembled object.
+    fn update(&mut self, bytes: &[u8]) -> Result<()>;
+    /// The object's checksum, as a stored header (name and value).
+    fn finish(&mut self) -> Result<Option<(String, String)>>;
+}
 
 /// An upload in progress.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,8 +199,9 @@ impl Store {
         Ok(upload_id)
     }
 
-    /// The record of an upload in progress for bucket/key.
-    async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
+    /// The record of an upload in progress for bucket/key: what
+    /// CreateMultipartUpload said of the object to be.
+    pub async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         check_upload_id(upload_id)?;
         match self.catalog.get_object(UPLOADS, &upload_key(bucket, upload_id)).await? {
@@ -354,6 +371,7 @@ impl Store {
         upload_id: &str,
         parts: &[(u32, String)],
         precondition: Precondition,
+        mut checksum: Option<&mut (dyn CompletionChecksum + '_)>,
     ) -> Result<ObjectRecord> {
         self.check_writable()?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
@@ -392,6 +410,9 @@ impl Store {
                     record.size
                 )));
             }
+            if let Some(c) = checksum.as_deref_mut() {
+                c.part(*n, &record)?;
+            }
             md5s.extend(
                 hex::decode(&record.etag).map_err(|_| StoreError::Internal("a part's ETag is not hex".into()))?,
             );
@@ -405,10 +426,15 @@ impl Store {
             content_type: upload.content_type.clone(),
             modified: now_millis(),
             metadata: upload.metadata[1..].to_vec(),
-            headers: upload.headers.clone(),
+            // The upload's own checksum headers said how its parts are
+            // checked; the object's checksum is made below.
+            headers: upload.headers.iter().filter(|(n, _)| !n.starts_with(CHECKSUM_HEADER_PREFIX)).cloned().collect(),
             parts: body_parts,
         };
-        object.sha256 = self.sha256_of(&object).await?;
+        object.sha256 = self.sha256_of(&object, checksum.as_deref_mut()).await?;
+        if let Some(header) = checksum.map(|c| c.finish()).transpose()?.flatten() {
+            object.headers.push(header);
+        }
         let blobs = self
             .blob_refs(&object.parts, |d| StoreError::Internal(format!("the blob {d} of a part is missing")))
             .await?;
@@ -447,12 +473,20 @@ impl Store {
         Ok(object)
     }
 
-    /// SHA-256 of an object's whole body, read back from its parts.
-    async fn sha256_of(&self, record: &ObjectRecord) -> Result<Digest> {
+    /// SHA-256 of an object's whole body, read back from its parts, which
+    /// `checksum` sees too.
+    async fn sha256_of(
+        &self,
+        record: &ObjectRecord,
+        mut checksum: Option<&mut (dyn CompletionChecksum + '_)>,
+    ) -> Result<Digest> {
         let mut body = self.read(record, ByteRange::full(record.size)).await?;
         let mut sha = sha2::Sha256::new();
         while let Some(chunk) = body.try_next().await? {
             sha.update(&chunk);
+            if let Some(c) = checksum.as_deref_mut() {
+                c.update(&chunk)?;
+            }
         }
         Ok(Digest(sha.finalize().into()))
     }
@@ -573,7 +607,7 @@ mod tests {
         part(&s, &id, 2, b"never used".to_vec()).await;
         let counted = |s: crate::catalog::CatalogStats| (s.objects, s.logical_bytes);
         assert_eq!(counted(s.stats().await.unwrap()), (0, 0), "an upload's records are not objects");
-        let done = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        let done = s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
         let mut whole = big.clone();
         whole.extend_from_slice(b"tail");
         assert_eq!(read(&s, "k").await, whole);
@@ -585,7 +619,7 @@ mod tests {
             (Some(head.content_type.clone()), &head.metadata, &head.headers),
             (about.content_type, &about.metadata, &about.headers)
         );
-        let again = s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        let again = s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
         assert_eq!(again.etag, done.etag);
         assert_eq!(counted(s.stats().await.unwrap()), (1, whole.len() as i64));
         // The upload's records are gone; only the object holds blobs: the
@@ -613,14 +647,14 @@ mod tests {
         let small = [part(&s, &id, 1, b"small".to_vec()).await, part(&s, &id, 2, b"last".to_vec()).await];
         let complete = |parts: Vec<(u32, String)>| {
             let (s, id) = (&s, id.clone());
-            async move { s.complete_upload("files", "k", &id, &parts, Precondition::default()).await }
+            async move { s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await }
         };
         assert!(matches!(complete(small.to_vec()).await, Err(StoreError::EntityTooSmall(_))));
         assert!(matches!(complete(vec![(1, "\"00\"".into())]).await, Err(StoreError::InvalidPart(_))));
         assert!(matches!(complete(vec![small[1].clone(), small[0].clone()]).await, Err(StoreError::InvalidPartOrder)));
         assert!(matches!(complete(Vec::new()).await, Err(StoreError::BadRequest(_))));
         assert!(matches!(s.head("files", "k").await, Err(StoreError::NoSuchKey(_))));
-        let other = s.complete_upload("files", "other-key", &id, &small[..1], Precondition::default()).await;
+        let other = s.complete_upload("files", "other-key", &id, &small[..1], Precondition::default(), None).await;
         assert!(matches!(other, Err(StoreError::NoSuchUpload(_))), "an upload completes only its own key");
         assert!(matches!(
             s.upload_part("files", "k", "../../x", 1, body(vec![1]), PutOptions::default()).await,
@@ -657,7 +691,7 @@ mod tests {
         let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         let (first, second) = (vec![1u8; MIN_PART_SIZE as usize], vec![2u8; 300_000]);
         let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, second.clone()).await];
-        s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
         let record = s.head("files", "k").await.unwrap();
         let mut stream = s.read(&record, ByteRange::full(record.size)).await.unwrap();
         let mut got = stream.try_next().await.unwrap().unwrap().to_vec();
@@ -685,7 +719,7 @@ mod tests {
             let parts = vec![(1, format!("\"{}\"", r.await.unwrap().etag))];
             let (a, b, k, i) = (s.clone(), s.clone(), key.clone(), id.clone());
             let complete = tokio::spawn(async move {
-                a.complete_upload("files", &k, &i, &parts, Precondition::default()).await.is_ok()
+                a.complete_upload("files", &k, &i, &parts, Precondition::default(), None).await.is_ok()
             });
             let (k, i) = (key.clone(), id.clone());
             let abort = tokio::spawn(async move { b.abort_upload("files", &k, &i).await.is_ok() });
@@ -726,7 +760,7 @@ mod tests {
         let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         let first = vec![5u8; MIN_PART_SIZE as usize];
         let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, b"tail".to_vec()).await];
-        s.complete_upload("files", "k", &id, &parts, Precondition::default()).await.unwrap();
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
         assert_eq!(read(&s, "k").await, [first.as_slice(), b"tail"].concat());
 
         engine.reads.set(crate::engine::faulty::Trigger::Always);

@@ -1224,6 +1224,17 @@ def area_transfer(s3, buckets):
         head = s3.head_object(Bucket=bucket, Key="big/100MiB.bin")
         expect_equal(head["ContentLength"], size, "the uploaded object's size")
         expect_equal(head["ETag"], want_etag, "its ETag: a multipart upload of 8 MiB parts (md5 of md5s -13)")
+        # boto3 asks for CRC32 checksums of the parts by default; the object
+        # gets their composite, as S3 gives it.
+        crcs, rng = b"", random.Random(10)
+        for offset in range(0, size, TRANSFER_CHUNK):
+            crcs += zlib.crc32(rng.randbytes(min(TRANSFER_CHUNK, size - offset))).to_bytes(4, "big")
+        head = s3.head_object(Bucket=bucket, Key="big/100MiB.bin", ChecksumMode="ENABLED")
+        expect_equal(
+            (head.get("ChecksumCRC32"), head.get("ChecksumType")),
+            (f"{crc32_b64(crcs)}-{parts}", "COMPOSITE"),
+            "its checksum: the CRC32 of the parts' CRC32s, -13",
+        )
 
         back = os.path.join(tmp, "down.bin")
         started = time.monotonic()
@@ -1575,6 +1586,7 @@ def area_checksums(s3, buckets):
         MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
     )
     expect(body_of(s3.get_object(Bucket=bucket, Key="trailer-mp")) == b"".join(parts), "... and the completed object")
+    multipart_checksums(s3, bucket)
 
     lying = client()
     lying.meta.events.register("before-call.s3.PutObject", checksum_in_trailer)
@@ -1615,6 +1627,104 @@ def completed_part(number, uploaded):
     if "ChecksumCRC32" in uploaded:
         part["ChecksumCRC32"] = uploaded["ChecksumCRC32"]
     return part
+
+
+def composite_crc32(parts):
+    """S3's composite checksum: the CRC32 of the parts' CRC32s, -parts."""
+    return f"{crc32_b64(b''.join(zlib.crc32(p).to_bytes(4, 'big') for p in parts))}-{len(parts)}"
+
+
+def multipart_checksums(s3, bucket):
+    """Checksums of objects completed from parts: composite and full-object,
+    checked against what the Complete request declares."""
+    parts = [data(5 * MiB, 21), data(2000, 22)]
+    created = s3.create_multipart_upload(Bucket=bucket, Key="composite", ChecksumAlgorithm="CRC32")
+    expect_equal(
+        (created.get("ChecksumAlgorithm"), created.get("ChecksumType")),
+        ("CRC32", "COMPOSITE"),
+        "CreateMultipartUpload with a CRC32 algorithm: composite by default",
+    )
+    upload = created["UploadId"]
+    done = [
+        s3.upload_part(Bucket=bucket, Key="composite", UploadId=upload, PartNumber=i + 1, Body=p, ChecksumAlgorithm="CRC32")
+        for i, p in enumerate(parts)
+    ]
+    listed = s3.list_parts(Bucket=bucket, Key="composite", UploadId=upload)
+    expect_equal(
+        ([p.get("ChecksumCRC32") for p in listed["Parts"]], listed.get("ChecksumAlgorithm"), listed.get("ChecksumType")),
+        ([crc32_b64(p) for p in parts], "CRC32", "COMPOSITE"),
+        "ListParts answers each part's CRC32, and the upload's algorithm and type",
+    )
+    wrong = [completed_part(i + 1, d) for i, d in enumerate(done)]
+    wrong[0]["ChecksumCRC32"] = crc32_b64(b"another part")
+    expect_error(
+        "CompleteMultipartUpload listing a part with a CRC32 its bytes do not have is InvalidPart",
+        "InvalidPart",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket, Key="composite", UploadId=upload, MultipartUpload={"Parts": wrong}
+        ),
+    )
+    expect_error("... and writes nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="composite"))
+    completed = s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key="composite",
+        UploadId=upload,
+        MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
+    )
+    want = composite_crc32(parts)
+    expect_equal(
+        (completed.get("ChecksumCRC32"), completed.get("ChecksumType")),
+        (want, "COMPOSITE"),
+        "CompleteMultipartUpload answers the composite CRC32 (CRC32 of the parts' CRC32s, -2)",
+    )
+    got = s3.get_object(Bucket=bucket, Key="composite", ChecksumMode="ENABLED")
+    expect_equal(
+        (got.get("ChecksumCRC32"), got.get("ChecksumType")), (want, "COMPOSITE"), "GetObject answers it too"
+    )
+    expect(body_of(got) == b"".join(parts), "... with the object's bytes")
+
+    created = s3.create_multipart_upload(
+        Bucket=bucket, Key="full", ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT"
+    )
+    expect_equal(created.get("ChecksumType"), "FULL_OBJECT", "CreateMultipartUpload with a full-object CRC32")
+    upload = created["UploadId"]
+    done = [
+        s3.upload_part(Bucket=bucket, Key="full", UploadId=upload, PartNumber=i + 1, Body=p, ChecksumAlgorithm="CRC32")
+        for i, p in enumerate(parts)
+    ]
+    listed = {"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]}
+    whole = crc32_b64(b"".join(parts))
+    expect_error(
+        "CompleteMultipartUpload declaring a CRC32 of the whole that its bytes do not have is BadDigest",
+        "BadDigest",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="full",
+            UploadId=upload,
+            MultipartUpload=listed,
+            ChecksumCRC32=crc32_b64(b"another object"),
+            ChecksumType="FULL_OBJECT",
+        ),
+    )
+    completed = s3.complete_multipart_upload(
+        Bucket=bucket, Key="full", UploadId=upload, MultipartUpload=listed, ChecksumCRC32=whole, ChecksumType="FULL_OBJECT"
+    )
+    expect_equal(
+        (completed.get("ChecksumCRC32"), completed.get("ChecksumType")),
+        (whole, "FULL_OBJECT"),
+        "... and with the right one, answers the CRC32 of the whole object",
+    )
+    got = s3.get_object(Bucket=bucket, Key="full", ChecksumMode="ENABLED")
+    expect_equal(got.get("ChecksumCRC32"), whole, "GetObject answers it, and boto3 checks the body against it")
+    expect(body_of(got) == b"".join(parts), "... with the object's bytes")
+    expect_error(
+        "a full-object SHA-256 is InvalidRequest, as S3 has it",
+        "InvalidRequest",
+        400,
+        lambda: s3.create_multipart_upload(Bucket=bucket, Key="x", ChecksumAlgorithm="SHA256", ChecksumType="FULL_OBJECT"),
+    )
 
 
 def checksum_in_trailer(params, **_):

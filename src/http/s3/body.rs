@@ -16,7 +16,7 @@ use s3s::dto::{Checksum, StreamingBlob};
 use s3s::{S3Error, S3Result, StdError, TrailingHeaders, s3_error};
 
 /// The checksum algorithms S3 knows, by header name.
-const ALGORITHMS: [&str; 5] = [
+pub(super) const ALGORITHMS: [&str; 5] = [
     "x-amz-checksum-crc32",
     "x-amz-checksum-crc32c",
     "x-amz-checksum-crc64nvme",
@@ -24,7 +24,7 @@ const ALGORITHMS: [&str; 5] = [
     "x-amz-checksum-sha256",
 ];
 
-fn field(c: &Checksum, name: &str) -> Option<String> {
+pub(super) fn field(c: &Checksum, name: &str) -> Option<String> {
     match name {
         "x-amz-checksum-crc32" => c.checksum_crc32.clone(),
         "x-amz-checksum-crc32c" => c.checksum_crc32c.clone(),
@@ -58,10 +58,11 @@ pub fn from_header(name: &str, value: &str) -> Checksum {
 
 /// Checks a document sent whole (the XML of DeleteObjects or
 /// CompleteMultipartUpload) against what its headers declare: its
-/// Content-MD5, its `x-amz-content-sha256` and any `x-amz-checksum-*`. A
+/// Content-MD5, its `x-amz-content-sha256` and, when `checksums` (they
+/// are the document's, not an object's), any `x-amz-checksum-*`. A
 /// document changed on the way would otherwise delete or assemble other
 /// objects than the client meant.
-pub fn check_document(headers: &HeaderMap, body: &[u8]) -> S3Result<()> {
+pub fn check_document(headers: &HeaderMap, body: &[u8], checksums: bool) -> S3Result<()> {
     if let Some(md5) = headers.get("content-md5") {
         let declared = md5.to_str().ok().and_then(|v| crate::http::content_md5(v).ok());
         let declared = declared.ok_or_else(|| s3_error!(InvalidDigest, "the Content-MD5 is not a base64 MD5"))?;
@@ -83,7 +84,7 @@ pub fn check_document(headers: &HeaderMap, body: &[u8]) -> S3Result<()> {
         .iter()
         .filter_map(|name| Some((*name, headers.get(*name)?.to_str().unwrap_or("").trim().to_string())))
         .collect();
-    if declared.is_empty() {
+    if declared.is_empty() || !checksums {
         return Ok(());
     }
     one_algorithm(declared.len())?;
@@ -108,7 +109,7 @@ fn one_algorithm(declared: usize) -> S3Result<()> {
 }
 
 /// A hasher of the algorithms named (by header name, of [`ALGORITHMS`]).
-fn hasher_for<'a>(names: impl Iterator<Item = &'a str>) -> ChecksumHasher {
+pub(super) fn hasher_for<'a>(names: impl Iterator<Item = &'a str>) -> ChecksumHasher {
     let mut hasher = ChecksumHasher::default();
     for name in names {
         match name {

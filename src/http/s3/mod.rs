@@ -12,6 +12,7 @@
 //! may only read and list buckets marked public-read.
 
 pub(super) mod body;
+mod completion;
 mod ops;
 
 use std::collections::HashMap;
@@ -173,7 +174,8 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
             parts.headers.insert(name, value);
         }
     }
-    let document = parts.method == http::Method::POST && query.iter().any(|(n, _)| n == "delete" || n == "uploadId");
+    let delete = query.iter().any(|(n, _)| n == "delete");
+    let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
     let streaming = parts.headers.get("x-amz-content-sha256").is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
     if !document || streaming {
         return Ok(http::Request::from_parts(parts, s3s::Body::http_body(body)));
@@ -183,7 +185,9 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
         .await
         .map_err(|e| s3_error!(InvalidRequest, "reading the request's document failed: {e}"))?
         .to_bytes();
-    body::check_document(&parts.headers, &bytes)?;
+    // CompleteMultipartUpload's x-amz-checksum-* are the object's, checked
+    // as it completes (`completion`).
+    body::check_document(&parts.headers, &bytes, delete)?;
     Ok(http::Request::from_parts(parts, s3s::Body::from(bytes)))
 }
 

@@ -8,13 +8,14 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use super::body::{self, Checked, Failure};
+use super::completion::{self, Completion};
 use super::to_s3;
 use crate::catalog::{BucketRecord, ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
 use crate::store::names::URL_PATH;
-use crate::store::{LateHeaders, NewMetadata, PutOptions, Store, StoreError, UploadQuery};
+use crate::store::{CompletionChecksum, LateHeaders, NewMetadata, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
 const MAX_KEYS: i32 = 1000;
@@ -72,13 +73,14 @@ macro_rules! with_checksum {
     }};
 }
 
-/// The checksum its uploader declared for the object, and its type (every
-/// one depot keeps is of the whole body). Objects completed from parts
-/// have none.
+/// The object's checksum, and its type: of the whole body, or composite
+/// (`<base64>-<parts>`: the checksum of its parts' checksums, see
+/// [`completion`](super::completion)).
 fn record_checksum(record: &ObjectRecord) -> (Checksum, Option<ChecksumType>) {
     match record.checksum() {
         Some((name, value)) => {
-            (body::from_header(name, value), Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT)))
+            let kind = if value.contains('-') { ChecksumType::COMPOSITE } else { ChecksumType::FULL_OBJECT };
+            (body::from_header(name, value), Some(ChecksumType::from_static(kind)))
         }
         None => Default::default(),
     }
@@ -875,11 +877,17 @@ impl S3 for DepotS3 {
         let input = req.input;
         refuse_unsupported!(input)?;
         self.check_object_acl(input.acl.as_ref(), &input.bucket).await?;
-        let upload_id = self.store.create_upload(&input.bucket, &input.key, about!(input)).await.map_err(to_s3)?;
+        let checksum = completion::chosen(&input)?;
+        let (checksum_algorithm, checksum_type) = completion::of_upload(&checksum);
+        let mut about = about!(input);
+        about.headers.extend(checksum);
+        let upload_id = self.store.create_upload(&input.bucket, &input.key, about).await.map_err(to_s3)?;
         ok(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(upload_id),
+            checksum_algorithm,
+            checksum_type,
             ..Default::default()
         })
     }
@@ -945,6 +953,13 @@ impl S3 for DepotS3 {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let input = req.input;
+        // A completed upload has no record left: the store answers a
+        // repeated Complete from its completion record.
+        let mut checksum = match self.store.upload(&input.bucket, &input.key, &input.upload_id).await {
+            Ok(upload) => Completion::new(&input, &upload)?,
+            Err(StoreError::NoSuchUpload(_)) => None,
+            Err(e) => return Err(to_s3(e)),
+        };
         let mut parts = Vec::new();
         for p in input.multipart_upload.and_then(|m| m.parts).unwrap_or_default() {
             let (Some(n), Some(tag)) = (p.part_number, p.e_tag) else {
@@ -962,16 +977,27 @@ impl S3 for DepotS3 {
         let condition = precondition(input.if_match.as_ref(), input.if_none_match.as_ref());
         let record = self
             .store
-            .complete_upload(&input.bucket, &input.key, &input.upload_id, &parts, condition)
+            .complete_upload(
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                &parts,
+                condition,
+                checksum.as_mut().map(|c| c as &mut dyn CompletionChecksum),
+            )
             .await
             .map_err(to_s3)?;
-        ok(CompleteMultipartUploadOutput {
-            location: Some(format!("/{}/{}", input.bucket, input.key)),
-            bucket: Some(input.bucket),
-            key: Some(input.key),
-            e_tag: Some(etag(&record)),
-            ..Default::default()
-        })
+        let (checksum, checksum_type) = record_checksum(&record);
+        ok(with_checksum!(
+            checksum,
+            CompleteMultipartUploadOutput {
+                location: Some(format!("/{}/{}", input.bucket, input.key)),
+                bucket: Some(input.bucket),
+                key: Some(input.key),
+                e_tag: Some(etag(&record)),
+                checksum_type,
+            }
+        ))
     }
 
     async fn abort_multipart_upload(
@@ -987,17 +1013,23 @@ impl S3 for DepotS3 {
         let input = req.input;
         let after = u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0);
         let limit = page_size(input.max_parts)?;
+        let upload = self.store.upload(&input.bucket, &input.key, &input.upload_id).await.map_err(to_s3)?;
+        let (checksum_algorithm, checksum_type) = completion::of_upload(&upload.headers);
         let (parts, truncated) =
             self.store.list_parts(&input.bucket, &input.key, &input.upload_id, after, limit).await.map_err(to_s3)?;
         let next = parts.last().map(|(n, _)| *n as i32);
         let parts = parts
             .into_iter()
-            .map(|(n, r)| Part {
-                part_number: Some(n as i32),
-                e_tag: Some(etag(&r)),
-                size: Some(r.size as i64),
-                last_modified: Some(modified(&r)),
-                ..Default::default()
+            .map(|(n, r)| {
+                with_checksum!(
+                    record_checksum(&r).0,
+                    Part {
+                        part_number: Some(n as i32),
+                        e_tag: Some(etag(&r)),
+                        size: Some(r.size as i64),
+                        last_modified: Some(modified(&r)),
+                    }
+                )
             })
             .collect();
         ok(ListPartsOutput {
@@ -1009,6 +1041,8 @@ impl S3 for DepotS3 {
             next_part_number_marker: truncated.then_some(next).flatten(),
             part_number_marker: input.part_number_marker,
             max_parts: Some(limit as i32),
+            checksum_algorithm,
+            checksum_type,
             ..Default::default()
         })
     }
