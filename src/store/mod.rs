@@ -34,7 +34,7 @@ use crate::engine::{
 use guards::BlobGuards;
 use hot::HotBlobs;
 pub use hot::HotStats;
-pub use multipart::{CompletionChecksum, MIN_PART_SIZE, UploadInfo, UploadQuery};
+pub use multipart::{CompletionChecksum, MIN_PART_SIZE, MakeChecksum, PartsPage, UploadInfo, UploadQuery};
 
 /// The bucket every store has from its first start.
 pub const DEFAULT_BUCKET: &str = "files";

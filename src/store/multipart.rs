@@ -42,10 +42,11 @@ const MAX_PART_NUMBER: u32 = 10_000;
 const TARGET: &str = "key";
 
 /// The checksum of an object completed from parts, made by whoever knows
-/// its algorithm (the S3 API). Completion shows it each part listed, then
-/// every byte of the assembled object, and stores the header it finishes
-/// with as the object's checksum (see [`ObjectRecord::checksum`]); an error
-/// from any step refuses the completion and writes nothing.
+/// its algorithm (the S3 API) from the upload's record. Completion shows it
+/// each part listed, then every byte of the assembled object, and stores
+/// the header it finishes with as the object's checksum (see
+/// [`ObjectRecord::checksum`]); an error from any step refuses the
+/// completion and writes nothing.
 pub trait CompletionChecksum: Send {
     /// Part `number`, as listed and stored.
     fn part(&mut self, number: u32, record: &ObjectRecord) -> Result<()>;
@@ -53,6 +54,18 @@ pub trait CompletionChecksum: Send {
     fn update(&mut self, bytes: &[u8]) -> Result<()>;
     /// The object's checksum, as a stored header (name and value).
     fn finish(&mut self) -> Result<Option<(String, String)>>;
+}
+
+/// Makes the [`CompletionChecksum`] of an upload from its record, or none.
+pub type MakeChecksum<'a> = Box<dyn FnOnce(&ObjectRecord) -> Result<Option<Box<dyn CompletionChecksum>>> + Send + 'a>;
+
+/// A page of an upload's parts.
+pub struct PartsPage {
+    /// The upload's record: what CreateMultipartUpload said.
+    pub upload: ObjectRecord,
+    pub parts: Vec<(u32, ObjectRecord)>,
+    /// More parts follow.
+    pub truncated: bool,
 }
 
 /// An upload in progress.
@@ -199,9 +212,8 @@ impl Store {
         Ok(upload_id)
     }
 
-    /// The record of an upload in progress for bucket/key: what
-    /// CreateMultipartUpload said of the object to be.
-    pub async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
+    /// The record of an upload in progress for bucket/key.
+    async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         check_upload_id(upload_id)?;
         match self.catalog.get_object(UPLOADS, &upload_key(bucket, upload_id)).await? {
@@ -245,8 +257,7 @@ impl Store {
         self.upload_part(bucket, key, upload_id, part, body, opts).await
     }
 
-    /// Parts uploaded so far with numbers above `after`, at most `limit`;
-    /// and whether more follow.
+    /// Parts uploaded so far with numbers above `after`, at most `limit`.
     pub async fn list_parts(
         &self,
         bucket: &str,
@@ -254,8 +265,8 @@ impl Store {
         upload_id: &str,
         after: u32,
         limit: usize,
-    ) -> Result<(Vec<(u32, ObjectRecord)>, bool)> {
-        self.upload(bucket, key, upload_id).await?;
+    ) -> Result<PartsPage> {
+        let upload = self.upload(bucket, key, upload_id).await?;
         let query = ListQuery {
             prefix: part_prefix(upload_id),
             after: (after > 0).then(|| part_key(upload_id, after)),
@@ -265,7 +276,7 @@ impl Store {
         let page = self.catalog.list_objects(UPLOADS, &query).await?;
         let parts =
             page.objects.into_iter().filter_map(|r| Some((r.key.rsplit('/').next()?.parse().ok()?, r))).collect();
-        Ok((parts, page.next.is_some()))
+        Ok(PartsPage { upload, parts, truncated: page.next.is_some() })
     }
 
     /// Uploads in progress in a bucket whose keys start with `prefix`, by
@@ -371,7 +382,7 @@ impl Store {
         upload_id: &str,
         parts: &[(u32, String)],
         precondition: Precondition,
-        mut checksum: Option<&mut (dyn CompletionChecksum + '_)>,
+        checksum: MakeChecksum<'_>,
     ) -> Result<ObjectRecord> {
         self.check_writable()?;
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
@@ -389,6 +400,7 @@ impl Store {
             return Ok(ObjectRecord { key: key.to_string(), ..done });
         }
         let upload = upload.filter(|u| target(u) == key).ok_or_else(|| StoreError::NoSuchUpload(upload_id.into()))?;
+        let mut checksum = checksum(&upload)?;
         if parts.is_empty() {
             return Err(StoreError::BadRequest("a multipart upload is completed with at least one part".into()));
         }
@@ -432,7 +444,7 @@ impl Store {
             parts: body_parts,
         };
         object.sha256 = self.sha256_of(&object, checksum.as_deref_mut()).await?;
-        if let Some(header) = checksum.map(|c| c.finish()).transpose()?.flatten() {
+        if let Some(header) = checksum.map(|mut c| c.finish()).transpose()?.flatten() {
             object.headers.push(header);
         }
         let blobs = self
@@ -607,7 +619,10 @@ mod tests {
         part(&s, &id, 2, b"never used".to_vec()).await;
         let counted = |s: crate::catalog::CatalogStats| (s.objects, s.logical_bytes);
         assert_eq!(counted(s.stats().await.unwrap()), (0, 0), "an upload's records are not objects");
-        let done = s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
+        let done = s
+            .complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None)))
+            .await
+            .unwrap();
         let mut whole = big.clone();
         whole.extend_from_slice(b"tail");
         assert_eq!(read(&s, "k").await, whole);
@@ -619,7 +634,10 @@ mod tests {
             (Some(head.content_type.clone()), &head.metadata, &head.headers),
             (about.content_type, &about.metadata, &about.headers)
         );
-        let again = s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
+        let again = s
+            .complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None)))
+            .await
+            .unwrap();
         assert_eq!(again.etag, done.etag);
         assert_eq!(counted(s.stats().await.unwrap()), (1, whole.len() as i64));
         // The upload's records are gone; only the object holds blobs: the
@@ -647,14 +665,18 @@ mod tests {
         let small = [part(&s, &id, 1, b"small".to_vec()).await, part(&s, &id, 2, b"last".to_vec()).await];
         let complete = |parts: Vec<(u32, String)>| {
             let (s, id) = (&s, id.clone());
-            async move { s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await }
+            async move {
+                s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await
+            }
         };
         assert!(matches!(complete(small.to_vec()).await, Err(StoreError::EntityTooSmall(_))));
         assert!(matches!(complete(vec![(1, "\"00\"".into())]).await, Err(StoreError::InvalidPart(_))));
         assert!(matches!(complete(vec![small[1].clone(), small[0].clone()]).await, Err(StoreError::InvalidPartOrder)));
         assert!(matches!(complete(Vec::new()).await, Err(StoreError::BadRequest(_))));
         assert!(matches!(s.head("files", "k").await, Err(StoreError::NoSuchKey(_))));
-        let other = s.complete_upload("files", "other-key", &id, &small[..1], Precondition::default(), None).await;
+        let other = s
+            .complete_upload("files", "other-key", &id, &small[..1], Precondition::default(), Box::new(|_| Ok(None)))
+            .await;
         assert!(matches!(other, Err(StoreError::NoSuchUpload(_))), "an upload completes only its own key");
         assert!(matches!(
             s.upload_part("files", "k", "../../x", 1, body(vec![1]), PutOptions::default()).await,
@@ -691,7 +713,7 @@ mod tests {
         let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         let (first, second) = (vec![1u8; MIN_PART_SIZE as usize], vec![2u8; 300_000]);
         let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, second.clone()).await];
-        s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
         let record = s.head("files", "k").await.unwrap();
         let mut stream = s.read(&record, ByteRange::full(record.size)).await.unwrap();
         let mut got = stream.try_next().await.unwrap().unwrap().to_vec();
@@ -719,7 +741,9 @@ mod tests {
             let parts = vec![(1, format!("\"{}\"", r.await.unwrap().etag))];
             let (a, b, k, i) = (s.clone(), s.clone(), key.clone(), id.clone());
             let complete = tokio::spawn(async move {
-                a.complete_upload("files", &k, &i, &parts, Precondition::default(), None).await.is_ok()
+                a.complete_upload("files", &k, &i, &parts, Precondition::default(), Box::new(|_| Ok(None)))
+                    .await
+                    .is_ok()
             });
             let (k, i) = (key.clone(), id.clone());
             let abort = tokio::spawn(async move { b.abort_upload("files", &k, &i).await.is_ok() });
@@ -760,7 +784,7 @@ mod tests {
         let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         let first = vec![5u8; MIN_PART_SIZE as usize];
         let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, b"tail".to_vec()).await];
-        s.complete_upload("files", "k", &id, &parts, Precondition::default(), None).await.unwrap();
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
         assert_eq!(read(&s, "k").await, [first.as_slice(), b"tail"].concat());
 
         engine.reads.set(crate::engine::faulty::Trigger::Always);

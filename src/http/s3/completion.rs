@@ -23,7 +23,7 @@ use s3s::dto::{
 use s3s::{S3Result, s3_error};
 
 use super::body::{field, hasher_for};
-use crate::catalog::ObjectRecord;
+use crate::catalog::{CHECKSUM_HEADER_PREFIX, ObjectRecord};
 use crate::store::{CompletionChecksum, StoreError};
 
 /// The upload record's headers that keep CreateMultipartUpload's choice.
@@ -34,7 +34,7 @@ const TYPE_HEADER: &str = "x-amz-checksum-type";
 
 /// The header name of an algorithm: `CRC32` is `x-amz-checksum-crc32`.
 fn header_of(algorithm: &str) -> Option<&'static str> {
-    super::body::ALGORITHMS.iter().copied().find(|h| h["x-amz-checksum-".len()..].eq_ignore_ascii_case(algorithm))
+    super::body::ALGORITHMS.iter().copied().find(|h| h[CHECKSUM_HEADER_PREFIX.len()..].eq_ignore_ascii_case(algorithm))
 }
 
 /// CreateMultipartUpload's algorithm and type, checked as S3 does, as the
@@ -68,11 +68,11 @@ pub fn of_upload(headers: &[(String, String)]) -> (Option<ChecksumAlgorithm>, Op
 }
 
 /// The one checksum `c` holds, by header name; more than one is refused.
-fn declared_in(c: &Checksum, what: &str) -> S3Result<Option<(&'static str, String)>> {
+fn declared_in(c: &Checksum, what: &str) -> Result<Option<(&'static str, String)>, StoreError> {
     let mut found = super::body::ALGORITHMS.iter().filter_map(|name| Some((*name, field(c, name)?)));
     let first = found.next();
     if found.next().is_some() {
-        return Err(s3_error!(InvalidRequest, "{what} declares more than one checksum"));
+        return Err(StoreError::BadRequest(format!("{what} declares more than one checksum")));
     }
     Ok(first)
 }
@@ -111,7 +111,7 @@ pub struct Completion {
 impl Completion {
     /// The completion of `input` for an upload whose record is `upload`;
     /// `None` when neither the upload nor the request names a checksum.
-    pub fn new(input: &CompleteMultipartUploadInput, upload: &ObjectRecord) -> S3Result<Option<Completion>> {
+    pub fn new(input: &CompleteMultipartUploadInput, upload: &ObjectRecord) -> Result<Option<Completion>, StoreError> {
         let listed = input.multipart_upload.as_ref().and_then(|m| m.parts.as_deref()).unwrap_or_default();
         let whole = Checksum {
             checksum_crc32: input.checksum_crc32.clone(),
@@ -130,7 +130,7 @@ impl Completion {
         let (header, kind) = match algorithm {
             Some(a) => {
                 let header = header_of(a.as_str()).ok_or_else(|| {
-                    s3_error!(InternalError, "the upload's checksum algorithm {:?} is unknown", a.as_str())
+                    StoreError::Internal(format!("the upload's checksum algorithm {:?} is unknown", a.as_str()))
                 })?;
                 (header, kind.map_or(ChecksumType::COMPOSITE.to_string(), |k| k.as_str().to_string()))
             }
@@ -145,10 +145,13 @@ impl Completion {
         if let Some(asked) = &input.checksum_type
             && asked.as_str() != kind
         {
-            return Err(s3_error!(InvalidRequest, "the upload's checksum type is {kind}, not {:?}", asked.as_str()));
+            return Err(StoreError::BadRequest(format!(
+                "the upload's checksum type is {kind}, not {:?}",
+                asked.as_str()
+            )));
         }
         let mismatch = |what: &str, other: &str| {
-            s3_error!(InvalidRequest, "{what} declares {other}, but the upload's checksums are {header}")
+            StoreError::BadRequest(format!("{what} declares {other}, but the upload's checksums are {header}"))
         };
         if let Some((h, _)) = &declared_whole
             && *h != header

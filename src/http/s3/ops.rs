@@ -15,7 +15,7 @@ use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
 use crate::store::names::URL_PATH;
-use crate::store::{CompletionChecksum, LateHeaders, NewMetadata, PutOptions, Store, StoreError, UploadQuery};
+use crate::store::{LateHeaders, NewMetadata, PartsPage, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
 const MAX_KEYS: i32 = 1000;
@@ -953,16 +953,9 @@ impl S3 for DepotS3 {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let input = req.input;
-        // A completed upload has no record left: the store answers a
-        // repeated Complete from its completion record.
-        let mut checksum = match self.store.upload(&input.bucket, &input.key, &input.upload_id).await {
-            Ok(upload) => Completion::new(&input, &upload)?,
-            Err(StoreError::NoSuchUpload(_)) => None,
-            Err(e) => return Err(to_s3(e)),
-        };
         let mut parts = Vec::new();
-        for p in input.multipart_upload.and_then(|m| m.parts).unwrap_or_default() {
-            let (Some(n), Some(tag)) = (p.part_number, p.e_tag) else {
+        for p in input.multipart_upload.iter().flat_map(|m| m.parts.iter().flatten()) {
+            let (Some(n), Some(tag)) = (p.part_number, p.e_tag.clone()) else {
                 return Err(s3_error!(MalformedXML, "every part needs a PartNumber and an ETag"));
             };
             let n = u32::try_from(n).map_err(|_| s3_error!(InvalidPart, "part number {n} is negative"))?;
@@ -983,7 +976,7 @@ impl S3 for DepotS3 {
                 &input.upload_id,
                 &parts,
                 condition,
-                checksum.as_mut().map(|c| c as &mut dyn CompletionChecksum),
+                Box::new(|upload| Ok(Completion::new(&input, upload)?.map(|c| Box::new(c) as _))),
             )
             .await
             .map_err(to_s3)?;
@@ -1013,10 +1006,9 @@ impl S3 for DepotS3 {
         let input = req.input;
         let after = u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0);
         let limit = page_size(input.max_parts)?;
-        let upload = self.store.upload(&input.bucket, &input.key, &input.upload_id).await.map_err(to_s3)?;
-        let (checksum_algorithm, checksum_type) = completion::of_upload(&upload.headers);
-        let (parts, truncated) =
+        let PartsPage { upload, parts, truncated } =
             self.store.list_parts(&input.bucket, &input.key, &input.upload_id, after, limit).await.map_err(to_s3)?;
+        let (checksum_algorithm, checksum_type) = completion::of_upload(&upload.headers);
         let next = parts.last().map(|(n, _)| *n as i32);
         let parts = parts
             .into_iter()
