@@ -74,6 +74,8 @@ pub struct UploadInfo {
     pub key: String,
     pub upload_id: String,
     pub initiated: Millis,
+    /// The headers CreateMultipartUpload stored with the upload.
+    pub headers: Vec<(String, String)>,
 }
 
 /// Where a listing of uploads starts, and how it rolls keys up, as
@@ -288,7 +290,12 @@ impl Store {
             let key = target(r);
             if key.starts_with(prefix) {
                 let upload_id = r.key.rsplit('/').next().unwrap_or("").to_string();
-                out.push(UploadInfo { key: key.to_string(), upload_id, initiated: r.modified });
+                out.push(UploadInfo {
+                    key: key.to_string(),
+                    upload_id,
+                    initiated: r.modified,
+                    headers: r.headers.clone(),
+                });
             }
         })
         .await?;
@@ -451,14 +458,15 @@ impl Store {
             .blob_refs(&object.parts, |d| StoreError::Internal(format!("the blob {d} of a part is missing")))
             .await?;
         // The completion record: enough to answer a repeated Complete. The
-        // bucket goes in its content type, the key in its metadata.
+        // bucket goes in its content type, the key in its metadata, the
+        // object's checksum in its headers.
         let done = ObjectRecord {
             key: done_key(upload_id),
             size: 0,
             parts: Vec::new(),
             content_type: bucket.to_string(),
             metadata: vec![(TARGET.to_string(), key.to_string())],
-            headers: Vec::new(),
+            headers: object.headers.iter().filter(|(n, _)| n.starts_with(CHECKSUM_HEADER_PREFIX)).cloned().collect(),
             ..object.clone()
         };
         // The upload must still be there when the object is written: an
@@ -543,7 +551,7 @@ mod tests {
     use std::sync::Arc;
 
     fn upload(key: &str, id: &str, initiated: Millis) -> UploadInfo {
-        UploadInfo { key: key.into(), upload_id: id.into(), initiated }
+        UploadInfo { key: key.into(), upload_id: id.into(), initiated, headers: Vec::new() }
     }
 
     /// Pages one entry at a time, following the markers each page gives.

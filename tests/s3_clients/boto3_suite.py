@@ -1645,6 +1645,12 @@ def multipart_checksums(s3, bucket):
         "CreateMultipartUpload with a CRC32 algorithm: composite by default",
     )
     upload = created["UploadId"]
+    uploads = s3.list_multipart_uploads(Bucket=bucket, Prefix="composite")["Uploads"]
+    expect_equal(
+        [(u["UploadId"], u.get("ChecksumAlgorithm"), u.get("ChecksumType")) for u in uploads],
+        [(upload, "CRC32", "COMPOSITE")],
+        "ListMultipartUploads answers the upload's algorithm and type",
+    )
     done = [
         s3.upload_part(Bucket=bucket, Key="composite", UploadId=upload, PartNumber=i + 1, Body=p, ChecksumAlgorithm="CRC32")
         for i, p in enumerate(parts)
@@ -1677,6 +1683,17 @@ def multipart_checksums(s3, bucket):
         (completed.get("ChecksumCRC32"), completed.get("ChecksumType")),
         (want, "COMPOSITE"),
         "CompleteMultipartUpload answers the composite CRC32 (CRC32 of the parts' CRC32s, -2)",
+    )
+    again = s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key="composite",
+        UploadId=upload,
+        MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
+    )
+    expect_equal(
+        (again.get("ETag"), again.get("ChecksumCRC32"), again.get("ChecksumType")),
+        (completed["ETag"], want, "COMPOSITE"),
+        "a repeated CompleteMultipartUpload answers the same ETag and checksum",
     )
     got = s3.get_object(Bucket=bucket, Key="composite", ChecksumMode="ENABLED")
     expect_equal(

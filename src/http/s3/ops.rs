@@ -1066,12 +1066,17 @@ impl S3 for DepotS3 {
         let uploads = page
             .uploads
             .into_iter()
-            .map(|u| MultipartUpload {
-                key: Some(encoder.text(&u.key)),
-                upload_id: Some(u.upload_id),
-                initiated: Some(Timestamp::from(from_millis(u.initiated))),
-                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
-                ..Default::default()
+            .map(|u| {
+                let (checksum_algorithm, checksum_type) = completion::of_upload(&u.headers);
+                MultipartUpload {
+                    key: Some(encoder.text(&u.key)),
+                    upload_id: Some(u.upload_id),
+                    initiated: Some(Timestamp::from(from_millis(u.initiated))),
+                    storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                    checksum_algorithm,
+                    checksum_type,
+                    ..Default::default()
+                }
             })
             .collect();
         ok(ListMultipartUploadsOutput {
