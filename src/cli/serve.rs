@@ -216,7 +216,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         });
     }
-    http::serve(listener, app.clone(), shutdown_signal(), Duration::from_secs(30)).await?;
+    http::serve(listener, app.clone(), settings.threads, shutdown_signal(), Duration::from_secs(30)).await?;
     // Bounded: a catalog that is down must not hold the exit up; the note
     // then lapses by itself.
     match tokio::time::timeout(Duration::from_secs(2), app.store.catalog().node_gone(&node)).await {

@@ -32,6 +32,7 @@ impl Node {
         let task = tokio::spawn(serve(
             listener,
             app,
+            2,
             async move {
                 let _ = stopped.await;
             },

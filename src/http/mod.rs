@@ -21,6 +21,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -394,34 +395,46 @@ pub fn streamed(status: StatusCode, len: u64, stream: crate::engine::ByteStream)
     r
 }
 
-/// Accepts connections until `shutdown` resolves, then lets requests in
-/// flight finish (for at most `drain`).
+/// Accepts connections until `shutdown` resolves and serves them on
+/// `threads` threads, then lets requests in flight finish (for at most
+/// `drain`).
+///
+/// Each thread runs a single-threaded runtime of its own and keeps every
+/// connection it is given, as nginx's worker processes do: a request never
+/// changes threads. Under one multi-threaded runtime, two workers on two
+/// cores woke each other every few requests (a futex and an
+/// inter-processor interrupt each), and a small GET spent more of the
+/// CPU's time on those wake-ups than in depot's code. This task accepts,
+/// and hands each connection to the thread serving the fewest: threads
+/// that accepted for themselves took turns unevenly, and a burst of new
+/// connections could land mostly on one. Work that blocks still goes to a
+/// blocking pool, and the MD5 of large uploads to a thread of its own (see
+/// `store::hashes`).
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
+    threads: usize,
     shutdown: impl std::future::Future<Output = ()>,
     drain: Duration,
 ) -> io::Result<()> {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(Some(app.limits.header_timeout))
-        // max_buf_size alone is no limit on the head: a single read can
-        // fill the buffer past it, and a head that arrives whole in that
-        // read is then accepted. max_header_size is checked on the parsed
-        // head, so an oversized one always gets 431.
-        .max_header_size(app.limits.max_header_bytes)
-        .max_buf_size(app.limits.max_header_bytes.max(8192))
-        .max_headers(app.limits.max_headers)
-        // A client may close its side once its request is sent (`shutdown`
-        // of writing, as `nc -N` does): the request is still answered,
-        // rather than dropped with its outcome unknown to the client.
-        .half_close(true)
-        .keep_alive(true);
+    let http1 = http1_builder(&app.limits);
+    let mut workers = Vec::with_capacity(threads);
+    for i in 0..threads.max(1) {
+        let (app, http1) = (app.clone(), http1.clone());
+        let (give, given) = tokio::sync::mpsc::unbounded_channel();
+        let open = Arc::new(AtomicUsize::new(0));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let counted = open.clone();
+        std::thread::Builder::new().name(format!("depot-http-{i}")).spawn(move || {
+            runtime.block_on(connections(given, counted, app, http1, drain));
+            let _ = done.send(());
+        })?;
+        workers.push((give, open, finished));
+    }
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+        let accepted: (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -432,6 +445,75 @@ pub async fn serve(
                 }
             },
             () = &mut shutdown => break,
+        };
+        let Some((give, open, _)) = workers.iter().min_by_key(|(_, open, _)| open.load(Ordering::Relaxed)) else {
+            break;
+        };
+        // The socket moves to the thread's own runtime; registered with
+        // this one, its readiness would wake this thread.
+        let (stream, peer) = accepted;
+        match stream.into_std() {
+            Ok(stream) => {
+                open.fetch_add(1, Ordering::Relaxed);
+                if give.send((stream, peer)).is_err() {
+                    return Err(io::Error::other("a connection thread stopped"));
+                }
+            }
+            Err(e) => tracing::warn!(%peer, "could not hand the connection over: {e}"),
+        }
+    }
+    drop(listener);
+    // Each thread serves what it was given, then drains and ends, all at
+    // once.
+    let finished: Vec<_> = workers.into_iter().map(|(_, _, finished)| finished).collect();
+    for finished in finished {
+        if finished.await.is_err() {
+            return Err(io::Error::other("a connection thread failed"));
+        }
+    }
+    Ok(())
+}
+
+/// The settings of every HTTP/1.1 connection.
+fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Builder {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(Some(limits.header_timeout))
+        // max_buf_size alone is no limit on the head: a single read can
+        // fill the buffer past it, and a head that arrives whole in that
+        // read is then accepted. max_header_size is checked on the parsed
+        // head, so an oversized one always gets 431.
+        .max_header_size(limits.max_header_bytes)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .max_headers(limits.max_headers)
+        // A client may close its side once its request is sent (`shutdown`
+        // of writing, as `nc -N` does): the request is still answered,
+        // rather than dropped with its outcome unknown to the client.
+        .half_close(true)
+        .keep_alive(true);
+    http1
+}
+
+/// One thread's loop: serves the connections it is `given` on this thread
+/// (counting them in `open`) until the acceptor stops, then waits for them
+/// (at most `drain`).
+async fn connections(
+    mut given: tokio::sync::mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
+    open: Arc<AtomicUsize>,
+    app: Arc<App>,
+    http1: hyper::server::conn::http1::Builder,
+    drain: Duration,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    while let Some((stream, peer)) = given.recv().await {
+        let stream = match tokio::net::TcpStream::from_std(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                open.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(%peer, "could not serve the connection: {e}");
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         // A client that stops reading an answer, with the socket's buffers
@@ -445,16 +527,16 @@ pub async fn serve(
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });
         let conn = graceful.watch(http1.serve_connection(TokioIo::new(Box::pin(stream)), service));
+        let open = open.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
+            open.fetch_sub(1, Ordering::Relaxed);
         });
     }
-    drop(listener);
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(drain) => tracing::warn!("requests still running after {drain:?}; stopping anyway"),
     }
-    Ok(())
 }
