@@ -418,20 +418,9 @@ pub async fn serve(
     drain: Duration,
 ) -> io::Result<()> {
     let http1 = http1_builder(&app.limits);
-    let mut workers = Vec::with_capacity(threads);
-    for i in 0..threads.max(1) {
-        let (app, http1) = (app.clone(), http1.clone());
-        let (give, given) = tokio::sync::mpsc::unbounded_channel();
-        let open = Arc::new(AtomicUsize::new(0));
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let (done, finished) = tokio::sync::oneshot::channel();
-        let counted = open.clone();
-        std::thread::Builder::new().name(format!("depot-http-{i}")).spawn(move || {
-            runtime.block_on(connections(given, counted, app, http1, drain));
-            let _ = done.send(());
-        })?;
-        workers.push((give, open, finished));
-    }
+    let workers = (0..threads.max(1))
+        .map(|i| Worker::start(i, app.clone(), http1.clone(), drain))
+        .collect::<io::Result<Vec<_>>>()?;
     tokio::pin!(shutdown);
     loop {
         let accepted: (tokio::net::TcpStream, SocketAddr) = tokio::select! {
@@ -446,7 +435,7 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let Some((give, open, _)) = workers.iter().min_by_key(|(_, open, _)| open.load(Ordering::Relaxed)) else {
+        let Some(worker) = workers.iter().min_by_key(|w| w.open.load(Ordering::Relaxed)) else {
             break;
         };
         // The socket moves to the thread's own runtime; registered with
@@ -454,8 +443,8 @@ pub async fn serve(
         let (stream, peer) = accepted;
         match stream.into_std() {
             Ok(stream) => {
-                open.fetch_add(1, Ordering::Relaxed);
-                if give.send((stream, peer)).is_err() {
+                worker.open.fetch_add(1, Ordering::Relaxed);
+                if worker.give.send((stream, peer)).is_err() {
                     return Err(io::Error::other("a connection thread stopped"));
                 }
             }
@@ -463,15 +452,44 @@ pub async fn serve(
         }
     }
     drop(listener);
-    // Each thread serves what it was given, then drains and ends, all at
-    // once.
-    let finished: Vec<_> = workers.into_iter().map(|(_, _, finished)| finished).collect();
+    // Dropping every sender first lets the threads drain all at once.
+    let finished: Vec<_> = workers.into_iter().map(|w| w.finished).collect();
     for finished in finished {
         if finished.await.is_err() {
             return Err(io::Error::other("a connection thread failed"));
         }
     }
     Ok(())
+}
+
+/// A thread serving connections, as the acceptor sees it.
+struct Worker {
+    /// Hands the thread a connection.
+    give: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
+    /// Connections the thread is serving.
+    open: Arc<AtomicUsize>,
+    /// Answers once the thread has drained, when `give` is dropped.
+    finished: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Worker {
+    fn start(
+        i: usize,
+        app: Arc<App>,
+        http1: hyper::server::conn::http1::Builder,
+        drain: Duration,
+    ) -> io::Result<Worker> {
+        let (give, given) = tokio::sync::mpsc::unbounded_channel();
+        let open = Arc::new(AtomicUsize::new(0));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let counted = open.clone();
+        std::thread::Builder::new().name(format!("depot-http-{i}")).spawn(move || {
+            runtime.block_on(connections(given, counted, app, http1, drain));
+            let _ = done.send(());
+        })?;
+        Ok(Worker { give, open, finished })
+    }
 }
 
 /// The settings of every HTTP/1.1 connection.
