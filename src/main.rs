@@ -2,20 +2,28 @@
 //! a message and exit code 1. A closed output pipe is not an error.
 
 use clap::Parser;
+use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::prelude::*;
 
 fn main() {
     // The S3 protocol layer logs every client error (a 404 included) as an
     // error; depot logs the failures that are its own, so that layer stays
     // quiet unless DEPOT_LOG names it.
-    let mut filter = std::env::var("DEPOT_LOG").unwrap_or_else(|_| "info".into());
+    let mut filter = std::env::var("DEPOT_LOG").ok().filter(|f| !f.trim().is_empty()).unwrap_or_else(|| "info".into());
     if !filter.contains("s3s") {
         filter.push_str(",s3s=off");
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info,s3s=off".into()))
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // A filter by target and level alone is checked once per call site; the
+    // full filter (span and field directives) also tracks every span as it
+    // is entered and left, a cost on every request.
+    let logging = tracing_subscriber::registry().with(log);
+    match filter.parse::<Targets>() {
+        Ok(targets) => logging.with(targets).init(),
+        Err(_) => logging.with(EnvFilter::try_new(&filter).unwrap_or_else(|_| "info,s3s=off".into())).init(),
+    }
     let cli = depot::cli::Cli::parse();
     if let Err(e) = depot::cli::run(cli) {
         if e.chain()

@@ -16,6 +16,12 @@
 //! transactions never deadlock), reads, and writes one batch; it is answered
 //! once a sync of the write-ahead log, shared by every transaction written
 //! before it, has made the batch durable.
+//!
+//! Records looked up one at a time (a GET or HEAD) are kept in memory: this
+//! process is the catalog's only writer (RocksDB locks the directory), so
+//! every change passes through [`Txn::commit`], which drops the records it
+//! changed. See [`Inner::object`] for why a reader never puts back a record
+//! a writer has just replaced.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
@@ -35,6 +41,9 @@ use crate::engine::group_commit::GroupCommit;
 use crate::engine::{BlobRef, Digest, Locator};
 
 const STRIPES: usize = 1024;
+/// Bytes of object records kept for single lookups (a record of a short
+/// key and one part weighs about 250).
+const HOT_RECORDS: u64 = 8 << 20;
 const STATS_KEY: &[u8] = b"stats";
 /// Most point reads (or records of a transaction) handled on the calling
 /// thread rather than the blocking pool.
@@ -50,6 +59,15 @@ fn object_key(bucket: &str, key: &str) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(key.as_bytes());
     k
+}
+
+/// What a kept record costs: its key twice (in the cache and the record),
+/// its strings and parts, and bookkeeping.
+fn record_weight(id: &[u8], r: &ObjectRecord) -> u32 {
+    let strings: usize = r.metadata.iter().chain(&r.headers).map(|(n, v)| n.len() + v.len() + 48).sum();
+    let parts = r.parts.len() * std::mem::size_of::<super::Part>();
+    let total = 2 * id.len() + r.etag.len() + r.content_type.len() + parts + strings + 256;
+    u32::try_from(total).unwrap_or(u32::MAX)
 }
 
 fn dead_key(since: Millis, digest: &Digest) -> [u8; 40] {
@@ -103,6 +121,9 @@ struct Inner {
     key_stripes: Box<[Mutex<()>]>,
     digest_stripes: Box<[Mutex<()>]>,
     hasher: std::collections::hash_map::RandomState,
+    /// Object records read lately by single lookups, by their key in the
+    /// `objects` family.
+    records: moka::sync::Cache<Vec<u8>, Arc<ObjectRecord>>,
     /// Every bucket, as stored: they are few and change rarely, and every
     /// request asks after one. Object writes hold it shared; creating,
     /// changing or deleting a bucket holds it alone while it writes both
@@ -159,6 +180,10 @@ impl RocksCatalog {
                 key_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 digest_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 hasher: Default::default(),
+                records: moka::sync::Cache::builder()
+                    .max_capacity(HOT_RECORDS)
+                    .weigher(|id: &Vec<u8>, record: &Arc<ObjectRecord>| record_weight(id, record))
+                    .build(),
                 buckets: RwLock::new(buckets),
             }),
         })
@@ -229,6 +254,29 @@ impl Inner {
     fn read_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
         let raw = self.db.get_pinned_cf(self.cf("objects"), object_key(bucket, key)).map_err(err)?;
         raw.map(|v| ObjectRecord::decode(&v, key.to_string())).transpose()
+    }
+
+    /// The record of bucket/key, from memory when it was read lately.
+    ///
+    /// A writer changes records holding their keys' stripes, and drops them
+    /// from memory before it lets go (`Txn::commit`). A miss reads and keeps
+    /// the record holding its key's stripe too, so it reads either before
+    /// the write, and the writer then drops what it kept, or after, and
+    /// keeps the new record: never an old record kept after the write.
+    fn object(&self, bucket: &str, key: &str) -> Result<Option<ObjectRecord>> {
+        if !self.bucket_exists(bucket) {
+            return Err(CatalogError::NoSuchBucket(bucket.to_string()));
+        }
+        let id = object_key(bucket, key);
+        if let Some(record) = self.records.get(&id) {
+            return Ok(Some(ObjectRecord::clone(&record)));
+        }
+        let _stripe = self.key_stripes[self.stripe_of(&id)].lock();
+        let found = self.read_object(bucket, key)?;
+        if let Some(record) = &found {
+            self.records.insert(id, Arc::new(record.clone()));
+        }
+        Ok(found)
     }
 
     fn read_blob(&self, digest: &Digest) -> Result<Option<BlobRecord>> {
@@ -338,12 +386,14 @@ impl<'a> Txn<'a> {
     fn commit(self) -> Result<()> {
         let inner = self.inner;
         let mut batch = WriteBatch::default();
+        let mut changed = Vec::with_capacity(self.objects.len());
         for ((bucket, key), record) in &self.objects {
             let k = object_key(bucket, key);
             match record {
-                Some(r) => batch.put_cf(inner.cf("objects"), k, r.encode()),
-                None => batch.delete_cf(inner.cf("objects"), k),
+                Some(r) => batch.put_cf(inner.cf("objects"), &k, r.encode()),
+                None => batch.delete_cf(inner.cf("objects"), &k),
             }
+            changed.push(k);
         }
         for (digest, record) in &self.blobs {
             if let Some(since) = self.dead_before[digest] {
@@ -362,7 +412,12 @@ impl<'a> Txn<'a> {
         if self.stats != CatalogStats::default() {
             batch.merge_cf(inner.cf("meta"), STATS_KEY, stats_bytes(&self.stats));
         }
-        inner.commit(batch)
+        let written = inner.commit(batch);
+        // The keys' stripes are still held: see `Inner::object`.
+        for k in &changed {
+            inner.records.invalidate(k);
+        }
+        written
     }
 }
 
@@ -436,6 +491,9 @@ impl Catalog for RocksCatalog {
     }
 
     async fn get_objects(&self, bucket: &str, keys: &[String]) -> Result<Vec<Option<ObjectRecord>>> {
+        if let [key] = keys {
+            return Ok(vec![self.inner.object(bucket, key)?]);
+        }
         let bucket = bucket.to_string();
         let keys = keys.to_vec();
         self.point_reads(keys.len(), move |inner| {
@@ -803,6 +861,53 @@ mod tests {
         assert_eq!((stats.objects, stats.blobs), (2, 3));
         use super::super::CatalogExt;
         assert!(c.get_object("refs", "a").await.unwrap().is_some());
+    }
+
+    /// A record read by a single lookup is kept, and every write or delete
+    /// answered before a lookup is what the lookup sees, though readers keep
+    /// refilling the record meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_kept_record_never_outlives_its_replacement() {
+        use super::super::CatalogExt;
+        use super::super::conformance::{blob, bucket, put};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let c = RocksCatalog::open(dir.path()).unwrap();
+        c.create_bucket(&bucket("hot")).await.unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (c, stop) = (c.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut reads = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        c.get_object("hot", "k").await.unwrap();
+                        reads += 1;
+                        tokio::task::yield_now().await;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let kept = |c: &RocksCatalog| c.inner.records.contains_key(&object_key("hot", "k"));
+        for i in 1..=600u64 {
+            c.put_object(put("hot", "k", &[blob(i as u8, i)])).await.unwrap();
+            assert_eq!(c.get_object("hot", "k").await.unwrap().map(|r| r.size), Some(i), "write {i}");
+            assert!(kept(&c), "a record just read is kept");
+            if i % 100 == 0 {
+                c.delete_object("hot", "k", &Default::default()).await.unwrap();
+                assert_eq!(c.get_object("hot", "k").await.unwrap(), None, "delete after write {i}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.await.unwrap() > 0);
+        }
+        // Batches and missing keys read the tables and keep nothing.
+        assert!(!kept(&c));
+        c.get_objects("hot", &["k".into(), "other".into()]).await.unwrap();
+        assert!(!kept(&c));
+        assert!(matches!(c.get_object("nope", "k").await, Err(CatalogError::NoSuchBucket(_))));
     }
 
     /// Records flushed to the tables are read back through their memory map,

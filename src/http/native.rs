@@ -175,6 +175,9 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
     let read = method == Method::GET || method == Method::HEAD;
     let caller = req.extensions().get::<Caller>().cloned().unwrap_or_default();
     check_access(app, &caller, &endpoint, &req).await?;
+    // A future is as big as its biggest branch: uploads, batches, backups
+    // and blob reads (kilobytes of state each) wait in boxes of their own,
+    // so the box the caller puts a request's future in stays small.
     match endpoint {
         Endpoint::Health if read => Ok(json(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Metrics if read => {
@@ -185,11 +188,11 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
         }
         Endpoint::Stats if read => stats(app).await,
         Endpoint::Root if read => listing::buckets(app, &req).await,
-        Endpoint::BatchGet if method == Method::POST => batch::get(app, req).await,
-        Endpoint::BatchPut if method == Method::POST => batch::put(app, req).await,
-        Endpoint::BatchDelete if method == Method::POST => batch::delete(app, req).await,
-        Endpoint::Blob(hex) if read => get_blob(app, &req, &hex).await,
-        Endpoint::Backup if method == Method::POST => backup(app, &req).await,
+        Endpoint::BatchGet if method == Method::POST => Box::pin(batch::get(app, req)).await,
+        Endpoint::BatchPut if method == Method::POST => Box::pin(batch::put(app, req)).await,
+        Endpoint::BatchDelete if method == Method::POST => Box::pin(batch::delete(app, req)).await,
+        Endpoint::Blob(hex) if read => Box::pin(get_blob(app, &req, &hex)).await,
+        Endpoint::Backup if method == Method::POST => Box::pin(backup(app, &req)).await,
         Endpoint::UnknownInternal => {
             Err(ApiError::new(StatusCode::NOT_FOUND, "NoSuchRoute", format!("no route {}", req.uri().path())))
         }
@@ -224,7 +227,9 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
             let record = app.store.head(&bucket, &key).await?;
             serve(app, &req, &record).await
         }
-        Endpoint::Object { bucket, key } if method == Method::PUT => put_object(app, req, &bucket, &key).await,
+        Endpoint::Object { bucket, key } if method == Method::PUT => {
+            Box::pin(put_object(app, req, &bucket, &key)).await
+        }
         Endpoint::Object { bucket, key } if method == Method::DELETE => {
             app.store.delete(&bucket, &key, &conditional::write_precondition(req.headers())).await?;
             Ok(empty(StatusCode::NO_CONTENT))
