@@ -45,7 +45,14 @@ pub struct Digest(pub [u8; 32]);
 
 impl Digest {
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        String::from_utf8(self.hex_bytes().to_vec()).expect("hex is ASCII")
+    }
+
+    /// The 64 lower-case hex digits, without an allocation.
+    pub fn hex_bytes(&self) -> [u8; 64] {
+        let mut out = [0; 64];
+        hex::encode_to_slice(self.0, &mut out).expect("64 digits for 32 bytes");
+        out
     }
 
     /// Parses 64 hex digits (either case).

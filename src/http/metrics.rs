@@ -16,7 +16,8 @@ const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 #[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Count by method, then by status.
+    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     latency: [AtomicU64; BUCKETS.len() + 1],
     latency_sum_us: AtomicU64,
     bytes_in: AtomicU64,
@@ -26,7 +27,13 @@ pub struct Metrics {
 impl Metrics {
     /// Counts one answered request; `elapsed` runs to the response head.
     pub fn record(&self, method: &http::Method, status: u16, elapsed: Duration, bytes_in: u64, bytes_out: u64) {
-        *self.requests.lock().entry((method.as_str().to_string(), status)).or_default() += 1;
+        let mut requests = self.requests.lock();
+        // The method's name is copied once, when first seen.
+        let by_status = match requests.get_mut(method.as_str()) {
+            Some(m) => m,
+            None => requests.entry(method.as_str().to_string()).or_default(),
+        };
+        *by_status.entry(status).or_default() += 1;
         let secs = elapsed.as_secs_f64();
         let slot = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
         self.latency[slot].fetch_add(1, Ordering::Relaxed);
@@ -40,8 +47,10 @@ impl Metrics {
         let mut out = String::new();
         out.push_str("# HELP depot_http_requests_total Requests answered, by method and status.\n");
         out.push_str("# TYPE depot_http_requests_total counter\n");
-        for ((method, status), n) in self.requests.lock().iter() {
-            let _ = writeln!(out, "depot_http_requests_total{{method=\"{method}\",status=\"{status}\"}} {n}");
+        for (method, by_status) in self.requests.lock().iter() {
+            for (status, n) in by_status {
+                let _ = writeln!(out, "depot_http_requests_total{{method=\"{method}\",status=\"{status}\"}} {n}");
+            }
         }
         out.push_str("# HELP depot_http_request_duration_seconds Time to the response head.\n");
         out.push_str("# TYPE depot_http_request_duration_seconds histogram\n");

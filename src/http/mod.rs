@@ -288,7 +288,14 @@ fn request_id(headers: &http::HeaderMap) -> String {
     let given = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()).filter(|v| {
         (1..=128).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
     });
-    given.map_or_else(|| format!("{:016x}", rand::random::<u64>()), str::to_string)
+    given.map_or_else(
+        || {
+            let mut id = [0; 16];
+            hex::encode_to_slice(rand::random::<u64>().to_be_bytes(), &mut id).expect("16 digits for 8 bytes");
+            String::from_utf8(id.to_vec()).expect("hex is ASCII")
+        },
+        str::to_string,
+    )
 }
 
 /// The digest a `Content-MD5` header declares (base64 of 16 bytes).
@@ -390,14 +397,20 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> Response {
 pub fn empty(status: StatusCode) -> Response {
     let mut r = http::Response::new(http_body_util::Empty::new().map_err(|e: Infallible| match e {}).boxed_unsync());
     *r.status_mut() = status;
+    *r.headers_mut() = http::HeaderMap::with_capacity(OBJECT_HEADERS);
     r
 }
+
+/// Room for the headers of an object's answer, made once rather than grown
+/// twice as they are added.
+const OBJECT_HEADERS: usize = 16;
 
 /// A streamed body; `len` is sent as Content-Length.
 pub fn streamed(status: StatusCode, len: u64, stream: crate::engine::ByteStream) -> Response {
     let body = StreamBody::new(stream.map_ok(Frame::data).map_err(io::Error::other));
     let mut r = http::Response::new(body.boxed_unsync());
     *r.status_mut() = status;
+    *r.headers_mut() = http::HeaderMap::with_capacity(OBJECT_HEADERS);
     r.headers_mut().insert(header::CONTENT_LENGTH, len.into());
     r
 }

@@ -391,7 +391,11 @@ async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
 }
 
 fn quoted(etag: &str) -> HeaderValue {
-    HeaderValue::from_str(&format!("\"{etag}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    let mut v = Vec::with_capacity(etag.len() + 2);
+    v.push(b'"');
+    v.extend_from_slice(etag.as_bytes());
+    v.push(b'"');
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
 /// The headers of a PUT that are stored and sent back with the object
@@ -417,7 +421,7 @@ fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
         let date = httpdate::fmt_http_date(from_millis(record.modified));
         h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&date).expect("HTTP dates are ASCII"));
     }
-    h.insert("x-depot-sha256", HeaderValue::from_str(&record.sha256.to_hex()).expect("hex is ASCII"));
+    h.insert("x-depot-sha256", HeaderValue::from_bytes(&record.sha256.hex_bytes()).expect("hex is ASCII"));
     copy_stored(h, record, [header::CACHE_CONTROL, header::EXPIRES]);
 }
 
