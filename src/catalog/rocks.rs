@@ -41,8 +41,8 @@ use crate::engine::group_commit::GroupCommit;
 use crate::engine::{BlobRef, Digest, Locator};
 
 const STRIPES: usize = 1024;
-/// Bytes of object records kept for single lookups (a record of a short
-/// key and one part weighs about 250).
+/// Bytes of object records kept for single lookups: some 20,000 records
+/// of a short key and one part (see `record_weight`).
 const HOT_RECORDS: u64 = 8 << 20;
 const STATS_KEY: &[u8] = b"stats";
 /// Most point reads (or records of a transaction) handled on the calling
