@@ -42,7 +42,7 @@ use crate::engine::{BlobRef, Digest, Locator};
 
 const STRIPES: usize = 1024;
 /// Bytes of object records kept for single lookups: some 20,000 records
-/// of a short key and one part (see `record_weight`).
+/// of a short key and one part (see `RecordWeight`).
 const HOT_RECORDS: u64 = 8 << 20;
 const STATS_KEY: &[u8] = b"stats";
 /// Most point reads (or records of a transaction) handled on the calling
@@ -63,11 +63,15 @@ fn object_key(bucket: &str, key: &str) -> Vec<u8> {
 
 /// What a kept record costs: its key twice (in the cache and the record),
 /// its strings and parts, and bookkeeping.
-fn record_weight(id: &[u8], r: &ObjectRecord) -> u32 {
-    let strings: usize = r.metadata.iter().chain(&r.headers).map(|(n, v)| n.len() + v.len() + 48).sum();
-    let parts = r.parts.len() * std::mem::size_of::<super::Part>();
-    let total = 2 * id.len() + r.etag.len() + r.content_type.len() + parts + strings + 256;
-    u32::try_from(total).unwrap_or(u32::MAX)
+#[derive(Clone)]
+struct RecordWeight;
+
+impl quick_cache::Weighter<Vec<u8>, Arc<ObjectRecord>> for RecordWeight {
+    fn weight(&self, id: &Vec<u8>, r: &Arc<ObjectRecord>) -> u64 {
+        let strings: usize = r.metadata.iter().chain(&r.headers).map(|(n, v)| n.len() + v.len() + 48).sum();
+        let parts = r.parts.len() * std::mem::size_of::<super::Part>();
+        (2 * id.len() + r.etag.len() + r.content_type.len() + parts + strings + 256) as u64
+    }
 }
 
 fn dead_key(since: Millis, digest: &Digest) -> [u8; 40] {
@@ -123,7 +127,7 @@ struct Inner {
     hasher: std::collections::hash_map::RandomState,
     /// Object records read lately by single lookups, by their key in the
     /// `objects` family.
-    records: moka::sync::Cache<Vec<u8>, Arc<ObjectRecord>>,
+    records: quick_cache::sync::Cache<Vec<u8>, Arc<ObjectRecord>, RecordWeight>,
     /// Every bucket, as stored: they are few and change rarely, and every
     /// request asks after one. Object writes hold it shared; creating,
     /// changing or deleting a bucket holds it alone while it writes both
@@ -180,10 +184,11 @@ impl RocksCatalog {
                 key_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 digest_stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 hasher: Default::default(),
-                records: moka::sync::Cache::builder()
-                    .max_capacity(HOT_RECORDS)
-                    .weigher(|id: &Vec<u8>, record: &Arc<ObjectRecord>| record_weight(id, record))
-                    .build(),
+                records: quick_cache::sync::Cache::with_weighter(
+                    (HOT_RECORDS / 400) as usize,
+                    HOT_RECORDS,
+                    RecordWeight,
+                ),
                 buckets: RwLock::new(buckets),
             }),
         })
@@ -415,7 +420,7 @@ impl<'a> Txn<'a> {
         let written = inner.commit(batch);
         // The keys' stripes are still held: see `Inner::object`.
         for k in &changed {
-            inner.records.invalidate(k);
+            inner.records.remove(k);
         }
         written
     }

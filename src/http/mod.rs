@@ -11,6 +11,7 @@ mod fault_tests;
 pub mod fuzzing;
 mod limits;
 mod listing;
+pub mod log;
 pub mod metrics;
 mod native;
 pub mod range;
@@ -32,7 +33,6 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tracing::Instrument;
 
 use crate::config::Credential;
 use crate::store::Store;
@@ -128,20 +128,18 @@ impl App {
     }
 
     /// Answers one request; never fails (errors are responses). Every
-    /// response carries the request's ID, and everything logged while
-    /// answering it is in a span with that ID.
+    /// response carries the request's ID, and so does every line logged
+    /// while answering it (see [`log`]).
     pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response {
         let id = request_id(req.headers());
-        let span = tracing::info_span!("request", id = %id);
         let (method, uri) = (req.method().clone(), req.uri().clone());
         // Boxed: see `answer`.
-        let mut response = Box::pin(self.respond(req, &id)).instrument(span.clone()).await;
+        let mut response = log::scope(id.clone(), Box::pin(self.respond(req, &id))).await;
         let status = response.status();
-        let _entered = span.enter();
         if status.is_server_error() {
-            tracing::warn!(%method, path = uri.path(), status = status.as_u16(), "request failed");
+            tracing::warn!(%method, path = uri.path(), status = status.as_u16(), request_id = %id, "request failed");
         } else if status.is_client_error() {
-            tracing::debug!(%method, path = uri.path(), status = status.as_u16(), "request refused");
+            tracing::debug!(%method, path = uri.path(), status = status.as_u16(), request_id = %id, "request refused");
         }
         if let Ok(v) = HeaderValue::from_str(&id) {
             response.headers_mut().insert(REQUEST_ID, v.clone());

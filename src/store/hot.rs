@@ -19,10 +19,20 @@ pub const LARGEST: u64 = 256 * 1024;
 /// Bytes of bodies kept, as much as RocksDB's default block cache.
 const CAPACITY: u64 = 32 << 20;
 /// What an entry costs besides its body: key, handle and bookkeeping.
-const ENTRY_OVERHEAD: u32 = 128;
+const ENTRY_OVERHEAD: u64 = 128;
+
+/// An entry's cost: its body and [`ENTRY_OVERHEAD`].
+#[derive(Clone)]
+struct BodyWeight;
+
+impl quick_cache::Weighter<Digest, Bytes> for BodyWeight {
+    fn weight(&self, _: &Digest, body: &Bytes) -> u64 {
+        ENTRY_OVERHEAD + body.len() as u64
+    }
+}
 
 pub struct HotBlobs {
-    bodies: moka::sync::Cache<Digest, Bytes>,
+    bodies: quick_cache::sync::Cache<Digest, Bytes, BodyWeight>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -46,10 +56,8 @@ impl Default for HotBlobs {
 
 impl HotBlobs {
     pub fn with_capacity(bytes: u64) -> HotBlobs {
-        let bodies = moka::sync::Cache::builder()
-            .max_capacity(bytes)
-            .weigher(|_: &Digest, body: &Bytes| ENTRY_OVERHEAD.saturating_add(body.len() as u32))
-            .build();
+        // Sized for bodies of some 4 KiB on average.
+        let bodies = quick_cache::sync::Cache::with_weighter((bytes / 4096) as usize, bytes, BodyWeight);
         HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
     }
 
@@ -62,12 +70,10 @@ impl HotBlobs {
     }
 
     pub fn stats(&self) -> HotStats {
-        // The weights are summed as the cache catches up on its bookkeeping.
-        self.bodies.run_pending_tasks();
         HotStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
-            bytes: self.bodies.weighted_size(),
+            bytes: self.bodies.weight(),
         }
     }
 
@@ -110,7 +116,7 @@ mod tests {
         assert_eq!(&body[..], b"abcdef");
         assert_eq!(hot.get(&d).as_deref(), Some(&b"abcdef"[..]));
         assert!(hot.get(&Digest([9; 32])).is_none());
-        assert_eq!(hot.stats(), HotStats { hits: 1, misses: 1, bytes: 6 + u64::from(ENTRY_OVERHEAD) });
+        assert_eq!(hot.stats(), HotStats { hits: 1, misses: 1, bytes: 6 + ENTRY_OVERHEAD });
     }
 
     #[tokio::test]
@@ -136,8 +142,7 @@ mod tests {
             let body: &'static [u8] = Box::leak(vec![i; 4096].into_boxed_slice());
             hot.fill(Digest([i; 32]), 4096, stream(&[body])).await.unwrap();
         }
-        hot.bodies.run_pending_tasks();
-        assert!(hot.bodies.weighted_size() <= 64 * 1024, "{} bytes kept", hot.bodies.weighted_size());
-        assert!(hot.bodies.entry_count() < 64);
+        assert!(hot.bodies.weight() <= 64 * 1024, "{} bytes kept", hot.bodies.weight());
+        assert!(hot.bodies.len() < 64);
     }
 }
