@@ -7,8 +7,8 @@ use tracing_subscriber::prelude::*;
 
 /// A request allocates and frees a few dozen small blocks; glibc's
 /// `malloc` and `free` were a sixth of a small GET's user time. Without
-/// transparent huge pages (`no_thp`), so memory is taken 4 KiB at a time
-/// and a streaming server stays as small as with glibc.
+/// transparent huge pages (`no_thp`): with them, the server streaming a
+/// large upload grew by some 12 MB more than with glibc, without them by 3.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,6 +1,7 @@
 //! The native REST API: URLs parsed into an [`Endpoint`], then one handler
 //! per kind of request.
 
+use std::io::Write as _;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -418,8 +419,12 @@ fn stored_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, ApiError
 fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
     h.insert(header::ETAG, quoted(&record.etag));
     if record.modified > 0 {
-        let date = httpdate::fmt_http_date(from_millis(record.modified));
-        h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&date).expect("HTTP dates are ASCII"));
+        // An HTTP date is 29 bytes: written in place, not into a String.
+        let mut date = [0u8; 29];
+        let written = write!(&mut date[..], "{}", httpdate::HttpDate::from(from_millis(record.modified)));
+        if let (Ok(()), Ok(v)) = (written, HeaderValue::from_bytes(&date)) {
+            h.insert(header::LAST_MODIFIED, v);
+        }
     }
     h.insert("x-depot-sha256", HeaderValue::from_bytes(&record.sha256.hex_bytes()).expect("hex is ASCII"));
     copy_stored(h, record, [header::CACHE_CONTROL, header::EXPIRES]);
