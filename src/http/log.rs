@@ -2,7 +2,7 @@
 //!
 //! A span per request would do this too, but the log layer formats a
 //! span's fields when the span is made, on every request, where almost
-//! none log anything: a fifth of a small GET's user time went to it. The
+//! none log anything: a tenth of a small GET's user time went to it. The
 //! ID is kept in the request's task instead, and added to a line only when
 //! a line is written.
 
