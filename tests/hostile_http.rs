@@ -630,6 +630,71 @@ fn a_stalled_download_is_cut_off_after_the_send_timeout() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// A file's body, sent from the page cache, and a hot object's, sent from
+/// memory, come whole and in order to a reader slow enough that each
+/// `sendfile` or `writev` sends only part of what it was given.
+#[test]
+fn bodies_sent_from_the_page_cache_come_whole_to_a_slow_reader() {
+    let mut s = Server::start(&[]);
+    let file = pattern(3 << 20, 1);
+    let hot = pattern(150_000, 2);
+    assert_eq!(put(&s, "/files/file", &file).status(), 201);
+    assert_eq!(put(&s, "/files/hot", &hot).status(), 201);
+    for (path, body) in [("/files/file", &file), ("/files/hot", &hot)] {
+        // The first read brings the bytes into the page cache, or the
+        // store's memory; the next ones are sent from there.
+        for round in 0..3 {
+            let mut c = connect(&s);
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+            let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
+            loop {
+                match c.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    Err(e) => panic!("{path}: the answer broke off after {} bytes: {e}", raw.len()),
+                }
+                if round > 0 {
+                    thread::sleep(Duration::from_micros(300));
+                }
+            }
+            let a = Answer { raw, closed: true };
+            assert_eq!(a.status(), 200);
+            assert!(a.body() == *body, "{path}, round {round}: the body differs");
+        }
+        let a = get(&s, path, "Range: bytes=70000-2999999\r\n");
+        assert_eq!(a.status(), 206);
+        assert!(a.body() == body[70_000..body.len().min(3_000_000)], "{path}: the range differs");
+    }
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
+/// A blob file cut short on disk while its bytes are being sent ends the
+/// answer early (the connection closes short of its Content-Length); the
+/// server, which maps such files but never reads them through the mapping,
+/// keeps serving.
+#[test]
+fn a_file_truncated_while_it_is_sent_cuts_the_answer_and_harms_nothing() {
+    let mut s = Server::start(&[]);
+    let size = 32 << 20;
+    let body = pattern(size, 3);
+    assert_eq!(put(&s, "/files/big", &body).status(), 201);
+    assert!(get(&s, "/files/big", "").body() == body);
+    let blob = common::files_under(&s.data)
+        .into_iter()
+        .find(|f| f.metadata().is_ok_and(|m| m.len() == size as u64))
+        .expect("the blob's file");
+    let mut c = connect(&s);
+    c.write_all(b"GET /files/big HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n\r\n").unwrap();
+    let mut first = [0u8; 1024];
+    c.read_exact(&mut first).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&blob).unwrap().set_len(100_000).unwrap();
+    let rest = read_all(c, Duration::from_secs(10));
+    assert!(rest.closed, "the connection stayed open");
+    assert!(first.len() + rest.raw.len() < size, "a whole answer from a truncated file");
+    assert!(first.starts_with(b"HTTP/1.1 200"));
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn a_thousand_idle_connections_neither_block_others_nor_stay_open() {
     let mut s = Server::start(&["--header-timeout", "2"]);

@@ -18,13 +18,15 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use rustix::io::Errno;
 
-use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
+use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result, mapped};
 
 const NAME: &str = "fs";
 /// Bytes gathered before one write system call, and the size of read chunks.
 const IO_CHUNK: usize = 256 * 1024;
 /// Chunks of a file read at once while streaming it.
 const READ_AHEAD: usize = 2;
+/// The largest range sent as one mapped chunk when all of it is cached.
+const SENT_WHOLE: u64 = 16 << 20;
 
 /// The file-system engine; clones share one directory.
 #[derive(Clone, Debug)]
@@ -101,6 +103,15 @@ impl FsEngine {
             written: 0,
             direct: Direct::Untried,
             pending: None,
+        })
+    }
+
+    /// Opened on the calling thread, as nginx does: with the directories
+    /// cached that costs less than a hand-off to the blocking pool.
+    fn open_blob(&self, blob: &BlobRef) -> Result<File> {
+        File::open(self.blob_path(&blob.digest)).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => EngineError::NotFound(blob.digest),
+            _ => EngineError::io(NAME, e),
         })
     }
 
@@ -349,13 +360,11 @@ impl BlobEngine for FsEngine {
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
-        // Opened on the calling thread, as nginx does: with the directories
-        // cached that costs less than a hand-off to the blocking pool.
-        let file = File::open(self.blob_path(&blob.digest)).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => EngineError::NotFound(blob.digest),
-            _ => EngineError::io(NAME, e),
-        })?;
-        Ok(read_file_range(file, range))
+        Ok(read_file_range(self.open_blob(blob)?, range, false))
+    }
+
+    async fn read_to_send(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        Ok(read_file_range(self.open_blob(blob)?, range, true))
     }
 
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
@@ -430,14 +439,29 @@ fn walk_blobs(blobs: &Path, mut visit: impl FnMut(&Path, &fs::Metadata)) -> Resu
 /// Streams `range` of a file in chunks. The chunk after the one the
 /// consumer takes is read meanwhile, so a cold file's next read waits on
 /// the disk while the last one goes out to the client. The stream ends
-/// after an error.
-fn read_file_range(file: File, range: ByteRange) -> ByteStream {
+/// after an error. To `send`, a chunk the page cache holds whole is given
+/// mapped (see [`mapped`]), not read.
+fn read_file_range(file: File, range: ByteRange, send: bool) -> ByteStream {
     let file = Arc::new(file);
+    // A file the page cache holds whole goes as one chunk: one mapping,
+    // and as few `sendfile` calls as the socket takes.
+    let len = range.end - range.start;
+    if send
+        && (mapped::SMALLEST as u64..=SENT_WHOLE).contains(&len)
+        && let Some(whole) = mapped::cached(&file, range.start, len as usize)
+    {
+        return Box::pin(futures::stream::once(async { Ok(whole) }));
+    }
     let reads = futures::stream::iter((range.start..range.end).step_by(IO_CHUNK))
         .map(move |at| {
             let file = file.clone();
             let n = (range.end - at).min(IO_CHUNK as u64) as usize;
-            async move { read_chunk(&file, at, n).await }
+            async move {
+                match (send && n >= mapped::SMALLEST).then(|| mapped::cached(&file, at, n)).flatten() {
+                    Some(chunk) => Ok(chunk),
+                    None => read_chunk(&file, at, n).await,
+                }
+            }
         })
         .buffered(READ_AHEAD);
     let mut failed = false;
@@ -543,6 +567,38 @@ mod tests {
             rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
             let read = engine.read_to_vec(&blob, range).await.unwrap();
             assert_eq!(read, body[range.start as usize..range.end as usize]);
+        }
+    }
+
+    /// To be sent, chunks in the page cache come mapped, the rest read;
+    /// both hold the file's bytes.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn chunks_to_send_are_mapped_only_while_cached() {
+        use futures::TryStreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FsEngine::open(dir.path()).unwrap();
+        let body = conformance::pattern(3 * IO_CHUNK + 1234, 8);
+        let blob = engine.put_bytes(body.clone()).await.unwrap();
+        let file = File::open(engine.blob_path(&blob.digest)).unwrap();
+        let range = ByteRange { start: 1000, end: body.len() as u64 };
+        for cached in [false, true] {
+            file.sync_all().unwrap();
+            if cached {
+                engine.read_to_vec(&blob, ByteRange::full(body.len() as u64)).await.unwrap();
+            } else {
+                rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            }
+            let chunks: Vec<Bytes> = engine.read_to_send(&blob, range).await.unwrap().try_collect().await.unwrap();
+            let mapped: Vec<bool> = chunks.iter().map(|c| mapped::find(c.as_ptr(), c.len()).is_some()).collect();
+            // A cached file goes whole. Reading the first chunk of an
+            // evicted one may bring later ones into the cache; the last, of
+            // 234 bytes, is read anyway.
+            if cached {
+                assert_eq!(mapped, [true]);
+            } else {
+                assert_eq!((mapped.len(), mapped[0], mapped[3]), (4, false, false));
+            }
+            assert_eq!(chunks.concat(), body[1000..]);
         }
     }
 

@@ -175,6 +175,13 @@ impl BlobEngine for HybridEngine {
         self.tier(blob)?.read(blob, range).await
     }
 
+    async fn read_to_send(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        if in_locator(blob).is_some() {
+            return self.read(blob, range).await;
+        }
+        self.tier(blob)?.read_to_send(blob, range).await
+    }
+
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
         if in_locator(blob).is_some() {
             return Ok(());

@@ -24,6 +24,7 @@ pub mod fs;
 pub mod gridfs;
 pub(crate) mod group_commit;
 pub mod hybrid;
+pub mod mapped;
 pub mod memory;
 pub mod postgres;
 pub mod rocks;
@@ -225,6 +226,13 @@ pub trait BlobEngine: Send + Sync + 'static {
     /// Reads `range` of a blob as a stream, without reading the bytes
     /// before `range.start`.
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream>;
+
+    /// [`BlobEngine::read`] for an answer about to go out on a socket: an
+    /// engine may give chunks [`mapped`] from its files, which the socket
+    /// sends from the page cache without their being copied.
+    async fn read_to_send(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        self.read(blob, range).await
+    }
 
     /// Deletes a blob. Deleting a blob that is not there is not an error.
     /// A blob an engine carries in its locator (`hybrid`'s smallest) lives

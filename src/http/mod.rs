@@ -16,6 +16,7 @@ pub mod metrics;
 mod native;
 pub mod range;
 mod s3;
+mod sendfile;
 mod ui;
 
 use std::convert::Infallible;
@@ -526,6 +527,9 @@ fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Builder {
         // of writing, as `nc -N` does): the request is still answered,
         // rather than dropped with its outcome unknown to the client.
         .half_close(true)
+        // Bodies are handed to the socket as they are, never copied into
+        // hyper's buffer: a mapped chunk is then sent with `sendfile`.
+        .writev(true)
         .keep_alive(true);
     // Hyper's own limit parses into an array on the stack; any limit set,
     // even the same number, into one it fills anew for every request.
@@ -561,7 +565,7 @@ async fn connections(
         let _ = stream.set_nodelay(true);
         // A client that stops reading an answer, with the socket's buffers
         // full, is let go after the send timeout, as nginx's send_timeout.
-        let mut stream = tokio_io_timeout::TimeoutWriter::new(stream);
+        let mut stream = tokio_io_timeout::TimeoutWriter::new(sendfile::Socket::new(stream));
         stream.set_timeout(Some(app.limits.send_timeout));
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {

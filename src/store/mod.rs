@@ -730,7 +730,8 @@ impl Store {
         self.catalog.get_object(bucket, key).await?.ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
     }
 
-    /// Streams `range` of an object's body, across its parts.
+    /// Streams `range` of an object's body, across its parts, for an answer
+    /// on a socket: chunks of files may come [`mapped`](crate::engine::mapped).
     pub async fn read(&self, record: &ObjectRecord, range: ByteRange) -> Result<ByteStream> {
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
@@ -779,13 +780,13 @@ impl Store {
         let Some((first, within)) = refs.next() else {
             return Ok(Box::pin(futures::stream::empty()));
         };
-        let mut stream = self.read_blob_range(&first, within).await?;
+        let mut stream = self.engine.read_to_send(&first, within).await.map_err(missing_bytes)?;
         if refs.len() > 0 {
             let engine = self.engine.clone();
             let rest = futures::stream::iter(refs)
                 .then(move |(blob, within)| {
                     let engine = engine.clone();
-                    async move { engine.read(&blob, within).await }
+                    async move { engine.read_to_send(&blob, within).await }
                 })
                 .try_flatten();
             stream = Box::pin(stream.chain(rest));

@@ -1,0 +1,138 @@
+//! The connection's socket as hyper writes to it: buffers that are
+//! [`mapped`] chunks of files go out with `sendfile`, from the page cache,
+//! the rest with `writev`.
+//!
+//! hyper hands an answer's head and its body's chunks over together as one
+//! vectored write. The buffers before a mapped chunk are sent with
+//! `MSG_MORE`, so the head leaves in one segment with the body's first
+//! bytes rather than alone, as nginx's `tcp_nopush` does.
+
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::engine::mapped;
+
+/// Bytes the socket holds unsent before it stops taking more. Without a
+/// bound, a slow reader's socket takes megabytes of a file at once, and
+/// then frees room for more only once a third of them has gone: a reader
+/// taking 1 MiB a second, whose window did not grow for pages sent from
+/// the page cache, waited more than the send timeout between writes and
+/// was cut off (as nginx, with `sendfile`, cuts it off).
+const UNSENT: u32 = 256 * 1024;
+
+pub(super) struct Socket {
+    stream: TcpStream,
+    /// Where the last `sendfile` stopped short in a mapped chunk: the rest
+    /// is looked up however short it is.
+    resume_at: usize,
+}
+
+impl Socket {
+    pub(super) fn new(stream: TcpStream) -> Socket {
+        let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT);
+        Socket { stream, resume_at: 0 }
+    }
+
+    /// The first of `bufs` that is a mapped chunk, and where its bytes are.
+    /// Chunks are mapped only from [`mapped::SMALLEST`] bytes: a shorter
+    /// buffer is one only if it is the rest of one sent in part.
+    fn first_mapped(&self, bufs: &[IoSlice<'_>]) -> Option<(usize, (RawFd, u64, usize))> {
+        bufs.iter().enumerate().find_map(|(i, b)| {
+            if b.len() < mapped::SMALLEST && b.as_ptr() as usize != self.resume_at {
+                return None;
+            }
+            mapped::find(b.as_ptr(), b.len()).map(|f| (i, f))
+        })
+    }
+}
+
+/// Sends `before` (with `MSG_MORE`), then `len` bytes of `file` from
+/// `offset`: how many bytes went, counting both. Fails only if nothing
+/// went.
+fn send(socket: RawFd, before: &[IoSlice<'_>], (file, offset, len): (RawFd, u64, usize)) -> io::Result<usize> {
+    let mut sent = 0;
+    if !before.is_empty() {
+        let want: usize = before.iter().map(|b| b.len()).sum();
+        // SAFETY: a zeroed msghdr is empty; its vector is `before`, whose
+        // buffers live through the call and are only read.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = before.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = before.len();
+        // SAFETY: as above; `socket` is an open socket.
+        let n = unsafe { libc::sendmsg(socket, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        sent = n as usize;
+        if sent < want {
+            return Ok(sent);
+        }
+    }
+    let mut at = offset as libc::off_t;
+    // SAFETY: both descriptors are open; the kernel updates `at` only.
+    let n = unsafe { libc::sendfile(socket, file, &mut at, len) };
+    match n {
+        0 if sent == 0 => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "a blob file is shorter than its record: it was truncated on disk",
+        )),
+        n if n >= 0 => Ok(sent + n as usize),
+        _ if sent > 0 => Ok(sent),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let Some((i, file)) = this.first_mapped(bufs) else {
+            return Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        };
+        let socket = this.stream.as_raw_fd();
+        let before: usize = bufs[..i].iter().map(|b| b.len()).sum();
+        loop {
+            ready!(this.stream.poll_write_ready(cx))?;
+            match this.stream.try_io(Interest::WRITABLE, || send(socket, &bufs[..i], file)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Ok(n) => {
+                    let of_file = n.saturating_sub(before);
+                    let short = of_file > 0 && of_file < file.2;
+                    this.resume_at = if short { bufs[i].as_ptr() as usize + of_file } else { 0 };
+                    return Poll::Ready(Ok(n));
+                }
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
