@@ -553,6 +553,12 @@ mod tests {
         assert_eq!(left, vec![other_host], "only this host's abandoned staging files go");
     }
 
+    /// Drops a file's pages from the page cache, written back first.
+    fn evict(file: &File) {
+        file.sync_all().unwrap();
+        rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    }
+
     /// Bytes not in the page cache come through the blocking pool, whole
     /// and in order, from any offset.
     #[tokio::test(flavor = "multi_thread")]
@@ -562,9 +568,7 @@ mod tests {
         let body = conformance::pattern(3 * IO_CHUNK + 1234, 7);
         let blob = engine.put_bytes(body.clone()).await.unwrap();
         for range in [ByteRange::full(body.len() as u64), ByteRange { start: 100_000, end: 2 * IO_CHUNK as u64 + 5 }] {
-            let file = File::open(engine.blob_path(&blob.digest)).unwrap();
-            file.sync_all().unwrap();
-            rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            evict(&File::open(engine.blob_path(&blob.digest)).unwrap());
             let read = engine.read_to_vec(&blob, range).await.unwrap();
             assert_eq!(read, body[range.start as usize..range.end as usize]);
         }
@@ -582,11 +586,10 @@ mod tests {
         let file = File::open(engine.blob_path(&blob.digest)).unwrap();
         let range = ByteRange { start: 1000, end: body.len() as u64 };
         for cached in [false, true] {
-            file.sync_all().unwrap();
             if cached {
                 engine.read_to_vec(&blob, ByteRange::full(body.len() as u64)).await.unwrap();
             } else {
-                rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+                evict(&file);
             }
             let chunks: Vec<Bytes> = engine.read_to_send(&blob, range).await.unwrap().try_collect().await.unwrap();
             let mapped: Vec<bool> = chunks.iter().map(|c| mapped::find(c.as_ptr(), c.len()).is_some()).collect();
