@@ -412,18 +412,26 @@ async fn read_one(c: &mut Connection, addr: SocketAddr, f: usize, size: usize) -
     Ok(())
 }
 
-/// Runs `work` on [`CLIENTS`] connections at once; each gets its index and
-/// its own connection.
+/// Runs `work` on [`CLIENTS`] connections at once, each a task of its own
+/// (so the runtime's threads share them); each gets its index and its own
+/// connection.
 async fn clients<F, Fut>(addr: SocketAddr, work: F) -> anyhow::Result<()>
 where
     F: Fn(usize, Connection) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let mut conns = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
         conns.push(Connection::open(addr).await?);
     }
-    futures::future::try_join_all(conns.into_iter().enumerate().map(|(i, c)| work(i, c))).await?;
+    // Dropped on an error, the set stops the other clients.
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, c) in conns.into_iter().enumerate() {
+        tasks.spawn(work(i, c));
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
     Ok(())
 }
 

@@ -6,7 +6,9 @@
 //! gets no 2xx answer is a failure: a run with failures is not reported as
 //! a figure.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
 use super::stats::{Summary, percentile};
@@ -42,66 +44,106 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    let (sender, conn) = http1::handshake(connect(addr).await?).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
     Ok(sender)
 }
 
-/// One keep-alive HTTP/1.1 connection.
+async fn connect(addr: SocketAddr) -> anyhow::Result<TokioIo<tokio::net::TcpStream>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+    stream.set_nodelay(true)?;
+    Ok(TokioIo::new(stream))
+}
+
+/// One keep-alive HTTP/1.1 connection, driven by the task that uses it:
+/// an answer's bytes are read from the socket and taken by the same thread,
+/// as `curl` or one of `wrk`'s threads does. (With the connection on a task
+/// of its own, every frame of a body crossed to the waiting task on another
+/// thread: a thread wake-up per frame, counted against the server.)
 pub struct Connection {
     sender: SendRequest<Full<Bytes>>,
+    conn: Option<http1::Connection<TokioIo<tokio::net::TcpStream>, Full<Bytes>>>,
 }
 
 impl Connection {
     pub async fn open(addr: SocketAddr) -> anyhow::Result<Connection> {
-        Ok(Connection { sender: handshake(addr).await? })
+        let (sender, conn) = http1::handshake(connect(addr).await?).await?;
+        Ok(Connection { sender, conn: Some(conn) })
+    }
+
+    /// Runs `work` on the connection's sender, polling the connection itself
+    /// beside it (first, so that bytes it reads are taken in the same poll).
+    /// Once the connection has ended, `work` meets the error.
+    async fn drive<'a, F, T>(&'a mut self, work: impl FnOnce(&'a mut SendRequest<Full<Bytes>>) -> F) -> T
+    where
+        F: Future<Output = T> + 'a,
+    {
+        let conn = &mut self.conn;
+        let mut work = std::pin::pin!(work(&mut self.sender));
+        std::future::poll_fn(move |cx| {
+            if let Some(c) = conn
+                && Pin::new(c).poll(cx).is_ready()
+            {
+                *conn = None;
+            }
+            work.as_mut().poll(cx)
+        })
+        .await
     }
 
     /// Sends `req` and reads the whole answer.
     pub async fn send(&mut self, req: Request) -> anyhow::Result<(http::StatusCode, Bytes)> {
-        self.sender.ready().await?;
-        let resp = self.sender.send_request(req).await?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        Ok((status, body))
+        self.drive(|sender| async move {
+            sender.ready().await?;
+            let resp = sender.send_request(req).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok((status, body))
+        })
+        .await
     }
 
-    /// Sends `req`; an answer other than a 2xx is an error quoting its
-    /// body. Gives the request's name, for errors, and the answer's body.
-    async fn send_ok(&mut self, req: Request) -> anyhow::Result<(String, Incoming)> {
+    /// Sends `req` and fails unless the answer is a 2xx, then hands the
+    /// answer's body to `read`.
+    async fn send_ok<T, F>(&mut self, req: Request, read: impl FnOnce(String, Incoming) -> F) -> anyhow::Result<T>
+    where
+        F: Future<Output = anyhow::Result<T>>,
+    {
         let what = format!("{} {}", req.method(), req.uri());
-        self.sender.ready().await.with_context(|| what.clone())?;
-        let resp = self.sender.send_request(req).await.with_context(|| what.clone())?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.into_body().collect().await.with_context(|| what.clone())?.to_bytes();
-            bail!("{what}: {status}: {}", String::from_utf8_lossy(&text[..text.len().min(300)]));
-        }
-        Ok((what, resp.into_body()))
+        self.drive(|sender| async move {
+            sender.ready().await.with_context(|| what.clone())?;
+            let resp = sender.send_request(req).await.with_context(|| what.clone())?;
+            let status = resp.status();
+            if !status.is_success() {
+                let text = resp.into_body().collect().await.with_context(|| what.clone())?.to_bytes();
+                bail!("{what}: {status}: {}", String::from_utf8_lossy(&text[..text.len().min(300)]));
+            }
+            read(what, resp.into_body()).await
+        })
+        .await
     }
 
     /// Sends `req`, fails unless the answer is a 2xx, and counts the body's
     /// bytes as they come, keeping none: a download to nowhere, like
     /// `curl -o /dev/null`.
     pub async fn download(&mut self, req: Request) -> anyhow::Result<u64> {
-        let (what, mut body) = self.send_ok(req).await?;
-        let mut len = 0;
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame.with_context(|| what.clone())?.into_data() {
-                len += data.len() as u64;
+        self.send_ok(req, |what, mut body| async move {
+            let mut len = 0;
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame.with_context(|| what.clone())?.into_data() {
+                    len += data.len() as u64;
+                }
             }
-        }
-        Ok(len)
+            Ok(len)
+        })
+        .await
     }
 
     /// Sends `req` and fails unless the answer is a 2xx.
     pub async fn expect_ok(&mut self, req: Request) -> anyhow::Result<Bytes> {
-        let (what, body) = self.send_ok(req).await?;
-        Ok(body.collect().await.with_context(|| what)?.to_bytes())
+        self.send_ok(req, |what, body| async move { Ok(body.collect().await.with_context(|| what)?.to_bytes()) }).await
     }
 }
 
@@ -237,4 +279,70 @@ async fn worker(addr: SocketAddr, plan: Plan, start: Instant, w: usize, make: Ma
         }
     }
     tally
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const BIG: usize = 3 << 20;
+
+    /// A real HTTP/1.1 server on a free port: `/big` answers `BIG` bytes,
+    /// anything else a 404. Counts the connections it accepted.
+    async fn server() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let answer = hyper::service::service_fn(|req: http::Request<Incoming>| async move {
+                    let (status, body) = match req.uri().path() {
+                        "/big" => (200, vec![7u8; BIG]),
+                        _ => (404, b"no such thing".to_vec()),
+                    };
+                    let mut resp = http::Response::new(Full::new(Bytes::from(body)));
+                    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), answer));
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn one_connection_carries_request_after_request() {
+        let (addr, accepted) = server().await;
+        let mut c = Connection::open(addr).await.unwrap();
+        for _ in 0..3 {
+            let len = c.download(request(http::Method::GET, addr, "/big", Bytes::new())).await.unwrap();
+            assert_eq!(len, BIG as u64);
+        }
+        let (status, body) = c.send(request(http::Method::GET, addr, "/big", Bytes::new())).await.unwrap();
+        assert_eq!((status, body.len()), (http::StatusCode::OK, BIG));
+        let err = c.expect_ok(request(http::Method::GET, addr, "/nothing", Bytes::new())).await.unwrap_err();
+        assert!(format!("{err:#}").contains("404 Not Found: no such thing"), "{err:#}");
+        assert_eq!(c.expect_ok(request(http::Method::GET, addr, "/big", Bytes::new())).await.unwrap().len(), BIG);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_an_error_not_a_wait() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let closer = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            drop(stream);
+        });
+        let mut c = Connection::open(addr).await.unwrap();
+        closer.await.unwrap();
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            c.download(request(http::Method::GET, addr, "/big", Bytes::new())),
+        );
+        assert!(sent.await.expect("an answer, not a wait").is_err());
+    }
 }
