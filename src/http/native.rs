@@ -492,7 +492,8 @@ pub(super) async fn serve(app: &Arc<App>, req: &Request, record: &ObjectRecord) 
     let head_only = method == Method::HEAD;
     let mut response = match answer {
         RangeAnswer::Full => {
-            let body = if head_only { None } else { Some(app.store.read(record, ByteRange::full(size)).await?) };
+            let body =
+                if head_only { None } else { Some(app.store.read_to_send(record, ByteRange::full(size)).await?) };
             body_response(StatusCode::OK, size, body)
         }
         RangeAnswer::Unsatisfiable => {
@@ -508,7 +509,8 @@ pub(super) async fn serve(app: &Arc<App>, req: &Request, record: &ObjectRecord) 
         }
         RangeAnswer::Partial(ranges) if ranges.len() == 1 => {
             let r = ranges[0];
-            let mut resp = body_response(StatusCode::PARTIAL_CONTENT, r.len(), Some(app.store.read(record, r).await?));
+            let mut resp =
+                body_response(StatusCode::PARTIAL_CONTENT, r.len(), Some(app.store.read_to_send(record, r).await?));
             let cr = format!("bytes {}-{}/{size}", r.start, r.end - 1);
             resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&cr).expect("ASCII"));
             resp
@@ -553,7 +555,7 @@ async fn multipart_ranges(
         pieces.push(Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(head)) })));
         // Each range is opened only when the previous one has been sent.
         let (store_app, record, r) = (app.clone(), record.clone(), *r);
-        let lazy = futures::stream::once(async move { store_app.store.read(&record, r).await })
+        let lazy = futures::stream::once(async move { store_app.store.read_to_send(&record, r).await })
             .map(|res| res.map_err(|e| crate::engine::EngineError::other("store", e)))
             .try_flatten();
         pieces.push(Box::pin(lazy));

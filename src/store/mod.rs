@@ -265,6 +265,12 @@ fn slice_of(body: Bytes, range: ByteRange) -> ByteStream {
     Box::pin(futures::stream::once(async { part }))
 }
 
+/// Opens `within` of a blob, [mapped for a socket](BlobEngine::read_to_send)
+/// if it is to be sent.
+async fn open_part(engine: DynEngine, blob: BlobRef, within: ByteRange, send: bool) -> Result<ByteStream, EngineError> {
+    if send { engine.read_to_send(&blob, within).await } else { engine.read(&blob, within).await }
+}
+
 /// An engine's "not found" for a blob the catalog has: lost bytes, a 500.
 fn missing_bytes(e: EngineError) -> StoreError {
     match e {
@@ -730,9 +736,20 @@ impl Store {
         self.catalog.get_object(bucket, key).await?.ok_or_else(|| StoreError::NoSuchKey(key.to_string()))
     }
 
-    /// Streams `range` of an object's body, across its parts, for an answer
-    /// on a socket: chunks of files may come [`mapped`](crate::engine::mapped).
+    /// Streams `range` of an object's body, across its parts, to be read
+    /// in this process.
     pub async fn read(&self, record: &ObjectRecord, range: ByteRange) -> Result<ByteStream> {
+        self.read_parts(record, range, false).await
+    }
+
+    /// [`Store::read`] for an answer on a socket: chunks of files may come
+    /// [`mapped`](crate::engine::mapped), which only the socket's writer
+    /// may be given (see there).
+    pub async fn read_to_send(&self, record: &ObjectRecord, range: ByteRange) -> Result<ByteStream> {
+        self.read_parts(record, range, true).await
+    }
+
+    async fn read_parts(&self, record: &ObjectRecord, range: ByteRange, send: bool) -> Result<ByteStream> {
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
         }
@@ -780,14 +797,11 @@ impl Store {
         let Some((first, within)) = refs.next() else {
             return Ok(Box::pin(futures::stream::empty()));
         };
-        let mut stream = self.engine.read_to_send(&first, within).await.map_err(missing_bytes)?;
+        let mut stream = open_part(self.engine.clone(), first, within, send).await.map_err(missing_bytes)?;
         if refs.len() > 0 {
             let engine = self.engine.clone();
             let rest = futures::stream::iter(refs)
-                .then(move |(blob, within)| {
-                    let engine = engine.clone();
-                    async move { engine.read_to_send(&blob, within).await }
-                })
+                .then(move |(blob, within)| open_part(engine.clone(), blob, within, send))
                 .try_flatten();
             stream = Box::pin(stream.chain(rest));
         }
@@ -1243,6 +1257,27 @@ mod tests {
             let record = store.head("files", key).await.unwrap();
             let r = store.read(&record, ByteRange::full(record.size)).await;
             assert!(matches!(r, Err(StoreError::Internal(_))), "{key}");
+        }
+    }
+
+    /// Bodies read in this process never come mapped, however much of
+    /// their files is cached; bodies read to be sent on a socket may.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn only_bodies_to_send_come_mapped() {
+        use crate::engine::mapped;
+        let files = tempfile::tempdir().unwrap();
+        let (store, _dir) = store_over(Arc::new(crate::engine::fs::FsEngine::open(files.path()).unwrap())).await;
+        let big: &'static [u8] = Box::leak(vec![9; 3 * hot::LARGEST as usize].into_boxed_slice());
+        store.put("files", "big", body(big), PutOptions::default()).await.unwrap();
+        let record = store.head("files", "big").await.unwrap();
+        let full = ByteRange::full(record.size);
+        let any_mapped = |chunks: &[Bytes]| chunks.iter().any(|c| mapped::find(c.as_ptr(), c.len()).is_some());
+        for send in [false, true, false] {
+            let body = if send { store.read_to_send(&record, full).await } else { store.read(&record, full).await };
+            let chunks: Vec<Bytes> = body.unwrap().try_collect().await.unwrap();
+            assert_eq!(chunks.concat(), big);
+            // The first read brought the file into the page cache.
+            assert_eq!(any_mapped(&chunks), send);
         }
     }
 }

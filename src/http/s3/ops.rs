@@ -606,7 +606,7 @@ impl S3 for DepotS3 {
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
         let (range, content_range) = resolve_range(ranged(&req, input.range.as_ref(), &record), &record)?;
-        let body = self.store.read(&record, range).await.map_err(to_s3)?;
+        let body = self.store.read_to_send(&record, range).await.map_err(to_s3)?;
         let (checksum, kind) = asked_checksum(&record, input.checksum_mode.as_ref(), content_range.is_none());
         let output = with_checksum!(
             checksum,
