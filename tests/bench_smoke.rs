@@ -65,6 +65,17 @@ fn check_report(out: &Path, experiment: &str, subjects: &[&str]) {
     assert_eq!(csv.lines().count(), rows.len() + 1, "one CSV line per row, plus the header");
 }
 
+/// The chart of depot's ratios to the peer measured beside it, in the
+/// report and in both formats.
+fn check_ratio_chart(out: &Path, experiment: &str) {
+    for ext in ["svg", "png"] {
+        let len = std::fs::metadata(out.join(format!("{experiment}-ratio.{ext}"))).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 1000, "{experiment}-ratio.{ext} missing or empty");
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains(&format!("]({experiment}-ratio.svg)")), "{report}");
+}
+
 #[test]
 fn bench_http_quick_writes_a_complete_report() {
     let dir = tempfile::tempdir().unwrap();
@@ -93,6 +104,7 @@ fn bench_http_quick_writes_a_complete_report() {
     if nginx_measured {
         assert_eq!(ratios.len(), 4, "a ratio to nginx per case");
         assert!(ratios.iter().all(|r| r.is_finite() && *r > 0.0), "{ratios:?}");
+        check_ratio_chart(dir.path(), "http");
     }
 }
 
@@ -101,6 +113,7 @@ fn bench_mget_quick_writes_a_complete_report() {
     let dir = tempfile::tempdir().unwrap();
     bench("mget", dir.path());
     check_report(dir.path(), "mget", &["depot hybrid (warm)", "depot hybrid (cold)", "rocksdb multi_get (warm)"]);
+    check_ratio_chart(dir.path(), "mget");
     // Every request to depot was paired with the floor's of the same keys:
     // a ratio per batch size, within what the two sides' extremes allow.
     let json: serde_json::Value =
@@ -128,6 +141,7 @@ fn bench_files_quick_measures_every_phase_beside_plain_files() {
     let stdout = bench("files", dir.path());
     assert!(stdout.contains("| write, 1 client | depot hybrid | MB/s |"), "{stdout}");
     check_report(dir.path(), "files", &["depot hybrid", "plain files"]);
+    check_ratio_chart(dir.path(), "files");
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
     let rows = json["experiments"][0]["rows"].as_array().unwrap();

@@ -1,15 +1,17 @@
 //! Charts of an experiment, drawn with plotters as SVG and PNG: one panel
 //! per case (each with its own scale, since 1 KB and 1 MB differ a
 //! hundredfold), one bar per engine or peer with its spread as a whisker,
-//! and the seed's published figures as grey bars beside them. Text is
-//! rendered from DejaVu Sans by a pure-Rust rasteriser, so no system font
-//! libraries are needed.
+//! and the seed's published figures as grey bars beside them. Where depot
+//! was measured in pairs with a peer, a second chart shows the ratios, with
+//! a dashed line at 1× (as fast as the peer). Text is rendered from DejaVu
+//! Sans by a pure-Rust rasteriser, so no system font libraries are needed.
 
 use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::{Context, anyhow};
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -47,6 +49,10 @@ fn font() -> Result<(), String> {
 /// What one chart shows: cases (panels) and series (bars).
 struct Data {
     metric: String,
+    /// How to read the bars: "taller is faster"...
+    reading: &'static str,
+    /// Whether to draw the line at 1× of a ratio.
+    parity: bool,
     cases: Vec<String>,
     series: Vec<Series>,
 }
@@ -65,8 +71,9 @@ struct Bar {
     spread: Option<(f64, f64)>,
 }
 
-fn collect(e: &ExperimentReport) -> Data {
-    let rows: Vec<&Row> = e.rows.iter().filter(|r| r.metric == e.chart_metric).collect();
+/// The rows of `e` in `metric`.
+fn collect(e: &ExperimentReport, metric: &str) -> Data {
+    let rows: Vec<&Row> = e.rows.iter().filter(|r| r.metric == metric).collect();
     let mut cases: Vec<String> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     let mut seeds: Vec<String> = Vec::new();
@@ -109,24 +116,42 @@ fn collect(e: &ExperimentReport) -> Data {
             .collect(),
     });
     let series = measured.chain(published).collect();
-    Data { metric: e.chart_metric.clone(), cases, series }
+    Data { metric: metric.to_string(), reading: reading(metric), parity: false, cases, series }
 }
 
-/// Draws `e` into `out` as `<name>.svg` and `<name>.png`; returns the file
-/// names.
+/// Draws `e` into `out` as `<name>.svg` and `<name>.png`, and its ratios,
+/// when a peer was measured beside it, as `<name>-ratio.svg` and `.png`;
+/// returns the file names.
 pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
     font().map_err(anyhow::Error::msg)?;
-    let data = collect(e);
+    let mut files = draw_one(out, &e.name, &format!("{}: {}", e.name, e.title), &collect(e, &e.chart_metric))?;
+    if let Some(ratio) = &e.ratio {
+        let data = Data {
+            reading: if ratio.of_rates { "taller is faster" } else { "shorter is faster" },
+            parity: true,
+            ..collect(e, &ratio.metric)
+        };
+        // No ratio rows when the peer could not run.
+        if !data.series.is_empty() {
+            let heading = format!("{}: depot beside {}, pair by pair", e.name, ratio.metric.trim_start_matches("× "));
+            files.extend(draw_one(out, &format!("{}-ratio", e.name), &heading, &data)?);
+        }
+    }
+    Ok(files)
+}
+
+fn draw_one(out: &Path, stem: &str, heading: &str, data: &Data) -> anyhow::Result<Vec<String>> {
     let columns = data.cases.len().clamp(1, COLUMNS);
     let panel_rows = data.cases.len().div_ceil(columns).max(1);
     let legend_rows = data.series.len().div_ceil(COLUMNS).max(1) as u32;
     let size = (PANEL.0 * columns as u32, TITLE_HEIGHT + PANEL.1 * panel_rows as u32 + LEGEND_LINE * legend_rows + 16);
-    let title = format!("{}: {} ({}; {})", e.name, e.title, data.metric, reading(&data.metric));
-    let svg = format!("{}.svg", e.name);
-    let png = format!("{}.png", e.name);
-    render(SVGBackend::new(&out.join(&svg), size).into_drawing_area(), &title, &data, columns)
+    let parity = if data.parity { "; dashed: 1×, as fast" } else { "" };
+    let title = format!("{heading} ({}; {}{parity})", data.metric, data.reading);
+    let svg = format!("{stem}.svg");
+    let png = format!("{stem}.png");
+    render(SVGBackend::new(&out.join(&svg), size).into_drawing_area(), &title, data, columns)
         .with_context(|| format!("drawing {svg}"))?;
-    render(BitMapBackend::new(&out.join(&png), size).into_drawing_area(), &title, &data, columns)
+    render(BitMapBackend::new(&out.join(&png), size).into_drawing_area(), &title, data, columns)
         .with_context(|| format!("drawing {png}"))?;
     Ok(vec![svg, png])
 }
@@ -184,6 +209,7 @@ fn draw_panel<DB: DrawingBackend>(
         .filter_map(|(i, s)| s.values.get(index).copied().flatten().map(|bar| (i, s, bar)))
         .collect();
     let top = bars.iter().map(|(_, _, b)| b.spread.map_or(b.value, |(_, hi)| hi.max(b.value))).fold(0.0, f64::max);
+    let top = if data.parity { top.max(1.0) } else { top };
     let top = if top > 0.0 { top * 1.18 } else { 1.0 };
     let n = data.series.len().max(1) as f64;
     let mut chart = ChartBuilder::on(panel)
@@ -201,6 +227,9 @@ fn draw_panel<DB: DrawingBackend>(
         .y_desc(data.metric.as_str())
         .label_style((FONT, 12))
         .draw()?;
+    if data.parity {
+        chart.draw_series(std::iter::once(DashedPathElement::new(vec![(0.0, 1.0), (n, 1.0)], 6, 4, BLACK)))?;
+    }
     for (i, s, Bar { value: v, spread }) in bars {
         let x = i as f64;
         chart.draw_series(std::iter::once(Rectangle::new([(x + 0.12, 0.0), (x + 0.88, v)], s.color.filled())))?;
@@ -217,6 +246,7 @@ fn draw_panel<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::Ratio;
     use crate::bench::stats::Summary;
 
     #[test]
@@ -235,6 +265,7 @@ mod tests {
             title: "t".into(),
             method: vec![],
             chart_metric: "ms/request".into(),
+            ratio: None,
             rows: vec![
                 Row::measured("x", "a", "depot hybrid", "ms/request", s(1.0, 0.5, 2.0)).with_seed(Some((3.0, "old"))),
                 Row::measured("x", "a", "depot hybrid", "req/s", s(1000.0, 900.0, 1100.0)),
@@ -242,11 +273,70 @@ mod tests {
                 Row::skipped("x", "a", "depot s3", "ms/request", "no server given"),
             ],
         };
-        let d = collect(&e);
+        let d = collect(&e, "ms/request");
         assert_eq!(d.cases, vec!["a", "b"]);
         let names: Vec<_> = d.series.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, vec!["depot hybrid", "published: old"]);
         assert_eq!(d.series[0].values, vec![Some(Bar { value: 1.0, spread: Some((0.5, 2.0)) }), None]);
         assert_eq!(d.series[1].values, vec![Some(Bar { value: 3.0, spread: None }), None]);
+    }
+
+    /// An experiment measured beside a peer: depot's rates and their ratio
+    /// to the peer's, or, when `peer_ran` is false, skip rows for both.
+    fn paired(peer_ran: bool) -> ExperimentReport {
+        let s = |m, lo, hi| Summary { median: m, min: lo, max: hi };
+        let rows = if peer_ran {
+            vec![
+                Row::measured("x", "a", "depot hybrid", "req/s", s(1000.0, 900.0, 1100.0)),
+                Row::measured("x", "a", "peer", "req/s", s(800.0, 700.0, 900.0)),
+                Row::measured("x", "a", "depot hybrid", "× peer", s(1.25, 1.1, 1.4)),
+            ]
+        } else {
+            vec![
+                Row::measured("x", "a", "depot hybrid", "req/s", s(1000.0, 900.0, 1100.0)),
+                Row::skipped("x", "a", "peer", "req/s", "not installed"),
+            ]
+        };
+        ExperimentReport {
+            name: "x".into(),
+            title: "t".into(),
+            method: vec![],
+            chart_metric: "req/s".into(),
+            ratio: Some(Ratio { metric: "× peer".into(), of_rates: true }),
+            rows,
+        }
+    }
+
+    /// The dashes of a dashed horizontal line in an SVG chart: black
+    /// polylines 6 pixels long, level.
+    fn dashes(svg: &str) -> usize {
+        svg.lines()
+            .filter(|l| l.starts_with("<polyline") && l.contains(r##"stroke="#000000""##))
+            .filter_map(|l| l.split("points=\"").nth(1)?.split('"').next())
+            .filter(|points| {
+                let xy: Vec<f64> = points.split([',', ' ']).filter_map(|v| v.parse().ok()).collect();
+                xy.len() == 4 && xy[1] == xy[3] && xy[2] - xy[0] == 6.0
+            })
+            .count()
+    }
+
+    #[test]
+    fn ratios_to_a_peer_get_a_chart_of_their_own_when_the_peer_ran() {
+        if let Err(why) = font() {
+            panic!("charts need their font: {why}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let files = draw(dir.path(), &paired(true)).unwrap();
+        assert_eq!(files, ["x.svg", "x.png", "x-ratio.svg", "x-ratio.png"]);
+        let svg = std::fs::read_to_string(dir.path().join("x-ratio.svg")).unwrap();
+        assert!(svg.contains("depot beside peer") && svg.contains("1.25"), "{svg}");
+        assert!(!svg.contains("900"), "the ratio chart shows ratios only");
+        assert!(dashes(&svg) >= 10, "no dashed line at 1×: {svg}");
+        let rates = std::fs::read_to_string(dir.path().join("x.svg")).unwrap();
+        assert_eq!(dashes(&rates), 0, "a line at 1× on a chart of rates");
+
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(draw(dir.path(), &paired(false)).unwrap(), ["x.svg", "x.png"]);
+        assert!(!dir.path().join("x-ratio.svg").exists());
     }
 }

@@ -170,6 +170,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 .into(),
         ],
         chart_metric: WRITE.into(),
+        ratio: None,
         rows,
     })
 }

@@ -23,8 +23,8 @@ use rand::{Rng, SeedableRng};
 use super::load::{self, Connection};
 use super::stats::Summary;
 use super::{
-    DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, drop_caches, is_root, purge, rss,
-    server_stats, stored_bytes, stores_on_a_server,
+    DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches, is_root,
+    purge, rss, server_stats, stored_bytes, stores_on_a_server,
 };
 
 const NAME: &str = "files";
@@ -293,6 +293,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             ),
         ],
         chart_metric: MBS.into(),
+        ratio: Some(Ratio { metric: RATIO.into(), of_rates: true }),
         rows,
     })
 }

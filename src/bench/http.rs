@@ -24,7 +24,7 @@ use super::load::{self, Connection, Plan};
 use super::nginx::Nginx;
 use super::stats::Summary;
 use super::{
-    DepotServer, ExperimentReport, Progress, Row, Settings, disk_usage, find_program, remote_disk_bytes,
+    DepotServer, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, find_program, remote_disk_bytes,
     stores_on_a_server,
 };
 
@@ -245,6 +245,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             ),
         ],
         chart_metric: MS.into(),
+        ratio: Some(Ratio { metric: RATIO.into(), of_rates: true }),
         rows,
     })
 }

@@ -20,7 +20,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection};
-use super::{DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, drop_caches, thousands};
+use super::{DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, drop_caches, thousands};
 use crate::bench::stats::Summary;
 
 const NAME: &str = "mget";
@@ -194,6 +194,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 .into(),
         ],
         chart_metric: MS.into(),
+        ratio: Some(Ratio { metric: RATIO.into(), of_rates: false }),
         rows,
     })
 }

@@ -334,7 +334,19 @@ pub struct ExperimentReport {
     pub method: Vec<String>,
     /// The metric drawn in the chart.
     pub chart_metric: String,
+    /// Depot's figures over those of a peer measured beside them, drawn in
+    /// a chart of their own.
+    pub ratio: Option<Ratio>,
     pub rows: Vec<Row>,
+}
+
+/// The rows of an experiment that give depot's figure over a peer's, pair
+/// by pair (`× nginx`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Ratio {
+    pub metric: String,
+    /// A ratio of rates (larger is faster) rather than of times.
+    pub of_rates: bool,
 }
 
 /// A `depot serve` child of this executable, on a free loopback port.

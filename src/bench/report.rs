@@ -1,7 +1,8 @@
 //! The report of a bench run, in one directory: `report.md` (machine facts,
 //! then per experiment how it was measured, one table and its chart),
 //! `results.json` and `results.csv` (every row, raw), and per experiment a
-//! chart as `<name>.svg` and `<name>.png`.
+//! chart as `<name>.svg` and `<name>.png` (and `<name>-ratio.*` for the
+//! ratios to a peer measured beside depot).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -124,8 +125,12 @@ fn markdown(
         md.push_str(&table(&e.rows));
         match chart {
             Ok(files) => {
-                if let Some(svg) = files.iter().find(|f| f.ends_with(".svg")) {
-                    let _ = write!(md, "\n![{}: {}]({svg})\n", e.name, e.chart_metric);
+                for svg in files.iter().filter(|f| f.ends_with(".svg")) {
+                    let metric = match &e.ratio {
+                        Some(ratio) if svg.ends_with("-ratio.svg") => &ratio.metric,
+                        _ => &e.chart_metric,
+                    };
+                    let _ = write!(md, "\n![{}: {metric}]({svg})\n", e.name);
                 }
             }
             Err(why) => {
@@ -219,6 +224,7 @@ mod tests {
             title: "t".into(),
             method: vec![],
             chart_metric: "ms/request".into(),
+            ratio: None,
             rows: rows(),
         };
         let text = csv(&[e]);

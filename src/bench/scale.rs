@@ -112,6 +112,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             ),
         ],
         chart_metric: "MB".into(),
+        ratio: None,
         rows,
     })
 }

@@ -148,6 +148,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             "No seed figures: the commenter's experiment was never run.".into(),
         ],
         chart_metric: RATE.into(),
+        ratio: None,
         rows,
     })
 }
