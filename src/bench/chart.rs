@@ -227,9 +227,6 @@ fn draw_panel<DB: DrawingBackend>(
         .y_desc(data.metric.as_str())
         .label_style((FONT, 12))
         .draw()?;
-    if data.parity {
-        chart.draw_series(std::iter::once(DashedPathElement::new(vec![(0.0, 1.0), (n, 1.0)], 6, 4, BLACK)))?;
-    }
     for (i, s, Bar { value: v, spread }) in bars {
         let x = i as f64;
         chart.draw_series(std::iter::once(Rectangle::new([(x + 0.12, 0.0), (x + 0.88, v)], s.color.filled())))?;
@@ -239,6 +236,10 @@ fn draw_panel<DB: DrawingBackend>(
         let label_at = spread.map_or(v, |(_, hi)| hi.max(v));
         let style = (FONT, 11).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Bottom));
         chart.draw_series(std::iter::once(Text::new(number(v), (x + 0.5, label_at), style)))?;
+    }
+    if data.parity {
+        // Over the bars, so a bar short of 1× shows how far short.
+        chart.draw_series(std::iter::once(DashedPathElement::new(vec![(0.0, 1.0), (n, 1.0)], 6, 4, BLACK)))?;
     }
     Ok(())
 }
