@@ -25,7 +25,7 @@ use super::nginx::Nginx;
 use super::stats::Summary;
 use super::{
     DepotServer, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, find_program, remote_disk_bytes,
-    stores_on_a_server,
+    stores_on_a_server, thousands,
 };
 
 const NAME: &str = "http";
@@ -213,6 +213,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         }
     }
     rows.extend(ratio_rows(PUT_CASE, &targets, &outcomes));
+    let nginx_puts =
+        targets.iter().zip(&outcomes).find(|(t, _)| t.subject == "nginx").and_then(|(_, o)| o.as_ref().ok());
+    let uneven = nginx_puts.and_then(|o| uneven_rounds(&o.per_round));
     progress.done(targets.len() as u64);
     drop(servers);
     drop(nginx);
@@ -243,11 +246,31 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                  server reports it occupies, for server engines) / bytes written.",
                 settings.threads, settings.threads
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(uneven.map(|(slowest, fastest)| {
+            format!(
+                "**Warning:** nginx's WebDAV PUT rounds ranged from {} to {} req/s, so the PUT ratio says more \
+                 about the file system than about depot. One cause seen: ext4 without a journal does not reuse \
+                 inodes freed in the last five minutes, and creating files slows to a crawl soon after many were \
+                 deleted (another run's clean-up included). Run again five minutes later.",
+                thousands(slowest as u64),
+                thousands(fastest as u64)
+            )
+        }))
+        .collect(),
         chart_metric: MS.into(),
         ratio: Some(Ratio { metric: RATIO.into(), of_rates: true }),
         rows,
     })
+}
+
+/// The slowest and fastest of a subject's rounds, when they differ by more
+/// than 3×: more than this machine's drift, something outside the subject.
+fn uneven_rounds(rates: &[f64]) -> Option<(f64, f64)> {
+    let slowest = rates.iter().copied().reduce(f64::min)?;
+    let fastest = rates.iter().copied().reduce(f64::max)?;
+    (fastest > 3.0 * slowest).then_some((slowest, fastest))
 }
 
 /// The warm-up before every round but the first: the connections are new.
@@ -378,5 +401,14 @@ mod tests {
         assert_eq!(parse_wrk(ok), Some(12345.67));
         assert_eq!(parse_wrk("  Non-2xx or 3xx responses: 5\nRequests/sec: 10.0\n"), None);
         assert_eq!(parse_wrk("unable to connect"), None);
+    }
+
+    #[test]
+    fn rounds_apart_by_more_than_three_times_are_uneven() {
+        // nginx's WebDAV PUT rounds in a run soon after another's clean-up.
+        assert_eq!(uneven_rounds(&[15_412.0, 2_283.0, 1_744.7, 2_100.0]), Some((1_744.7, 15_412.0)));
+        // This machine's usual drift between rounds.
+        assert_eq!(uneven_rounds(&[12_347.3, 14_146.7, 12_580.3]), None);
+        assert_eq!(uneven_rounds(&[]), None);
     }
 }
