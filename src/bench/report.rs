@@ -1,5 +1,5 @@
 //! The report of a bench run, in one directory: `report.md` (machine facts,
-//! then per experiment how it was measured, one table and its chart),
+//! then per experiment how it was measured, one table and its charts),
 //! `results.json` and `results.csv` (every row, raw), and per experiment a
 //! chart as `<name>.svg` and `<name>.png` (and `<name>-ratio.*` for the
 //! ratios to a peer measured beside depot).
