@@ -213,9 +213,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         }
     }
     rows.extend(ratio_rows(PUT_CASE, &targets, &outcomes));
-    let nginx_puts =
-        targets.iter().zip(&outcomes).find(|(t, _)| t.subject == "nginx").and_then(|(_, o)| o.as_ref().ok());
-    let uneven = nginx_puts.and_then(|o| uneven_rounds(&o.per_round));
+    let uneven = nginx_outcome(&targets, &outcomes).and_then(|o| uneven_rounds(&o.per_round));
     progress.done(targets.len() as u64);
     drop(servers);
     drop(nginx);
@@ -306,9 +304,14 @@ async fn measure(
     outcomes.into_iter().map(|o| o.and_then(|o| o.ok_or_else(|| "no round ran".to_string()))).collect()
 }
 
+/// nginx's rounds of a case, when it ran them.
+fn nginx_outcome<'a>(targets: &[Target], outcomes: &'a [Result<load::Outcome, String>]) -> Option<&'a load::Outcome> {
+    targets.iter().zip(outcomes).find(|(t, _)| t.subject == "nginx").and_then(|(_, o)| o.as_ref().ok())
+}
+
 /// Each depot target's rate as a multiple of nginx's, round by round.
 fn ratio_rows(case: &str, targets: &[Target], outcomes: &[Result<load::Outcome, String>]) -> Vec<Row> {
-    let Some(Ok(nginx)) = targets.iter().position(|t| t.subject == "nginx").map(|i| &outcomes[i]) else {
+    let Some(nginx) = nginx_outcome(targets, outcomes) else {
         return Vec::new();
     };
     let mut rows = Vec::new();
