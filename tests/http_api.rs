@@ -347,6 +347,37 @@ async fn html_listing_shows_escaped_key_names() {
 }
 
 #[tokio::test]
+async fn html_listing_links_survive_dot_segments_in_keys() {
+    let s = Server::start(&[]);
+    // The key `d/sub/../x`, its `/` before `..` escaped so reqwest keeps it.
+    let r = send(Method::PUT, &format!("{}/{B}/d/sub%2F../x", s.url), &[], Some(b"trap")).await;
+    assert_eq!(r.status(), 201);
+    put_new(&s, "d/other", b"o").await;
+    let listing =
+        |url: String| async move { send(Method::GET, &url, &[("accept", "*/*")], None).await.text().await.unwrap() };
+    let html = listing(format!("{}/{B}/d/sub/", s.url)).await;
+    let href = html.split("href=\"").nth(2).and_then(|h| h.split('"').next()).expect("the folder's link");
+    // Followed as a browser would, the link leads to the folder `d/sub/../`,
+    // not to `d/`, which the dot segment would make of it.
+    let url = reqwest::Url::parse(&format!("{}/{B}/d/sub/", s.url)).unwrap().join(href).unwrap();
+    let html = listing(url.to_string()).await;
+    assert!(html.contains(">x<") && !html.contains("other"), "{url}: {html}");
+}
+
+#[tokio::test]
+async fn the_web_uis_assets_are_revalidated_by_their_etag() {
+    let s = Server::start(&[]);
+    let url = format!("{}/_/ui/app.js", s.url);
+    let tag = header(&call(Method::GET, &url).await, "etag");
+    let weak = format!("W/{tag}");
+    for condition in [tag.as_str(), weak.as_str(), "*", "\"other\", *"] {
+        let r = send(Method::GET, &url, &[("if-none-match", condition)], None).await;
+        assert_eq!(r.status(), 304, "{condition}");
+    }
+    assert_eq!(send(Method::GET, &url, &[("if-none-match", "\"other\"")], None).await.status(), 200);
+}
+
+#[tokio::test]
 async fn the_html_listings_next_page_keeps_its_search_by_prefix() {
     let s = Server::start(&[]);
     for key in ["x1", "x2", "x3", "y1"] {
@@ -777,6 +808,10 @@ async fn put_with_if_none_match_star_only_creates() {
     assert_eq!(put(&s, "once", b"first", &star).await.status(), 201);
     let r = put(&s, "once", b"second", &star).await;
     expect_error(r, 412, "PreconditionFailed").await;
+    // RFC 9110 section 5.3: a list header's lines make one list, so a `*`
+    // on a second line binds as much as on the first.
+    let r = put(&s, "once", b"third", &[("if-none-match", "\"other\""), ("if-none-match", "*")]).await;
+    expect_error(r, 412, "PreconditionFailed").await;
     assert_eq!(read(&s, "once").await, b"first");
 }
 
@@ -844,6 +879,10 @@ async fn a_method_not_allowed_names_the_ones_that_are() {
     assert_eq!((r.status().as_u16(), header(&r, "allow")), (405, "GET, HEAD, PUT, DELETE".to_string()));
     let r = call(Method::GET, &format!("{}/_/batch/get", s.url)).await;
     assert_eq!((r.status().as_u16(), header(&r, "allow")), (405, "POST".to_string()));
+    let r = call(Method::POST, &format!("{}/_/ui/app.js", s.url)).await;
+    assert_eq!((r.status().as_u16(), header(&r, "allow")), (405, "GET, HEAD".to_string()));
+    // A name the UI does not have is not there for any method.
+    assert_eq!(call(Method::POST, &format!("{}/_/ui/nothing", s.url)).await.status(), 404);
 }
 
 #[tokio::test]
@@ -863,6 +902,9 @@ async fn content_type_is_stored_or_guessed_from_the_extension() {
         let ct = header(&get(&s, key, &[]).await, "content-type");
         assert!(ct.starts_with(want), "{key}: {ct}");
     }
+    // An empty Content-Type is no media type: the extension's is used.
+    assert_eq!(put(&s, "empty-type.txt", b"x", &[("content-type", "")]).await.status(), 201);
+    assert!(header(&get(&s, "empty-type.txt", &[]).await, "content-type").starts_with("text/plain"));
 }
 
 // ----- deduplication -----

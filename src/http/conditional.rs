@@ -58,10 +58,10 @@ pub fn strong_etags(value: &str) -> Vec<String> {
 /// The conditions of a request that writes or deletes an object, for the
 /// catalog to check inside its transaction.
 pub fn write_precondition(headers: &HeaderMap) -> Precondition {
-    let if_none_match = header_str(headers, &header::IF_NONE_MATCH).map(etag_list).unwrap_or_default();
+    let if_none_match = list(headers, &header::IF_NONE_MATCH).map(|v| etag_list(&v)).unwrap_or_default();
     Precondition {
         if_absent: if_none_match.iter().any(|t| t == "*"),
-        if_match: header_str(headers, &header::IF_MATCH).map(strong_etags),
+        if_match: list(headers, &header::IF_MATCH).map(|v| strong_etags(&v)),
         if_none_match: if_none_match.into_iter().filter(|t| t != "*").collect(),
         if_unmodified_since: date(headers, &header::IF_UNMODIFIED_SINCE).map(|t| secs(t) * 1000),
     }
@@ -69,6 +69,15 @@ pub fn write_precondition(headers: &HeaderMap) -> Precondition {
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A list header's every line as one list (RFC 9110 section 5.3): a
+/// second `If-None-Match: *` line is as binding as the first. `None`
+/// when the header is absent; lines that are not text are left out.
+fn list(headers: &HeaderMap, name: &header::HeaderName) -> Option<String> {
+    let mut lines = headers.get_all(name).iter().peekable();
+    lines.peek()?;
+    Some(lines.filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(","))
 }
 
 fn date(headers: &HeaderMap, name: &header::HeaderName) -> Option<SystemTime> {
@@ -84,8 +93,8 @@ fn secs(t: SystemTime) -> u64 {
 /// If-Modified-Since against `current` (`None`: no representation).
 pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators<'_>>) -> Verdict {
     let read = method == Method::GET || method == Method::HEAD;
-    if let Some(v) = header_str(headers, &header::IF_MATCH) {
-        let tags = strong_etags(v);
+    if let Some(v) = list(headers, &header::IF_MATCH) {
+        let tags = strong_etags(&v);
         let ok = current.is_some_and(|c| tags.iter().any(|t| t == "*" || t == c.etag));
         if !ok {
             return Verdict::Failed;
@@ -96,8 +105,8 @@ pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators
     {
         return Verdict::Failed;
     }
-    if let Some(v) = header_str(headers, &header::IF_NONE_MATCH) {
-        let tags = etag_list(v);
+    if let Some(v) = list(headers, &header::IF_NONE_MATCH) {
+        let tags = etag_list(&v);
         let matched = current.is_some_and(|c| tags.iter().any(|t| t == "*" || t == c.etag));
         if matched {
             return if read { Verdict::NotModified } else { Verdict::Failed };

@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::native::{query, query_value};
 use super::{App, Request, Response, full, json};
 use crate::catalog::{ListQuery, from_millis};
-use crate::store::names::URL_PATH;
+use crate::store::names::{self, URL_PATH};
 
 /// Most entries in one page.
 const MAX_LIMIT: usize = 10_000;
@@ -99,7 +99,13 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
         });
         return Ok(negotiated(json(StatusCode::OK, &body)));
     }
-    let link = |key: &str| escape(&format!("/{bucket}/{}", percent_encoding::utf8_percent_encode(key, URL_PATH)));
+    // Keys with `.` or `..` segments are linked so that a browser leaves
+    // them be; a key that is nothing but one cannot be linked at all.
+    let link = |key: &str| {
+        let path =
+            names::key_path(key).unwrap_or_else(|| percent_encoding::utf8_percent_encode(key, URL_PATH).to_string());
+        escape(&format!("/{bucket}/{path}"))
+    };
     let mut rows = String::new();
     if let Some(parent) = parent_of(prefix) {
         rows.push_str(&format!("<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n", link(parent)));

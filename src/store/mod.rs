@@ -244,7 +244,7 @@ impl Written {
             parts: vec![Part { digest: self.blob.digest, size: self.blob.size }],
             etag: hex::encode(self.md5),
             sha256: self.blob.digest,
-            content_type: about.content_type.unwrap_or_else(|| guess_content_type(key)),
+            content_type: content_type_for(about.content_type, key),
             modified: now_millis(),
             metadata: about.metadata,
             headers: about.headers,
@@ -542,7 +542,7 @@ impl Store {
         let mut record = ObjectRecord { key: key.to_string(), modified: now_millis(), ..source.clone() };
         if let Some(new) = replace {
             check_metadata(&new.metadata)?;
-            record.content_type = new.content_type.unwrap_or_else(|| guess_content_type(key));
+            record.content_type = content_type_for(new.content_type, key);
             record.metadata = new.metadata;
             let checksum = record.checksum().map(|(n, v)| (n.to_string(), v.to_string()));
             record.headers = new.headers;
@@ -1018,10 +1018,14 @@ impl PutBatch<'_> {
     }
 }
 
-/// A Content-Type from the key's extension, `application/octet-stream`
-/// when it says nothing.
-pub fn guess_content_type(key: &str) -> String {
-    mime_guess::from_path(key).first_raw().unwrap_or("application/octet-stream").to_string()
+/// The Content-Type given with an object, or when none was (or an empty
+/// one, which is no media type) one from the key's extension,
+/// `application/octet-stream` when that says nothing.
+fn content_type_for(given: Option<String>, key: &str) -> String {
+    match given {
+        Some(t) if !t.trim().is_empty() => t,
+        _ => mime_guess::from_path(key).first_raw().unwrap_or("application/octet-stream").to_string(),
+    }
 }
 
 #[cfg(test)]

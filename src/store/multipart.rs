@@ -202,7 +202,7 @@ impl Store {
             parts: Vec::new(),
             etag: String::new(),
             sha256: Digest([0; 32]),
-            content_type: about.content_type.unwrap_or_else(|| super::guess_content_type(key)),
+            content_type: super::content_type_for(about.content_type, key),
             modified: now_millis(),
             metadata: meta,
             headers: about.headers,

@@ -8,6 +8,28 @@
 pub const URL_PATH: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
+/// A key as a URL path, which reaches the server unchanged. URL libraries
+/// and browsers remove `.` and `..` segments, escaped or not (RFC 3986
+/// section 5.2.4, the WHATWG URL standard), and would send `a/../b` as `b`.
+/// So the `/` that makes such a segment one, before it or (first in the
+/// key) after it, goes as `%2F`, which the server reads as `/`. A key that
+/// is nothing but `.` or `..` has no `/` to hide behind: `None`.
+pub fn key_path(key: &str) -> Option<String> {
+    let dot = |s: &str| s == "." || s == "..";
+    if dot(key) {
+        return None;
+    }
+    let segments: Vec<&str> = key.split('/').collect();
+    let mut path = String::new();
+    for (i, segment) in segments.iter().enumerate() {
+        if i > 0 {
+            path.push_str(if dot(segment) || (i == 1 && dot(segments[0])) { "%2F" } else { "/" });
+        }
+        path.extend(percent_encoding::utf8_percent_encode(segment, URL_PATH));
+    }
+    Some(path)
+}
+
 /// Longest key, in bytes, as in S3: the default of `--max-key-bytes`.
 pub const MAX_KEY_BYTES: usize = 1024;
 
@@ -52,6 +74,24 @@ pub fn check_key(key: &str, max: usize) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The path the server gets, after a URL library has had its way.
+    fn sent(key: &str) -> String {
+        let url = reqwest::Url::parse(&format!("http://depot/files/{}", key_path(key).unwrap())).unwrap();
+        let path = url.path().strip_prefix("/files/").expect("the bucket stays").to_string();
+        percent_encoding::percent_decode_str(&path).decode_utf8().unwrap().into_owned()
+    }
+
+    #[test]
+    fn keys_with_dot_segments_reach_the_server_whole() {
+        for key in
+            ["a/../b", "../x", "./x", "a/.", "a/..", "../..", "a/./b/../c", "a//b", "%2e%2e/x", "x y/é?#", "d/sub/../"]
+        {
+            assert_eq!(sent(key), key);
+        }
+        assert_eq!(key_path("plain/key.txt").unwrap(), "plain/key.txt", "no needless escapes");
+        assert!(key_path("..").is_none() && key_path(".").is_none());
+    }
 
     #[test]
     fn bucket_names_follow_s3() {

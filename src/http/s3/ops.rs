@@ -182,8 +182,8 @@ fn check_copy_source<T>(req: &S3Request<T>, source: &ObjectRecord) -> S3Result<(
         ("x-amz-copy-source-if-modified-since", header::IF_MODIFIED_SINCE),
         ("x-amz-copy-source-if-unmodified-since", header::IF_UNMODIFIED_SINCE),
     ] {
-        if let Some(v) = req.headers.get(name) {
-            conditions.insert(as_get, v.clone());
+        for v in req.headers.get_all(name) {
+            conditions.append(as_get.clone(), v.clone());
         }
     }
     let current = Validators::of(source);

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use http::{HeaderValue, Method, StatusCode, header};
 use serde_json::json;
 
+use super::conditional::{self, Validators, Verdict};
 use super::error::ApiError;
 use super::native::Endpoint;
 use super::{App, Request, Response, empty, error_response, full, json};
@@ -27,18 +28,26 @@ pub(super) async fn answer(app: &Arc<App>, req: &Request, anonymous: bool) -> Op
     let path = req.uri().path();
     let read = req.method() == Method::GET || req.method() == Method::HEAD;
     if let Some(name) = path.strip_prefix("/_/ui/") {
-        if !read {
+        if !matches!(name, "app.js" | "app.css" | "config") {
             return Some(error_response(&ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NoSuchRoute",
+                format!("no route {path}"),
+            )));
+        }
+        if !read {
+            let mut e = ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",
                 format!("{} is not allowed here", req.method()),
-            )));
+            );
+            e.allow = Some("GET, HEAD");
+            return Some(error_response(&e));
         }
         return Some(match name {
             "app.js" => asset(req, "text/javascript; charset=utf-8", APP_JS),
             "app.css" => asset(req, "text/css; charset=utf-8", APP_CSS),
-            "config" => config(app).await,
-            _ => error_response(&ApiError::new(StatusCode::NOT_FOUND, "NoSuchRoute", format!("no route {path}"))),
+            _ => config(app).await,
         });
     }
     let page = || super::listing::negotiated(asset(req, "text/html; charset=utf-8", INDEX_HTML));
@@ -88,11 +97,8 @@ async fn config(app: &Arc<App>) -> Response {
 /// a new binary serves new assets at once).
 fn asset(req: &Request, content_type: &str, body: &'static str) -> Response {
     let etag = etag_of(body);
-    let fresh = req
-        .headers()
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let current = Validators { etag: etag.trim_matches('"'), modified: None };
+    let fresh = conditional::evaluate(req.method(), req.headers(), Some(current)) == Verdict::NotModified;
     // hyper sends no body in answer to HEAD.
     let mut r = if fresh { empty(StatusCode::NOT_MODIFIED) } else { full(StatusCode::OK, content_type, body) };
     let h = r.headers_mut();
