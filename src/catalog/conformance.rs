@@ -160,12 +160,12 @@ pub async fn batches_are_all_or_nothing(c: &dyn Catalog) {
     assert_eq!(c.get_blob(&digest(33)).await.unwrap().unwrap().refs, 0);
 }
 
-/// The keys and common prefixes of bucket `list`, page by page from
-/// `query`, following each page's `next`.
-async fn every_page(c: &dyn Catalog, mut query: ListQuery) -> Vec<String> {
+/// The keys and common prefixes of `bucket`, page by page from `query`,
+/// following each page's `next`.
+async fn every_page(c: &dyn Catalog, bucket: &str, mut query: ListQuery) -> Vec<String> {
     let mut seen = Vec::new();
     loop {
-        let page = c.list_objects("list", &query).await.unwrap();
+        let page = c.list_objects(bucket, &query).await.unwrap();
         seen.extend(page.objects.iter().map(|o| o.key.clone()));
         seen.extend(page.prefixes);
         match page.next {
@@ -186,23 +186,34 @@ pub async fn listing(c: &dyn Catalog) {
     let all = c.list_objects("list", &ListQuery { limit: 100, ..Default::default() }).await.unwrap();
     assert_eq!(all.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), keys);
     assert_eq!(all.next, None);
-    let dirs =
-        c.list_objects("list", &ListQuery { delimiter: Some('/'), limit: 100, ..Default::default() }).await.unwrap();
+    let dirs = c
+        .list_objects("list", &ListQuery { delimiter: Some("/".into()), limit: 100, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(dirs.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["b", "c0", "d"]);
     assert_eq!(dirs.prefixes, ["a/", "c/"]);
-    let under = ListQuery { prefix: "a/".into(), delimiter: Some('/'), limit: 100, ..Default::default() };
+    let under = ListQuery { prefix: "a/".into(), delimiter: Some("/".into()), limit: 100, ..Default::default() };
     let under = c.list_objects("list", &under).await.unwrap();
     assert_eq!(under.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["a/1", "a/2"]);
     assert_eq!(under.prefixes, ["a/b/"]);
     // Paging with a delimiter: a page may end on a common prefix.
-    let mut seen = every_page(c, ListQuery { delimiter: Some('/'), limit: 2, ..Default::default() }).await;
+    let mut seen =
+        every_page(c, "list", ListQuery { delimiter: Some("/".into()), limit: 2, ..Default::default() }).await;
     seen.sort();
     assert_eq!(seen, ["a/", "b", "c/", "c0", "d"]);
     // A folder marker equal to the prefix, then paged one entry at a time:
     // the keys after the marker are still listed.
     c.put_object(put("list", "a/", &[blob(40, 1)])).await.unwrap();
-    let one_by_one = ListQuery { prefix: "a/".into(), delimiter: Some('/'), limit: 1, ..Default::default() };
-    assert_eq!(every_page(c, one_by_one).await, ["a/", "a/1", "a/2", "a/b/"]);
+    let one_by_one = ListQuery { prefix: "a/".into(), delimiter: Some("/".into()), limit: 1, ..Default::default() };
+    assert_eq!(every_page(c, "list", one_by_one).await, ["a/", "a/1", "a/2", "a/b/"]);
+    // A delimiter of several characters, as S3 allows, paged too.
+    for k in ["x.json", "x.jsonl", "y/z.json.gz", "z"] {
+        c.put_object(put("list2", k, &[blob(40, 1)])).await.unwrap();
+    }
+    let json = ListQuery { delimiter: Some(".json".into()), limit: 1, ..Default::default() };
+    assert_eq!(every_page(c, "list2", json.clone()).await, ["a/1", "x.json", "y/z.json", "z"]);
+    let page = c.list_objects("list2", &ListQuery { limit: 10, ..json }).await.unwrap();
+    assert_eq!(page.prefixes, ["x.json", "y/z.json"], "x.jsonl rolls up to x.json");
     let missing = c.list_objects("nope", &ListQuery { limit: 10, ..Default::default() }).await;
     assert!(matches!(missing, Err(CatalogError::NoSuchBucket(_))));
 }

@@ -233,8 +233,9 @@ pub struct ListQuery {
     /// Only keys after this one (exclusive). A common prefix of the
     /// listing also skips every key under it.
     pub after: Option<String>,
-    /// Roll keys up to the first delimiter after the prefix.
-    pub delimiter: Option<char>,
+    /// Roll keys up to the first delimiter after the prefix (any string,
+    /// as in S3; `/` for folders).
+    pub delimiter: Option<String>,
     /// Entries plus common prefixes, at most.
     pub limit: usize,
 }
@@ -242,15 +243,15 @@ pub struct ListQuery {
 /// The common prefix `key` rolls up to in a listing of the keys under
 /// `prefix` with `delimiter`: the prefix, then the key up to and including
 /// the first delimiter after it. None for a key listed as itself.
-pub fn common_prefix<'k>(prefix: &str, delimiter: Option<char>, key: &'k str) -> Option<&'k str> {
-    let (d, rest) = (delimiter?, key.strip_prefix(prefix)?);
-    rest.find(d).map(|at| &key[..prefix.len() + at + d.len_utf8()])
+pub fn common_prefix<'k>(prefix: &str, delimiter: Option<&str>, key: &'k str) -> Option<&'k str> {
+    let (d, rest) = (delimiter.filter(|d| !d.is_empty())?, key.strip_prefix(prefix)?);
+    rest.find(d).map(|at| &key[..prefix.len() + at + d.len()])
 }
 
 impl ListQuery {
     /// [`common_prefix`] in this listing.
     pub fn common_prefix<'k>(&self, key: &'k str) -> Option<&'k str> {
-        common_prefix(&self.prefix, self.delimiter, key)
+        common_prefix(&self.prefix, self.delimiter.as_deref(), key)
     }
 
     /// Whether `after` names a common prefix of this listing, so that every

@@ -72,7 +72,7 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
     let list = ListQuery {
         prefix: prefix.to_string(),
         after: query_value(&q, "after").map(str::to_string),
-        delimiter: Some('/'),
+        delimiter: Some("/".into()),
         limit,
     };
     let page_of = app.store.list(bucket, &list).await?;

@@ -416,7 +416,7 @@ impl Store {
 
     /// Creates a bucket owned by `owner` (an access key; empty: anyone's).
     pub async fn create_bucket(&self, name: &str, owner: &str, public_read: bool) -> Result<()> {
-        names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
+        names::check_new_bucket(name).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
         let r = self.catalog.create_bucket(&BucketRecord::new(name, owner, public_read)).await.map_err(Into::into);
         self.note(r)
@@ -433,7 +433,12 @@ impl Store {
         names::check_bucket(name).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
         let r = self.catalog.delete_bucket(name).await.map_err(Into::into);
-        self.note(r)
+        self.note(r)?;
+        // Uploads left behind here are aborted when they expire.
+        if let Err(e) = self.remove_uploads_into(name).await {
+            tracing::warn!(bucket = name, error = %e, "the deleted bucket's uploads in progress stay until they expire");
+        }
+        Ok(())
     }
 
     pub async fn bucket(&self, name: &str) -> Result<BucketRecord> {

@@ -88,7 +88,7 @@ pub struct UploadQuery {
     pub id_marker: String,
     /// Only uploads of keys under this prefix.
     pub prefix: String,
-    pub delimiter: Option<char>,
+    pub delimiter: Option<String>,
     /// Uploads plus common prefixes, at most.
     pub limit: usize,
 }
@@ -108,7 +108,7 @@ impl UploadQuery {
     /// the marker key are those after the marker upload in that order; if
     /// the marker upload is gone, the listing goes on with the next key.
     pub fn page(&self, uploads: &[UploadInfo]) -> UploadPage {
-        let common_prefix = |key| crate::catalog::common_prefix(&self.prefix, self.delimiter, key);
+        let common_prefix = |key| crate::catalog::common_prefix(&self.prefix, self.delimiter.as_deref(), key);
         let start = if self.key_marker.is_empty() {
             0
         } else if let Some(at) = uploads.iter().position(|u| u.key == self.key_marker && u.upload_id == self.id_marker)
@@ -359,6 +359,27 @@ impl Store {
         Ok(keys)
     }
 
+    /// Removes an upload's records, releasing its parts.
+    async fn remove_upload(&self, bucket: &str, upload_id: &str) -> Result<()> {
+        let keys = self.upload_records(bucket, upload_id).await?;
+        self.remove_upload_records(&keys).await
+    }
+
+    /// Removes the uploads in progress into `bucket`, which was just
+    /// deleted: as in S3, they do not keep a bucket without objects from
+    /// going.
+    pub(super) async fn remove_uploads_into(&self, bucket: &str) -> Result<()> {
+        let mut ids = Vec::new();
+        self.each_upload_record(&format!("u/{bucket}/"), |r| {
+            ids.push(r.key.rsplit('/').next().unwrap_or("").to_string())
+        })
+        .await?;
+        for id in &ids {
+            self.remove_upload(bucket, id).await?;
+        }
+        Ok(())
+    }
+
     async fn remove_upload_records(&self, keys: &[String]) -> Result<()> {
         let r = self.catalog.delete_objects(UPLOADS, keys, &Precondition::default()).await.map_err(Into::into);
         self.note(r).map(drop)
@@ -371,8 +392,7 @@ impl Store {
     pub async fn abort_upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
         self.check_writable()?;
         self.upload(bucket, key, upload_id).await?;
-        let keys = self.upload_records(bucket, upload_id).await?;
-        self.remove_upload_records(&keys).await?;
+        self.remove_upload(bucket, upload_id).await?;
         if self.catalog.get_object(UPLOADS, &done_key(upload_id)).await?.is_some() {
             return Err(StoreError::NoSuchUpload(upload_id.into()));
         }
@@ -525,8 +545,7 @@ impl Store {
         })
         .await?;
         for (bucket, upload_id) in &stale {
-            let keys = self.upload_records(bucket, upload_id).await?;
-            self.remove_upload_records(&keys).await?;
+            self.remove_upload(bucket, upload_id).await?;
         }
         let mut done = Vec::new();
         self.each_upload_record("d/", |r| {
@@ -555,8 +574,13 @@ mod tests {
     }
 
     /// Pages one entry at a time, following the markers each page gives.
-    fn every_page(uploads: &[UploadInfo], prefix: &str, delimiter: Option<char>) -> Vec<String> {
-        let mut query = UploadQuery { prefix: prefix.into(), delimiter, limit: 1, ..Default::default() };
+    fn every_page(uploads: &[UploadInfo], prefix: &str, delimiter: Option<&str>) -> Vec<String> {
+        let mut query = UploadQuery {
+            prefix: prefix.into(),
+            delimiter: delimiter.map(str::to_string),
+            limit: 1,
+            ..Default::default()
+        };
         let mut seen = Vec::new();
         loop {
             let page = query.page(uploads);
@@ -583,12 +607,12 @@ mod tests {
     #[test]
     fn uploads_roll_up_to_common_prefixes() {
         let uploads = [upload("d/a", "1", 1), upload("d/b", "2", 1), upload("e/c", "3", 1), upload("f", "4", 1)];
-        let all = UploadQuery { delimiter: Some('/'), limit: 10, ..Default::default() }.page(&uploads);
+        let all = UploadQuery { delimiter: Some("/".into()), limit: 10, ..Default::default() }.page(&uploads);
         assert_eq!(all.prefixes, ["d/", "e/"]);
         assert_eq!(all.uploads, [upload("f", "4", 1)]);
         assert_eq!(all.next, None);
-        assert_eq!(every_page(&uploads, "", Some('/')), ["d/", "e/", "f 4"]);
-        assert_eq!(every_page(&uploads, "d/", Some('/')), ["d/a 1", "d/b 2"]);
+        assert_eq!(every_page(&uploads, "", Some("/")), ["d/", "e/", "f 4"]);
+        assert_eq!(every_page(&uploads, "d/", Some("/")), ["d/a 1", "d/b 2"]);
     }
 
     async fn store() -> (Store, tempfile::TempDir) {
@@ -690,6 +714,24 @@ mod tests {
             s.upload_part("files", "k", "../../x", 1, body(vec![1]), PutOptions::default()).await,
             Err(StoreError::NoSuchUpload(_))
         ));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_bucket_without_objects_goes_with_its_uploads_in_progress() {
+        let (s, _dir) = store().await;
+        s.create_bucket("work", "", false).await.unwrap();
+        s.put("work", "kept", body(b"object".to_vec()), PutOptions::default()).await.unwrap();
+        let id = s.create_upload("work", "k", NewMetadata::default()).await.unwrap();
+        s.upload_part("work", "k", &id, 1, body(b"in progress".to_vec()), PutOptions::default()).await.unwrap();
+        // An object keeps the bucket, and the upload stays.
+        assert!(matches!(s.delete_bucket("work").await, Err(StoreError::BucketNotEmpty(_))));
+        assert_eq!(s.list_uploads("work", "").await.unwrap().len(), 1);
+        s.delete("work", "kept", &Precondition::default()).await.unwrap();
+        s.delete_bucket("work").await.unwrap();
+        let blob = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"in progress").into())).await.unwrap().unwrap();
+        assert_eq!(blob.refs, 0, "the part is released");
+        s.create_bucket("work", "", false).await.unwrap();
+        assert!(s.list_uploads("work", "").await.unwrap().is_empty(), "a new bucket of that name starts empty");
     }
 
     #[tokio::test(flavor = "multi_thread")]

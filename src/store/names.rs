@@ -57,6 +57,24 @@ pub fn check_bucket(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the name of a bucket to be created: [`check_bucket`], and none
+/// of the prefixes and suffixes S3 reserves for its own kinds of bucket
+/// and alias, which SDKs treat apart (boto3 signs for a `--x-s3` bucket
+/// as for S3 Express). Existing buckets are only held to
+/// [`check_bucket`], so a store made before stays reachable.
+pub fn check_new_bucket(name: &str) -> Result<(), String> {
+    check_bucket(name)?;
+    const PREFIXES: [&str; 3] = ["xn--", "sthree-", "amzn-s3-demo-"];
+    const SUFFIXES: [&str; 5] = ["-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"];
+    if let Some(p) = PREFIXES.iter().find(|p| name.starts_with(*p)) {
+        return Err(format!("bucket name {name:?} must not start with {p:?}, which S3 reserves"));
+    }
+    if let Some(s) = SUFFIXES.iter().find(|s| name.ends_with(*s)) {
+        return Err(format!("bucket name {name:?} must not end with {s:?}, which S3 reserves"));
+    }
+    Ok(())
+}
+
 /// Checks a key: 1 to `max` bytes of UTF-8 without NUL.
 pub fn check_key(key: &str, max: usize) -> Result<(), String> {
     if key.is_empty() {
@@ -91,6 +109,18 @@ mod tests {
         }
         assert_eq!(key_path("plain/key.txt").unwrap(), "plain/key.txt", "no needless escapes");
         assert!(key_path("..").is_none() && key_path(".").is_none());
+    }
+
+    #[test]
+    fn new_buckets_keep_clear_of_the_names_s3_reserves() {
+        for reserved in
+            ["xn--abc", "sthree-x1", "amzn-s3-demo-b", "foo-s3alias", "abc--ol-s3", "a.mrap", "d--x-s3", "t--table-s3"]
+        {
+            assert!(check_new_bucket(reserved).is_err(), "{reserved}");
+            assert!(check_bucket(reserved).is_ok(), "{reserved} stays reachable");
+        }
+        assert!(check_new_bucket("my-s3-bucket").is_ok());
+        assert!(check_new_bucket("UPPER").is_err());
     }
 
     #[test]

@@ -178,6 +178,28 @@ def http_put(url, body, content_type, extra=None):
         return e.code, e.read()
 
 
+def form_post(post, body):
+    """A browser's multipart/form-data POST of `post` (from
+    generate_presigned_post) with the file `body`: (status, answer)."""
+    boundary = "----form%06x" % random.randrange(16**6)
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in post["fields"].items()
+    ]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="f.txt"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n".encode() + body + b"\r\n"
+    )
+    form = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    request = urllib.request.Request(post["url"], data=form, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def other_first(signature):
     """`signature` with its first character changed, in its own alphabet
     (hex for SigV4, base64 for SigV2), so it stays well-formed."""
@@ -303,8 +325,14 @@ def area_buckets(s3, buckets):
         lambda: s3.delete_bucket(Bucket=bucket),
     )
     s3.delete_object(Bucket=bucket, Key="k")
+    # As in S3, an upload in progress does not keep a bucket without objects.
+    s3.create_multipart_upload(Bucket=bucket, Key="unfinished")
     deleted = s3.delete_bucket(Bucket=bucket)
     expect_equal(deleted["ResponseMetadata"]["HTTPStatusCode"], 204, "DeleteBucket of the emptied bucket is 204")
+    s3.create_bucket(Bucket=bucket)
+    uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    expect_equal(uploads, [], "... and its uploads in progress went with it")
+    s3.delete_bucket(Bucket=bucket)
     expect_error("HeadBucket of the deleted bucket is 404", None, 404, lambda: s3.head_bucket(Bucket=bucket))
     names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
     expect(bucket not in names, "ListBuckets no longer names it", short(names))
@@ -889,6 +917,12 @@ def area_listing(s3, buckets):
         or "LastModified" not in o
     ]
     expect(not wrong, "ListObjectsV2: each entry's Size, ETag and LastModified", short(wrong))
+    me = {"ID": ACCESS_KEY, "DisplayName": ACCESS_KEY}
+    expect(all("Owner" not in o for o in r["Contents"]), "ListObjectsV2 names no Owner unless asked", short(r))
+    r = s3.list_objects_v2(Bucket=bucket, FetchOwner=True)
+    expect(all(o.get("Owner") == me for o in r["Contents"]), "ListObjectsV2 FetchOwner: each Owner", short(r))
+    r = s3.list_objects(Bucket=bucket)
+    expect(all(o.get("Owner") == me for o in r["Contents"]), "ListObjects (V1) names each Owner", short(r))
 
     r = s3.list_objects_v2(Bucket=bucket, Prefix="a/")
     expect_equal(keys_of(r), ["a/1", "a/2", "a/b/3"], "ListObjectsV2 Prefix=a/")
@@ -897,6 +931,10 @@ def area_listing(s3, buckets):
     expect_equal(prefixes_of(r), ["a/", "b/", "d/"], "ListObjectsV2 Delimiter=/: CommonPrefixes")
     r = s3.list_objects_v2(Bucket=bucket, Prefix="a/", Delimiter="/")
     expect_equal((keys_of(r), prefixes_of(r)), (["a/1", "a/2"], ["a/b/"]), "ListObjectsV2 Prefix=a/ Delimiter=/")
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="a", Delimiter="/b/")
+    expect_equal(
+        (keys_of(r), prefixes_of(r)), (["a/1", "a/2"], ["a/b/"]), "ListObjectsV2 Delimiter=/b/ (several characters)"
+    )
     r = s3.list_objects_v2(Bucket=bucket, Prefix="zzz")
     expect(r["KeyCount"] == 0 and not keys_of(r), "ListObjectsV2 with a prefix nothing has", short(r))
 
@@ -1087,10 +1125,17 @@ def area_multipart(s3, buckets):
         [(i + 1, len(p), etag_of(p)) for i, p in enumerate(parts)],
         "ListParts: numbers, sizes and ETags",
     )
+    me = {"ID": ACCESS_KEY, "DisplayName": ACCESS_KEY}
+    expect_equal((listed.get("Initiator"), listed.get("Owner")), (me, me), "ListParts: Initiator and Owner")
     uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     expect(
         any(u["UploadId"] == upload and u["Key"] == key for u in uploads),
         "ListMultipartUploads names the upload",
+        short(uploads),
+    )
+    expect(
+        all(u.get("Initiator") == me and u.get("Owner") == me for u in uploads),
+        "ListMultipartUploads: each upload's Initiator and Owner",
         short(uploads),
     )
     uploads = s3.list_multipart_uploads(Bucket=bucket, Prefix="other/").get("Uploads", [])
@@ -1353,6 +1398,29 @@ def area_presign(s3, buckets):
         f"status {status}: {got[:300]!r}",
     )
 
+    # A browser's form upload under a POST policy (SigV4 with s3v4).
+    conditions = [{"Content-Type": "text/plain"}, ["content-length-range", 1, 1000]]
+    post = v4.generate_presigned_post(
+        bucket, "pre/posted", Fields={"Content-Type": "text/plain"}, Conditions=conditions, ExpiresIn=300
+    )
+    status, answer = form_post(post, b"sent from a form")
+    expect(status == 204, "a POST policy upload is 204", f"status {status}: {answer[:300]!r}")
+    posted = s3.get_object(Bucket=bucket, Key="pre/posted")
+    expect_equal(
+        (body_of(posted), posted["ContentType"]), (b"sent from a form", "text/plain"), "... and stored body and type"
+    )
+    status, answer = form_post(post, b"x" * 1001)
+    expect(
+        status == 400 and error_code(answer) == "EntityTooLarge",
+        "a POST policy upload over its content-length-range is EntityTooLarge",
+        f"status {status}: {answer[:300]!r}",
+    )
+    status, answer = form_post({**post, "fields": {**post["fields"], "Content-Type": "text/html"}}, b"<script>")
+    # (S3 answers 403 AccessDenied; the protocol layer 400 InvalidPolicyDocument.)
+    refused = status in (400, 403)
+    expect(refused, "a form field its policy does not allow is refused", f"status {status}: {answer[:300]!r}")
+    expect_equal(body_of(s3.get_object(Bucket=bucket, Key="pre/posted"))[:4], b"sent", "... and neither replaced it")
+
     expiring = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=1)
     time.sleep(2)
     status, _, got = http_get(expiring)
@@ -1569,6 +1637,10 @@ def area_checksums(s3, buckets):
     expect(body_of(s3.get_object(Bucket=bucket, Key="trailer")) == body, "... and the decoded body is stored")
     head = s3.head_object(Bucket=bucket, Key="trailer", ChecksumMode="ENABLED")
     expect_equal(head.get("ChecksumCRC32"), crc32_b64(body), "... with the CRC32 of its trailer")
+    expect_equal(head.get("ContentEncoding"), None, "... and no Content-Encoding: aws-chunked framed the upload")
+    chunked.put_object(Bucket=bucket, Key="trailer-gzip", Body=data(1000, 21), ContentEncoding="gzip")
+    head = s3.head_object(Bucket=bucket, Key="trailer-gzip")
+    expect_equal(head.get("ContentEncoding"), "gzip", "aws-chunked PutObject with gzip keeps gzip alone")
 
     upload = chunked.create_multipart_upload(Bucket=bucket, Key="trailer-mp", ChecksumAlgorithm="CRC32")["UploadId"]
     parts = [data(5 * MiB, 17), data(1000, 18)]

@@ -194,8 +194,9 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
 /// An XML answer put right where the protocol layer writes it wrong or
 /// short: a carriage return in a key is written `&#13;` (an XML reader takes
 /// a raw one for a line feed, so the client would read another key), and an
-/// error names its request (`RequestId`), as S3's errors do.
-fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str) -> http::Response<s3s::Body> {
+/// error names its request (`RequestId`) and the path it was for
+/// (`Resource`), and says what a failed signature means, as S3's errors do.
+fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str, resource: &str) -> http::Response<s3s::Body> {
     let xml = response.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/xml");
     let Some(document) = response.body().bytes().filter(|_| xml) else { return response };
     let error = response.status().as_u16() >= 300;
@@ -205,19 +206,33 @@ fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str) -> http
     }
     let Ok(mut text) = String::from_utf8(document.to_vec()) else { return response };
     text = text.replace('\r', "&#13;");
-    if error
-        && !text.contains("<RequestId>")
-        && let Some(end) = text.rfind("</Error>")
-    {
-        text.insert_str(end, &format!("<RequestId>{request_id}</RequestId>"));
+    if error && let Some(end) = text.rfind("</Error>") {
+        let mut more = String::new();
+        if !text.contains("<Resource>") {
+            more.push_str(&format!("<Resource>{}</Resource>", super::listing::escape(resource)));
+        }
+        if !text.contains("<RequestId>") {
+            more.push_str(&format!("<RequestId>{request_id}</RequestId>"));
+        }
+        text.insert_str(end, &more);
+        if !text.contains("<Message>")
+            && let Some(code_end) = text.find("<Code>SignatureDoesNotMatch</Code>").map(|at| at + 34)
+        {
+            text.insert_str(code_end, SIGNATURE_MESSAGE);
+        }
     }
     *response.body_mut() = s3s::Body::from(text);
     response
 }
 
+/// What S3 says when a request's signature does not match.
+const SIGNATURE_MESSAGE: &str = "<Message>The request signature we calculated does not match the signature you \
+                                 provided. Check your key and signing method.</Message>";
+
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request, request_id: &str) -> Response {
     let head = req.method() == http::Method::HEAD;
+    let resource = req.uri().path().to_string();
     let prepared = match refused_signing(&req) {
         Some(e) => Err(e),
         None => prepare(req).await,
@@ -237,7 +252,7 @@ pub async fn handle(service: &S3Service, req: Request, request_id: &str) -> Resp
             ));
         }
     };
-    response = finish_xml(response, request_id);
+    response = finish_xml(response, request_id, &resource);
     // HeadObject of a range answers 206, as GetObject does; the protocol
     // layer answers every HeadObject with 200.
     if head && response.status() == http::StatusCode::OK && response.headers().contains_key(http::header::CONTENT_RANGE)
@@ -391,11 +406,22 @@ mod tests {
             r
         };
         let text = |r: http::Response<s3s::Body>| String::from_utf8(r.body().bytes().unwrap().to_vec()).unwrap();
-        let deleted = finish_xml(answer(200, "<Deleted><Key>a\rb\nc</Key></Deleted>"), "id1");
+        let deleted = finish_xml(answer(200, "<Deleted><Key>a\rb\nc</Key></Deleted>"), "id1", "/b");
         assert_eq!(text(deleted), "<Deleted><Key>a&#13;b\nc</Key></Deleted>");
-        let error = finish_xml(answer(404, "<Error><Code>NoSuchKey</Code></Error>"), "id2");
-        assert_eq!(text(error), "<Error><Code>NoSuchKey</Code><RequestId>id2</RequestId></Error>");
-        let named = "<Error><Code>X</Code><RequestId>given</RequestId></Error>";
-        assert_eq!(text(finish_xml(answer(400, named), "id3")), named);
+        let error = finish_xml(answer(404, "<Error><Code>NoSuchKey</Code></Error>"), "id2", "/b/k&<");
+        assert_eq!(
+            text(error),
+            "<Error><Code>NoSuchKey</Code><Resource>/b/k&amp;&lt;</Resource><RequestId>id2</RequestId></Error>"
+        );
+        let named = "<Error><Code>X</Code><Resource>/r</Resource><RequestId>given</RequestId></Error>";
+        assert_eq!(text(finish_xml(answer(400, named), "id3", "/b")), named);
+        let signature = finish_xml(answer(403, "<Error><Code>SignatureDoesNotMatch</Code></Error>"), "id4", "/b");
+        assert_eq!(
+            text(signature),
+            format!(
+                "<Error><Code>SignatureDoesNotMatch</Code>{SIGNATURE_MESSAGE}<Resource>/b</Resource>\
+                 <RequestId>id4</RequestId></Error>"
+            )
+        );
     }
 }

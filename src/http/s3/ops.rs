@@ -114,12 +114,22 @@ macro_rules! about {
             headers: stored_headers([
                 $input.cache_control.clone(),
                 $input.content_disposition.clone(),
-                $input.content_encoding.clone(),
+                $input.content_encoding.as_deref().and_then(content_coding),
                 $input.content_language.clone(),
                 $input.expires.as_ref().map(http_date),
             ]),
         }
     };
+}
+
+/// The Content-Encoding to store for the body: the one given, less
+/// `aws-chunked`, which names how the upload was framed (a signed or
+/// checksummed stream, taken apart on arrival), not the body; `None` when
+/// nothing else was given, as S3 has it.
+fn content_coding(given: &str) -> Option<String> {
+    let codings: Vec<&str> =
+        given.split(',').map(str::trim).filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("aws-chunked")).collect();
+    (!codings.is_empty()).then(|| codings.join(", "))
 }
 
 /// The given values of [`STORED_HEADERS`], in that order.
@@ -237,17 +247,9 @@ fn page_size(max: Option<i32>) -> S3Result<usize> {
     }
 }
 
-fn delimiter(d: Option<&str>) -> S3Result<Option<char>> {
-    match d.filter(|d| !d.is_empty()) {
-        None => Ok(None),
-        Some(d) => {
-            let mut chars = d.chars();
-            match (chars.next(), chars.next()) {
-                (Some(c), None) => Ok(Some(c)),
-                _ => Err(bad_argument(format!("delimiter {d:?}: only single-character delimiters are supported"))),
-            }
-        }
-    }
+/// A listing's delimiter: any string, as in S3; an empty one is none.
+fn delimiter(d: Option<&str>) -> Option<String> {
+    d.filter(|d| !d.is_empty()).map(str::to_string)
 }
 
 /// The catalog query of a listing request.
@@ -260,7 +262,7 @@ fn list_query(
     Ok(ListQuery {
         prefix: prefix.unwrap_or_default().to_string(),
         after: after.filter(|a| !a.is_empty()),
-        delimiter: delimiter(delim)?,
+        delimiter: delimiter(delim),
         limit: page_size(max)?,
     })
 }
@@ -281,7 +283,8 @@ impl Encoder {
         if self.0 { utf8_percent_encode(s, URL_PATH).to_string() } else { s.to_string() }
     }
 
-    fn objects(&self, page: &ListPage) -> Vec<Object> {
+    /// The page's objects, each with `owner` where the listing names it.
+    fn objects(&self, page: &ListPage, owner: Option<&Owner>) -> Vec<Object> {
         page.objects
             .iter()
             .map(|r| Object {
@@ -290,6 +293,7 @@ impl Encoder {
                 e_tag: Some(etag(r)),
                 last_modified: Some(modified(r)),
                 storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+                owner: owner.cloned(),
                 ..Default::default()
             })
             .collect()
@@ -309,6 +313,12 @@ impl DepotS3 {
             return Ok(ListPage::default());
         }
         self.store.list(bucket, &query).await.map_err(to_s3)
+    }
+
+    /// The owner of a bucket's objects and uploads, as listings name it:
+    /// the bucket's.
+    async fn bucket_owner(&self, bucket: &str) -> S3Result<Owner> {
+        Ok(owner(&self.store.bucket(bucket).await.map_err(to_s3)?.owner))
     }
 
     /// The record of a copy source the caller may read.
@@ -360,6 +370,12 @@ fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
 
 fn owner(access_key: &str) -> Owner {
     Owner { id: Some(access_key.to_string()), display_name: Some(access_key.to_string()) }
+}
+
+/// Who began an upload, as listings of uploads name it: the bucket's
+/// owner, in whose name every upload into it is kept.
+fn initiator(owner: &Owner) -> Initiator {
+    Initiator { id: owner.id.clone(), display_name: owner.display_name.clone() }
 }
 
 /// Whether a canned ACL makes a bucket public-read; other ACLs are refused.
@@ -500,11 +516,7 @@ impl S3 for DepotS3 {
     }
 
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
-        let bucket = &req.input.bucket;
-        if !self.store.list_uploads(bucket, "").await.map_err(to_s3)?.is_empty() {
-            return Err(s3_error!(BucketNotEmpty, "the bucket {bucket:?} has multipart uploads in progress"));
-        }
-        self.store.delete_bucket(bucket).await.map_err(to_s3)?;
+        self.store.delete_bucket(&req.input.bucket).await.map_err(to_s3)?;
         ok(DeleteBucketOutput::default())
     }
 
@@ -779,9 +791,11 @@ impl S3 for DepotS3 {
         let query =
             list_query(input.prefix.as_deref(), input.marker.clone(), input.delimiter.as_deref(), input.max_keys)?;
         let page = self.list(&input.bucket, query).await?;
+        // Version 1 names each object's owner.
+        let owner = self.bucket_owner(&input.bucket).await?;
         ok(ListObjectsOutput {
             name: Some(input.bucket),
-            contents: Some(encoder.objects(&page)),
+            contents: Some(encoder.objects(&page, Some(&owner))),
             common_prefixes: encoder.prefixes(&page),
             is_truncated: Some(page.next.is_some()),
             next_marker: page.next.as_deref().map(|n| encoder.text(n)),
@@ -808,7 +822,11 @@ impl S3 for DepotS3 {
         };
         let query = list_query(input.prefix.as_deref(), after, input.delimiter.as_deref(), input.max_keys)?;
         let page = self.list(&input.bucket, query).await?;
-        let contents = encoder.objects(&page);
+        let owner = match input.fetch_owner {
+            Some(true) => Some(self.bucket_owner(&input.bucket).await?),
+            _ => None,
+        };
+        let contents = encoder.objects(&page, owner.as_ref());
         let common_prefixes = encoder.prefixes(&page);
         let key_count = contents.len() + common_prefixes.as_ref().map_or(0, Vec::len);
         ok(ListObjectsV2Output {
@@ -1009,6 +1027,7 @@ impl S3 for DepotS3 {
         let PartsPage { upload, parts, truncated } =
             self.store.list_parts(&input.bucket, &input.key, &input.upload_id, after, limit).await.map_err(to_s3)?;
         let (checksum_algorithm, checksum_type) = completion::of_upload(&upload.headers);
+        let owner = self.bucket_owner(&input.bucket).await?;
         let next = parts.last().map(|(n, _)| *n as i32);
         let parts = parts
             .into_iter()
@@ -1035,6 +1054,8 @@ impl S3 for DepotS3 {
             max_parts: Some(limit as i32),
             checksum_algorithm,
             checksum_type,
+            initiator: Some(initiator(&owner)),
+            owner: Some(owner),
             ..Default::default()
         })
     }
@@ -1052,10 +1073,11 @@ impl S3 for DepotS3 {
             key_marker: input.key_marker.clone().unwrap_or_default(),
             id_marker: input.upload_id_marker.clone().unwrap_or_default(),
             prefix,
-            delimiter: delimiter(input.delimiter.as_deref())?,
+            delimiter: delimiter(input.delimiter.as_deref()),
             limit,
         };
         let page = query.page(&all);
+        let owner = self.bucket_owner(&input.bucket).await?;
         let truncated = page.next.is_some();
         let (next_key_marker, next_upload_id_marker) = match page.next {
             Some((key, id)) => (Some(encoder.text(&key)), id),
@@ -1075,7 +1097,8 @@ impl S3 for DepotS3 {
                     storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
                     checksum_algorithm,
                     checksum_type,
-                    ..Default::default()
+                    initiator: Some(initiator(&owner)),
+                    owner: Some(owner.clone()),
                 }
             })
             .collect();
