@@ -532,6 +532,24 @@ fn a_batch_put_holds_ten_thousand_entries_at_most() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// A key list of the most bytes allowed, all short lines: counted before
+/// any key is copied, it is refused in the memory of its body (copied,
+/// each line would have cost about 50 bytes more than its own two).
+#[test]
+fn a_key_list_of_many_short_lines_is_refused_in_the_memory_of_its_body() {
+    let mut s = Server::start(&[]);
+    let body = "a\n".repeat(16 * 1024 * 1024);
+    for route in ["get", "delete"] {
+        let head = format!(
+            "POST /_/batch/{route}?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let a = exchange(&s, format!("{head}{body}").as_bytes());
+        assert!(a.status() == 413 && a.text().contains("TooManyKeys"), "{}", a.text());
+    }
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 // ----- slow clients -----
 
 #[test]

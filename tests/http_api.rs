@@ -750,8 +750,18 @@ async fn headers_given_with_a_put_come_back_with_the_object() {
     // Refused whole: an Expires that is not a date, a value that is not ASCII.
     let r = put(&s, "bad", b"x", &[("expires", "tomorrow")]).await;
     expect_error(r, 400, "InvalidRequest").await;
-    let r = raw(&s, "PUT", &format!("/{B}/bad"), &[("Content-Language", "français")], b"x");
-    assert_eq!(r.status, 400);
+    for name in ["Content-Language", "Content-Type"] {
+        let r = raw(&s, "PUT", &format!("/{B}/bad"), &[(name, "français")], b"x");
+        assert_eq!(r.status, 400, "{name}");
+    }
+    // Every answer about the object and every listing entry carries them:
+    // 8 KB at most, as S3 takes a PUT's headers.
+    let long = format!("text/plain; x={}", "a".repeat(8192));
+    let r = put(&s, "bad", b"x", &[("content-type", &long)]).await;
+    expect_error(r, 400, "RequestHeaderSectionTooLarge").await;
+    let disposition = format!("attachment; filename=\"{}\"", "d".repeat(4100));
+    let r = put(&s, "bad", b"x", &[("content-disposition", &disposition), ("cache-control", &"c".repeat(4100))]).await;
+    expect_error(r, 400, "RequestHeaderSectionTooLarge").await;
     assert_absent(&s, "bad").await;
 }
 

@@ -42,6 +42,7 @@ impl From<StoreError> for ApiError {
             StoreError::BucketNotEmpty(_) => (S::CONFLICT, "BucketNotEmpty"),
             StoreError::PreconditionFailed => (S::PRECONDITION_FAILED, "PreconditionFailed"),
             StoreError::MetadataTooLarge(_) => (S::BAD_REQUEST, "MetadataTooLarge"),
+            StoreError::HeadersTooLarge(_) => (S::BAD_REQUEST, "RequestHeaderSectionTooLarge"),
             StoreError::NoSuchUpload(_) => (S::NOT_FOUND, "NoSuchUpload"),
             StoreError::InvalidPart(_) => (S::BAD_REQUEST, "InvalidPart"),
             StoreError::InvalidPartOrder => (S::BAD_REQUEST, "InvalidPartOrder"),

@@ -282,7 +282,12 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     };
     let opts = PutOptions {
         content_length: content_length(headers),
-        content_type: headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string),
+        content_type: match headers.get(header::CONTENT_TYPE) {
+            None => None,
+            Some(v) => {
+                Some(v.to_str().map_err(|_| ApiError::bad_request("Content-Type is not visible ASCII"))?.to_string())
+            }
+        },
         expected_sha256,
         expected_md5,
         precondition,

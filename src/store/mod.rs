@@ -69,6 +69,10 @@ pub enum StoreError {
     PreconditionFailed,
     #[error("the user metadata takes {0} bytes; at most {MAX_METADATA_BYTES} are allowed")]
     MetadataTooLarge(usize),
+    #[error(
+        "the Content-Type and the headers kept with the object take {0} bytes; at most {MAX_KEPT_HEADER_BYTES} are allowed"
+    )]
+    HeadersTooLarge(usize),
     #[error("the body's {hash} is {actual}, not the declared {declared}")]
     BadDigest { hash: &'static str, declared: String, actual: String },
     #[error("the body ended after {got} of {expected} bytes")]
@@ -191,9 +195,22 @@ impl std::fmt::Debug for LateHeaders {
 /// S3 counts them).
 pub const MAX_METADATA_BYTES: usize = 2048;
 
-fn check_metadata(metadata: &[(String, String)]) -> Result<()> {
-    let bytes = metadata.iter().map(|(name, value)| name.len() + value.len()).sum();
-    if bytes > MAX_METADATA_BYTES { Err(StoreError::MetadataTooLarge(bytes)) } else { Ok(()) }
+/// Most bytes of Content-Type and kept headers (`Cache-Control` and the
+/// rest of [`STORED_HEADERS`](crate::catalog::STORED_HEADERS), names and
+/// values) an object may carry: S3 takes a PUT's headers up to 8 KB in
+/// all. Every answer about the object and every listing entry carries
+/// them, so they are kept small.
+pub const MAX_KEPT_HEADER_BYTES: usize = 8192;
+
+/// Checks what a writer says about an object besides its bytes.
+fn check_about(content_type: Option<&str>, metadata: &[(String, String)], headers: &[(String, String)]) -> Result<()> {
+    let pairs = |list: &[(String, String)]| list.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+    let bytes = pairs(metadata);
+    if bytes > MAX_METADATA_BYTES {
+        return Err(StoreError::MetadataTooLarge(bytes));
+    }
+    let bytes = content_type.map_or(0, str::len) + pairs(headers);
+    if bytes > MAX_KEPT_HEADER_BYTES { Err(StoreError::HeadersTooLarge(bytes)) } else { Ok(()) }
 }
 
 /// What a writer says about an object besides its bytes: what a copy gets
@@ -465,7 +482,7 @@ impl Store {
         E: std::fmt::Display,
     {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
-        check_metadata(&opts.metadata)?;
+        check_about(opts.content_type.as_deref(), &opts.metadata, &opts.headers)?;
         self.put_unchecked(bucket, key, body, opts).await
     }
 
@@ -546,7 +563,7 @@ impl Store {
         self.check_writable()?;
         let mut record = ObjectRecord { key: key.to_string(), modified: now_millis(), ..source.clone() };
         if let Some(new) = replace {
-            check_metadata(&new.metadata)?;
+            check_about(new.content_type.as_deref(), &new.metadata, &new.headers)?;
             record.content_type = content_type_for(new.content_type, key);
             record.metadata = new.metadata;
             let checksum = record.checksum().map(|(n, v)| (n.to_string(), v.to_string()));

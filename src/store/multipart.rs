@@ -190,7 +190,7 @@ impl Store {
     /// Starts a multipart upload of bucket/key; returns its id.
     pub async fn create_upload(&self, bucket: &str, key: &str, about: NewMetadata) -> Result<String> {
         self.check_key(key)?;
-        super::check_metadata(&about.metadata)?;
+        super::check_about(about.content_type.as_deref(), &about.metadata, &about.headers)?;
         self.bucket(bucket).await?;
         self.check_writable()?;
         let upload_id = hex::encode(rand::rng().random::<[u8; 16]>());
