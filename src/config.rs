@@ -129,6 +129,10 @@ pub struct ServeArgs {
     /// [default: 1024].
     #[arg(long, env = "DEPOT_MAX_UPLOADS", value_name = "N")]
     pub max_uploads: Option<usize>,
+    /// Most connections open at once; more wait to be accepted until one
+    /// closes [default: 4096].
+    #[arg(long, env = "DEPOT_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Most ranges in one Range header; more get the whole object
     /// [default: 64].
     #[arg(long, env = "DEPOT_MAX_RANGES", value_name = "N")]
@@ -142,7 +146,9 @@ pub struct ServeArgs {
     /// percentage like 5% [default: 1%, at least 64 MiB].
     #[arg(long, env = "DEPOT_MIN_FREE_SPACE", value_name = "BYTES|N%")]
     pub min_free_space: Option<FreeSpace>,
-    /// Seconds a request body may go without sending a byte [default: 60].
+    /// Seconds a request body has for each 500 bytes a second's worth of
+    /// itself (30,000 bytes at the default) or its end; slower bodies get
+    /// 408 [default: 60].
     #[arg(long, env = "DEPOT_BODY_TIMEOUT", value_name = "SECS")]
     pub body_timeout: Option<u64>,
     /// Seconds an answer may wait for a client that reads none of it;
@@ -183,6 +189,7 @@ struct FileSettings {
     max_batch_put_entries: Option<usize>,
     max_batch_keys_bytes: Option<usize>,
     max_uploads: Option<usize>,
+    max_connections: Option<usize>,
     max_ranges: Option<usize>,
     header_timeout: Option<u64>,
     body_timeout: Option<u64>,
@@ -454,6 +461,13 @@ fn limits(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Limits> {
             1 << 30,
         )?,
         max_uploads: count("max-uploads", args.max_uploads, file.max_uploads, d.max_uploads, 1_000_000)?,
+        max_connections: count(
+            "max-connections",
+            args.max_connections,
+            file.max_connections,
+            d.max_connections,
+            1_000_000,
+        )?,
     })
 }
 

@@ -552,6 +552,29 @@ fn a_key_list_of_many_short_lines_is_refused_in_the_memory_of_its_body() {
 
 // ----- slow clients -----
 
+/// Each open connection may hold a request head while it arrives: past
+/// `--max-connections`, new ones wait to be accepted until one closes.
+#[test]
+fn connections_beyond_the_limit_wait_until_one_closes() {
+    let mut s = Server::start(&["--max-connections", "3"]);
+    let mut held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut c = connect(&s);
+            c.write_all(b"GET /_/health HTTP/1.1\r\nX-Pad: ").unwrap();
+            c
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let mut waiting = connect(&s);
+    waiting.write_all(b"GET /_/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let early = read_all(waiting.try_clone().unwrap(), Duration::from_secs(1));
+    assert!(early.raw.is_empty() && !early.closed, "answered beyond the limit: {}", early.text());
+    drop(held.pop());
+    let answer = read_all(waiting, Duration::from_secs(5));
+    assert_eq!(answer.status(), 200, "{}", answer.text());
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn trickled_headers_are_cut_off_after_the_header_timeout() {
     let mut s = Server::start(&["--header-timeout", "2"]);
@@ -584,20 +607,38 @@ fn trickled_headers_are_cut_off_after_the_header_timeout() {
 }
 
 #[test]
-fn a_stalled_body_gets_408_after_the_body_timeout_and_a_slow_one_completes() {
+fn a_stalled_or_trickled_body_gets_408_after_the_body_timeout_and_a_slow_one_completes() {
     let mut s = Server::start(&["--body-timeout", "2"]);
     let dog = Watchdog::start(&s);
     // Stalls after 3 of 100 bytes.
     let mut stalled = connect(&s);
     stalled.write_all(b"PUT /files/stalled HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc").unwrap();
-    // Sends a byte every 500 ms, for 5 s in all: slow, never idle for 2 s.
-    let mut slow = connect(&s);
-    slow.write_all(b"PUT /files/slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 10\r\n\r\n").unwrap();
-    let started = Instant::now();
+    // A byte every 300 ms: never silent for 2 s, but far under 500 bytes
+    // a second, so it would hold its upload slot for as long as it liked.
+    let mut trickled = connect(&s);
+    trickled.write_all(b"PUT /files/trickled HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n").unwrap();
+    let trickled_answer = trickled.try_clone().unwrap();
     let trickler = thread::spawn(move || {
-        for b in b"0123456789" {
+        for _ in 0..30 {
+            thread::sleep(Duration::from_millis(300));
+            if trickled.write_all(b"t").is_err() {
+                break;
+            }
+        }
+    });
+    let trickled_at = Instant::now();
+    let trickled_answer =
+        thread::spawn(move || (read_all(trickled_answer, Duration::from_secs(10)), trickled_at.elapsed()));
+    // 600 bytes every 500 ms, for 5 s in all: slow, but over 500 a second.
+    let mut slow = connect(&s);
+    let piece = [b's'; 600];
+    slow.write_all(b"PUT /files/slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 6000\r\n\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let steady = thread::spawn(move || {
+        for _ in 0..10 {
             thread::sleep(Duration::from_millis(500));
-            slow.write_all(&[*b]).unwrap();
+            slow.write_all(&piece).unwrap();
         }
         read_all(slow, Duration::from_secs(5))
     });
@@ -606,10 +647,16 @@ fn a_stalled_body_gets_408_after_the_body_timeout_and_a_slow_one_completes() {
     assert_eq!(a.status(), 408, "{}", a.text());
     assert!(a.text().contains("RequestTimeout") && a.closed, "{}", a.text());
     assert!(waited > Duration::from_millis(1500) && waited < Duration::from_secs(6), "408 after {waited:?}");
-    let a = trickler.join().unwrap();
+    let (a, after) = trickled_answer.join().unwrap();
+    assert_eq!(a.status(), 408, "a trickled body: {}", a.text());
+    assert!(a.text().contains("less than 1000 bytes"), "{}", a.text());
+    assert!(after < Duration::from_secs(5), "408 after {after:?}, not while it trickled");
+    trickler.join().unwrap();
+    let a = steady.join().unwrap();
     assert_eq!(a.status(), 201, "a slow but steady body: {}", a.text());
     assert_absent(&s, "/files/stalled");
-    assert_eq!(get(&s, "/files/slow", "").body(), b"0123456789");
+    assert_absent(&s, "/files/trickled");
+    assert_eq!(get(&s, "/files/slow", "").body(), [b's'; 6000]);
     dog.finish();
     assert_unharmed(&mut s, RSS_MIB);
 }

@@ -23,7 +23,8 @@ pub struct Limits {
     /// Time allowed to send a request head; also how long an idle
     /// connection is kept waiting for its next request.
     pub header_timeout: Duration,
-    /// Longest wait for the next piece of a request body.
+    /// Time a request body has to bring each [`MIN_BODY_RATE`]'s worth of
+    /// bytes (or its end).
     pub body_timeout: Duration,
     /// Longest wait for a client to take more of an answer.
     pub send_timeout: Duration,
@@ -38,6 +39,8 @@ pub struct Limits {
     pub max_batch_keys_bytes: usize,
     /// Most request bodies (uploads) read at the same time; more get 503.
     pub max_uploads: usize,
+    /// Most connections open at once; more wait in the listen queue.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -53,17 +56,30 @@ impl Default for Limits {
             max_batch_put_entries: 10_000,
             max_batch_keys_bytes: 64 * 1024 * 1024,
             max_uploads: 1024,
+            max_connections: 4096,
         }
     }
 }
 
+/// The slowest a request body may come, in bytes a second, averaged over
+/// each `body_timeout`: Apache's `RequestReadTimeout` default. A client
+/// that trickles a byte now and then would otherwise hold its upload slot
+/// (one of `max_uploads`) for as long as it likes.
+pub const MIN_BODY_RATE: u64 = 500;
+
 /// Why a request body could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
-    #[error("no part of the body came for {0:?}")]
-    Idle(Duration),
+    #[error("{}", too_slow(*.0))]
+    TooSlow(Duration),
     #[error(transparent)]
     Http(#[from] hyper::Error),
+}
+
+/// What a body that came too slowly is told.
+pub(crate) fn too_slow(window: Duration) -> String {
+    let least = MIN_BODY_RATE * window.as_secs().max(1);
+    format!("less than {least} bytes of the request body came in {window:?}")
 }
 
 /// What became of a request's body, for the answer: one that timed out is
@@ -83,20 +99,27 @@ impl BodyState {
     }
 }
 
-/// A request body that fails when no frame arrives for `idle`: a client
-/// trickling its body, or gone silent, does not hold a request forever.
-/// (tower-http's `TimeoutBody` does the same but hides the size hint,
-/// which the S3 layer reads as the body's length.)
+/// A request body that fails unless each `window` brings at least
+/// [`MIN_BODY_RATE`] bytes a second of it, or its end: a client trickling
+/// its body, or gone silent, does not hold a request forever. (tower-http's
+/// `TimeoutBody` gives up on silence alone, and hides the size hint, which
+/// the S3 layer reads as the body's length.)
 pub struct RequestBody {
     inner: Incoming,
-    idle: Duration,
+    window: Duration,
+    /// The bytes each window must bring.
+    least: u64,
+    /// The current window, from the first wait after the last one ended,
+    /// and what came in it so far.
     sleep: Option<Pin<Box<Sleep>>>,
+    came: u64,
     state: BodyState,
 }
 
 impl RequestBody {
-    pub(crate) fn new(inner: Incoming, idle: Duration, state: BodyState) -> RequestBody {
-        RequestBody { inner, idle, sleep: None, state }
+    pub(crate) fn new(inner: Incoming, window: Duration, state: BodyState) -> RequestBody {
+        let least = MIN_BODY_RATE * window.as_secs().max(1);
+        RequestBody { inner, window, least, sleep: None, came: 0, state }
     }
 }
 
@@ -107,18 +130,21 @@ impl Body for RequestBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.sleep = None;
+            this.came += frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()).map_or(0, |d| d.len() as u64);
+            if this.came >= this.least {
+                (this.sleep, this.came) = (None, 0);
+            }
             if frame.is_none() || this.inner.is_end_stream() {
                 this.state.0[1].store(true, Ordering::Relaxed);
             }
             return Poll::Ready(frame.map(|f| f.map_err(BodyError::from)));
         }
-        let idle = this.idle;
-        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        let window = this.window;
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(window)));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 this.state.0[0].store(true, Ordering::Relaxed);
-                Poll::Ready(Some(Err(BodyError::Idle(idle))))
+                Poll::Ready(Some(Err(BodyError::TooSlow(window))))
             }
             Poll::Pending => Poll::Pending,
         }

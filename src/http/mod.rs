@@ -176,7 +176,7 @@ impl App {
             let e = ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "RequestTimeout",
-                format!("no part of the request body came for {:?}", self.limits.body_timeout),
+                limits::too_slow(self.limits.body_timeout),
             );
             response = error_response(&e);
         }
@@ -441,7 +441,25 @@ pub async fn serve(
         .map(|i| Worker::start(i, app.clone(), http1.clone(), drain))
         .collect::<io::Result<Vec<_>>>()?;
     tokio::pin!(shutdown);
+    // A slot per open connection: at the limit, new ones wait in the
+    // listen queue, as each may hold a request head in memory.
+    let slots = Arc::new(tokio::sync::Semaphore::new(app.limits.max_connections));
+    let mut warned: Option<std::time::Instant> = None;
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
+                    warned = Some(std::time::Instant::now());
+                    let most = app.limits.max_connections;
+                    tracing::warn!("{most} connections are open (--max-connections); new ones wait until one closes");
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => slot.expect("the slots are never closed"),
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         let accepted: (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -463,7 +481,7 @@ pub async fn serve(
         match stream.into_std() {
             Ok(stream) => {
                 worker.open.fetch_add(1, Ordering::Relaxed);
-                if worker.give.send((stream, peer)).is_err() {
+                if worker.give.send(Connection { stream, peer, slot }).is_err() {
                     return Err(io::Error::other("a connection thread stopped"));
                 }
             }
@@ -481,10 +499,18 @@ pub async fn serve(
     Ok(())
 }
 
+/// An accepted connection, on its way to the thread that serves it.
+struct Connection {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    /// Its place among `max_connections`, given back when it closes.
+    slot: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// A thread serving connections, as the acceptor sees it.
 struct Worker {
     /// Hands the thread a connection.
-    give: tokio::sync::mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
+    give: tokio::sync::mpsc::UnboundedSender<Connection>,
     /// Connections the thread is serving.
     open: Arc<AtomicUsize>,
     /// Answers once the thread has drained, when `give` is dropped.
@@ -546,14 +572,14 @@ const HYPER_MAX_HEADERS: usize = 100;
 /// (counting them in `open`) until the acceptor stops, then waits for them
 /// (at most `drain`).
 async fn connections(
-    mut given: tokio::sync::mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
+    mut given: tokio::sync::mpsc::UnboundedReceiver<Connection>,
     open: Arc<AtomicUsize>,
     app: Arc<App>,
     http1: hyper::server::conn::http1::Builder,
     drain: Duration,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    while let Some((stream, peer)) = given.recv().await {
+    while let Some(Connection { stream, peer, slot }) = given.recv().await {
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(s) => s,
             Err(e) => {
@@ -580,6 +606,7 @@ async fn connections(
                 tracing::debug!(%peer, "connection ended: {e}");
             }
             open.fetch_sub(1, Ordering::Relaxed);
+            drop(slot);
         });
     }
     tokio::select! {
