@@ -1961,6 +1961,31 @@ def unsigned_trailer_put(bucket, key, body, name, value, now):
     return send_put(f"/{bucket}/{key}", framed, headers)
 
 
+def oversized_chunk_put(bucket, key, now):
+    """An aws-chunked PutObject whose first chunk declares 16 MiB and one
+    byte, of which 64 KiB are sent: (status, answer) of what the server
+    says before the rest would come."""
+    size = 16 * MiB + 1
+    headers = {
+        "content-encoding": "aws-chunked",
+        "x-amz-decoded-content-length": str(size),
+        "x-amz-trailer": "x-amz-checksum-crc32",
+    }
+    *_, headers = signed_put(f"/{bucket}/{key}", None, "STREAMING-UNSIGNED-PAYLOAD-TRAILER", now, headers)
+    framed_length = len(f"{size:x}\r\n") + size + len("\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n")
+    parts = urllib.parse.urlsplit(ENDPOINT)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.putrequest("PUT", f"/{bucket}/{key}", skip_host=True, skip_accept_encoding=True)
+        for name, value in {**headers, "content-length": str(framed_length)}.items():
+            conn.putheader(name, value)
+        conn.endheaders(f"{size:x}\r\n".encode() + bytes(64 * KiB))
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
 def area_signing(s3, buckets):
     bucket = buckets.create(s3)
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -1971,6 +1996,16 @@ def area_signing(s3, buckets):
     status, said = send_put(f"/{bucket}/chunked", aws_chunked(body, seed, key, amz_date, scope), headers)
     expect(status == 200, "PutObject with a chunk-signed aws-chunked body", f"status {status}: {short(said)}")
     expect(body_of(s3.get_object(Bucket=bucket, Key="chunked")) == body, "... stores the decoded body")
+
+    # Each chunk is held whole until it is checked: one larger than MinIO's
+    # 16 MiB limit is refused by its size line, before its bytes come.
+    status, said = oversized_chunk_put(bucket, "huge-chunk", now)
+    expect(
+        400 <= status < 500 and b"16777216" in said,
+        "an aws-chunked chunk of more than 16 MiB is refused by its size",
+        f"status {status}: {short(said)}",
+    )
+    expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="huge-chunk"))
 
     seed, key, amz_date, scope, headers = signed_put(f"/{bucket}/tampered", None, STREAMING, now, chunked_headers)
     framed = aws_chunked(body, seed, key, amz_date, scope, tamper=True)

@@ -13,6 +13,7 @@
 
 pub(super) mod body;
 mod completion;
+mod framing;
 mod ops;
 
 use std::collections::HashMap;
@@ -177,7 +178,10 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
     let delete = query.iter().any(|(n, _)| n == "delete");
     let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
     let streaming = parts.headers.get("x-amz-content-sha256").is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
-    if !document || streaming {
+    if streaming {
+        return Ok(http::Request::from_parts(parts, s3s::Body::http_body(framing::Checked::new(body))));
+    }
+    if !document {
         return Ok(http::Request::from_parts(parts, s3s::Body::http_body(body)));
     }
     let bytes = http_body_util::Limited::new(body, MAX_DOCUMENT as usize)
