@@ -76,10 +76,14 @@ pub enum BodyError {
     Http(#[from] hyper::Error),
 }
 
+/// The bytes of a body each `window` must bring.
+fn least_in(window: Duration) -> u64 {
+    MIN_BODY_RATE * window.as_secs().max(1)
+}
+
 /// What a body that came too slowly is told.
 pub(crate) fn too_slow(window: Duration) -> String {
-    let least = MIN_BODY_RATE * window.as_secs().max(1);
-    format!("less than {least} bytes of the request body came in {window:?}")
+    format!("less than {} bytes of the request body came in {window:?}", least_in(window))
 }
 
 /// What became of a request's body, for the answer: one that timed out is
@@ -118,8 +122,7 @@ pub struct RequestBody {
 
 impl RequestBody {
     pub(crate) fn new(inner: Incoming, window: Duration, state: BodyState) -> RequestBody {
-        let least = MIN_BODY_RATE * window.as_secs().max(1);
-        RequestBody { inner, window, least, sleep: None, came: 0, state }
+        RequestBody { inner, window, least: least_in(window), sleep: None, came: 0, state }
     }
 }
 
