@@ -67,6 +67,43 @@ fn put_ls_get_rm_round_trip() {
     assert_no_partial_download(dir.path());
 }
 
+/// A local directory named like the target does not make the target a
+/// file to upload: a directory could not be uploaded anyway.
+#[test]
+fn a_target_named_like_a_local_directory_is_the_target() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("note.txt"), b"note").unwrap();
+    std::fs::create_dir(dir.path().join("files")).unwrap();
+    let said = ok(&depot(&server, &["put", "note.txt", "files"], dir.path()));
+    assert!(said.contains("files/note.txt"), "{said}");
+}
+
+/// What `get` writes is checked against the SHA-256 the server stored:
+/// bytes damaged on the server's disk fail the download and replace
+/// nothing.
+#[test]
+fn get_refuses_bytes_that_are_not_the_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_in(&data, &["--engine", "fs"]);
+    let body = pattern(300_000, 4);
+    std::fs::write(dir.path().join("up.bin"), &body).unwrap();
+    ok(&depot(&server, &["put", "up.bin", "files/damaged.bin"], dir.path()));
+    let sha = common::sha256_hex(&body);
+    let blob = data.join("fs/blobs").join(&sha[..2]).join(&sha[2..4]).join(&sha);
+    let mut damaged = std::fs::read(&blob).unwrap();
+    damaged[1000] ^= 1;
+    std::fs::write(&blob, damaged).unwrap();
+    std::fs::write(dir.path().join("kept.bin"), b"the good copy").unwrap();
+    let out = depot(&server, &["get", "files/damaged.bin", "kept.bin"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("SHA-256") && err.contains(&sha), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("kept.bin")).unwrap(), b"the good copy", "the file was replaced");
+    assert_no_partial_download(dir.path());
+}
+
 #[test]
 fn unreachable_server_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -66,6 +66,19 @@ async fn a_directory_tree_becomes_keys_and_a_rerun_skips_it() {
     let said = ok(&import(&server, &[root.to_str().unwrap(), "archive/old/"]));
     assert!(said.contains("imported 1 files") && said.contains("3 already there"), "{said}");
     assert_eq!(fetch(&server, "archive", "old/notes.txt").await.0, b"HELLO\n");
+
+    // A file dated before 1970, which no HTTP date can name, is imported
+    // with the time of its import.
+    let old = root.join("1969.txt");
+    std::fs::write(&old, b"old").unwrap();
+    let before_1970 = SystemTime::UNIX_EPOCH - Duration::from_secs(86_400);
+    std::fs::File::options().write(true).open(&old).unwrap().set_modified(before_1970).unwrap();
+    let said = ok(&import(&server, &[root.to_str().unwrap(), "archive/old/"]));
+    assert!(said.contains("imported 1 files") && said.contains("4 already there"), "{said}");
+    let (body, _, modified) = fetch(&server, "archive", "old/1969.txt").await;
+    assert_eq!(body, b"old");
+    let modified = httpdate::parse_http_date(&modified).unwrap();
+    assert!(modified.elapsed().unwrap_or_default() < Duration::from_secs(300), "{modified:?}");
 }
 
 #[tokio::test]

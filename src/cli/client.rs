@@ -132,13 +132,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// `depot put FILE... [BUCKET/KEY]`: the last argument names the target
-/// when there are several and it is not a local file. A target ending in
-/// `/` (or a bare bucket) takes each file's name as its key.
+/// when there are several and it is not a local file (a local directory,
+/// which could not be uploaded, is taken for the bucket of that name). A
+/// target ending in `/` (or a bare bucket) takes each file's name as its
+/// key.
 pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
     let (files, target) = match paths {
         [] => bail!("nothing to upload: give one or more files"),
         [one] => (vec![one.clone()], "files/".to_string()),
-        [files @ .., last] if !last.exists() => (files.to_vec(), last.to_string_lossy().into_owned()),
+        [files @ .., last] if !last.exists() || last.is_dir() => (files.to_vec(), last.to_string_lossy().into_owned()),
         all => (all.to_vec(), "files/".to_string()),
     };
     let (bucket, key) = split_target(&target);
@@ -224,9 +226,13 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
     runtime()?.block_on(async {
         let resp = client.send(client.request(reqwest::Method::GET, &client.url(bucket, key)?)).await?;
         let len = resp.content_length().unwrap_or(0);
+        // The digest the server stored: what is written is checked against
+        // it, so bytes damaged on its disk, or on the way, are never taken
+        // for the object.
+        let sha256 = resp.headers().get("x-depot-sha256").and_then(|v| v.to_str().ok()).map(str::to_string);
         let mut body = resp.bytes_stream();
         if out == Some(Path::new("-")) {
-            return write_body(&mut body, &mut tokio::io::stdout(), &ProgressBar::hidden()).await;
+            return write_body(&mut body, &mut tokio::io::stdout(), &ProgressBar::hidden(), sha256).await;
         }
         let name = key.rsplit('/').find(|s| !s.is_empty()).unwrap_or("download");
         let dest = match out {
@@ -245,7 +251,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
                 .open(&dest)
                 .await
                 .with_context(|| format!("opening {}", dest.display()))?;
-            let written = write_body(&mut body, &mut f, &progress).await;
+            let written = write_body(&mut body, &mut f, &progress, sha256).await;
             progress.finish_and_clear();
             return written;
         }
@@ -261,16 +267,20 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
         let partial = dir.join(format!(".depot-part-{:016x}", rand::random::<u64>()));
         let mut f =
             tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
-        let result: anyhow::Result<()> = async {
-            write_body(&mut body, &mut f, &progress).await?;
+        let download = async {
+            write_body(&mut body, &mut f, &progress, sha256).await?;
             if let Some(m) = &existing {
                 f.set_permissions(m.permissions()).await?;
             }
             f.sync_all().await?;
             tokio::fs::rename(&partial, &dest).await.with_context(|| format!("writing {}", dest.display()))?;
             Ok(())
-        }
-        .await;
+        };
+        // Interrupted, the partial file goes too.
+        let result: anyhow::Result<()> = tokio::select! {
+            r = download => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        };
         progress.finish_and_clear();
         if let Err(e) = result {
             let _ = tokio::fs::remove_file(&partial).await;
@@ -280,19 +290,31 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
     })
 }
 
-/// Writes a download's body to `out` as it comes, counting it on `progress`.
+/// Writes a download's body to `out` as it comes, counting it on
+/// `progress`, and fails if its SHA-256 is not the `sha256` (hexadecimal)
+/// the server gave for it.
 async fn write_body(
     body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
     progress: &ProgressBar,
+    sha256: Option<String>,
 ) -> anyhow::Result<()> {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.context("the download was cut off")?;
         out.write_all(&chunk).await?;
+        hasher.update(&chunk);
         progress.inc(chunk.len() as u64);
     }
     out.flush().await?;
-    Ok(())
+    let got = hex::encode(hasher.finalize());
+    match sha256 {
+        Some(want) if !want.eq_ignore_ascii_case(&got) => {
+            bail!("the bytes received have SHA-256 {got}, not the object's {want}: damaged on the server or on the way")
+        }
+        _ => Ok(()),
+    }
 }
 
 #[derive(Deserialize)]

@@ -10,13 +10,14 @@
 //! key, same size, same modification time.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use indicatif::HumanBytes;
+use indicatif::{HumanBytes, ProgressBar};
 use mongodb::bson::{Bson, Document, doc};
 
 use super::client::{Client, ClientArgs, split_target};
@@ -321,7 +322,8 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                 let (client, source, bar, tally, prefix, done) = (&client, &source, &bar, &tally, &prefix, &done);
                 async move {
                     let key = format!("{prefix}{}", item.key);
-                    match import_one(client, source, bucket, &key, &item).await {
+                    let sent = Arc::new(AtomicU64::new(0));
+                    match import_one(client, source, (bucket, &key), &item, (bar, &sent)).await {
                         Ok(Outcome::Imported { deduplicated }) => {
                             tally.imported.fetch_add(1, Ordering::Relaxed);
                             tally.bytes.fetch_add(item.size, Ordering::Relaxed);
@@ -341,7 +343,8 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                             bar.suspend(|| eprintln!("failed: {key}: {e:#}"));
                         }
                     }
-                    bar.inc(item.size);
+                    // What was not sent (skipped, gone, failed) counts done.
+                    bar.inc(item.size.saturating_sub(sent.load(Ordering::Relaxed)));
                     let done = done.fetch_add(1, Ordering::Relaxed) + 1;
                     bar.set_message(format!("{done}/{count} files"));
                 }
@@ -386,12 +389,28 @@ async fn ensure_bucket(client: &Client, bucket: &str) -> anyhow::Result<()> {
     bail!("creating bucket {bucket}: the server answered {}", resp.status())
 }
 
-async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, item: &Item) -> anyhow::Result<Outcome> {
+/// A modification time as an HTTP date, which can only name the years
+/// 1970 to 9999: a file dated outside them keeps the time of its import.
+fn http_date(t: SystemTime) -> Option<String> {
+    const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
+    let since_epoch = t.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+    (since_epoch < YEAR_10000).then(|| httpdate::fmt_http_date(t))
+}
+
+/// Imports one item; the bytes it sends are counted on `progress` as they
+/// go, and added to `sent`.
+async fn import_one(
+    client: &Client,
+    source: &Source,
+    (bucket, key): (&str, &str),
+    item: &Item,
+    (progress, sent): (&ProgressBar, &Arc<AtomicU64>),
+) -> anyhow::Result<Outcome> {
     if matches!(item.origin, Origin::S3(_)) && item.key.ends_with('/') {
         return Ok(Outcome::Marker);
     }
     let url = client.url(bucket, key)?;
-    let modified = item.modified.map(httpdate::fmt_http_date);
+    let modified = item.modified.and_then(http_date);
     let head = client.request(reqwest::Method::HEAD, &url).send().await?;
     // (A HEAD response's length is in its header: it has no body to size.)
     let header = |name| head.headers().get(name).and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok());
@@ -403,6 +422,11 @@ async fn import_one(client: &Client, source: &Source, bucket: &str, key: &str, i
         return Ok(Outcome::Skipped);
     }
     let Some((body, mut headers)) = source.open_item(item).await? else { return Ok(Outcome::Vanished) };
+    let (progress, sent) = (progress.clone(), sent.clone());
+    let body = body.inspect_ok(move |chunk| {
+        progress.inc(chunk.len() as u64);
+        sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    });
     let mut req = client
         .request(reqwest::Method::PUT, &url)
         .header(reqwest::header::CONTENT_LENGTH, item.size)
