@@ -222,6 +222,12 @@ async fn a_backup_of_a_stopped_store_needs_no_server_and_refuses_a_used_director
     let inside = data.join("backup");
     let nested = depot(&["backup", "--data", d, "--engine", "sqlite", inside.to_str().unwrap()]);
     assert!(text(&nested).contains("inside the data directory") && !inside.exists(), "{}", text(&nested));
+    // However the path is spelled.
+    let roundabout = dir.path().join("elsewhere/../data/sqlite-backup");
+    std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+    let nested = depot(&["backup", "--data", d, "--engine", "sqlite", roundabout.to_str().unwrap()]);
+    assert!(text(&nested).contains("inside the data directory"), "{}", text(&nested));
+    assert!(!data.join("sqlite-backup").exists(), "{}", text(&nested));
     // A backup cut short has no engine marker yet: it is not served.
     let cut = dir.path().join("cut");
     std::fs::create_dir_all(cut.join("catalog")).unwrap();

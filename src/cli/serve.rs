@@ -345,10 +345,6 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
 pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
     let settings = Settings::resolve(args)?;
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
-    let data = std::path::absolute(&settings.data)?;
-    if dir.starts_with(&data) {
-        bail!("{} is inside the data directory {}: a backup goes elsewhere", dir.display(), data.display());
-    }
     runtime(1)?.block_on(async {
         let report = match open_existing_store(&settings).await {
             Ok(store) => {

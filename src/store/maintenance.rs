@@ -459,14 +459,31 @@ impl Store {
                 kind.name()
             )));
         }
-        match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
-            Ok(true) => {}
+        let created = match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
+            Ok(true) => false,
             Ok(false) => return Err(StoreError::InvalidArgument(format!("{} is not empty", dir.display()))),
             // The directory is the caller's choice: what is wrong with it
             // is theirs to fix (400), not the server's failure.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(dir)
+                .map(|()| true)
                 .map_err(|e| StoreError::InvalidArgument(format!("creating {}: {e}", dir.display())))?,
             Err(e) => return Err(StoreError::InvalidArgument(format!("reading {}: {e}", dir.display()))),
+        };
+        // A copy inside the data directory would share its fate, and a
+        // migration removes engine directories whole. Compared once both
+        // exist, with links and `..` resolved.
+        if let Some(data) = self.data_dir()
+            && let (Ok(at), Ok(data)) = (std::fs::canonicalize(dir), std::fs::canonicalize(data))
+            && at.starts_with(&data)
+        {
+            if created {
+                let _ = std::fs::remove_dir(dir);
+            }
+            return Err(StoreError::InvalidArgument(format!(
+                "{} is inside the data directory {}: a backup goes elsewhere",
+                dir.display(),
+                data.display()
+            )));
         }
 
         let _maintenance = self.maintenance.lock().await;
