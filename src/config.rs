@@ -322,25 +322,20 @@ impl Settings {
         }
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let threads = bounded("threads", args.threads.or(file.threads), cores, 1024)?;
-        // A setting only another engine reads is a mistake to point out,
-        // not one to ignore.
-        use EngineKind::*;
-        let for_other_engines = [
-            ("inline-threshold", args.inline_threshold.or(file.inline_threshold).is_some(), &[Hybrid][..]),
-            ("chunk-size", args.chunk_size.or(file.chunk_size).is_some(), &[Sqlite, Postgres, Gridfs]),
-            ("gridfs-bucket", args.gridfs_bucket.is_some() || file.gridfs_bucket.is_some(), &[Gridfs]),
-            ("s3-bucket", args.s3_bucket.is_some() || file.s3_bucket.is_some(), &[S3]),
-            ("s3-region", args.s3_region.is_some() || file.s3_region.is_some(), &[S3]),
-            ("s3-access-key", args.s3_access_key.is_some() || file.s3_access_key.is_some(), &[S3]),
-            ("s3-secret-key", args.s3_secret_key.is_some() || file.s3_secret_key.is_some(), &[S3]),
-            ("engine-url", args.engine_url.is_some() || file.engine_url.is_some(), &[Postgres, Gridfs, S3]),
-        ];
-        if let Some((name, _, engines)) =
-            for_other_engines.iter().find(|(_, given, kinds)| *given && !kinds.contains(&engine))
-        {
-            let names: Vec<&str> = engines.iter().map(|e| e.name()).collect();
-            bail!("--{name} is a setting of the {} engine, not of {}", names.join(", "), engine.name());
-        }
+        check_engine_settings(
+            engine,
+            "",
+            [
+                args.inline_threshold.or(file.inline_threshold).is_some(),
+                args.chunk_size.or(file.chunk_size).is_some(),
+                args.gridfs_bucket.is_some() || file.gridfs_bucket.is_some(),
+                args.s3_bucket.is_some() || file.s3_bucket.is_some(),
+                args.s3_region.is_some() || file.s3_region.is_some(),
+                args.s3_access_key.is_some() || file.s3_access_key.is_some(),
+                args.s3_secret_key.is_some() || file.s3_secret_key.is_some(),
+                args.engine_url.is_some() || file.engine_url.is_some(),
+            ],
+        )?;
         let max_key_bytes =
             bounded("max-key-bytes", args.max_key_bytes.or(file.max_key_bytes), MAX_KEY_BYTES, 1 << 20)?;
         let settings = Settings {
@@ -469,6 +464,34 @@ fn limits(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Limits> {
             1_000_000,
         )?,
     })
+}
+
+/// The settings of one engine or a few, in the order
+/// [`check_engine_settings`] takes whether each was given.
+const ENGINE_SETTINGS: [(&str, &[EngineKind]); 8] = {
+    use EngineKind::*;
+    [
+        ("inline-threshold", &[Hybrid]),
+        ("chunk-size", &[Sqlite, Postgres, Gridfs]),
+        ("gridfs-bucket", &[Gridfs]),
+        ("s3-bucket", &[S3]),
+        ("s3-region", &[S3]),
+        ("s3-access-key", &[S3]),
+        ("s3-secret-key", &[S3]),
+        ("engine-url", &[Postgres, Gridfs, S3]),
+    ]
+};
+
+/// Refuses a setting given for `engine` that only other engines read: a
+/// mistake to point out, not one to ignore. `given` says, in the order of
+/// [`ENGINE_SETTINGS`], which were given; their flags start `--{prefix}`.
+pub fn check_engine_settings(engine: EngineKind, prefix: &str, given: [bool; 8]) -> anyhow::Result<()> {
+    let other = ENGINE_SETTINGS.iter().zip(given).find(|((_, kinds), given)| *given && !kinds.contains(&engine));
+    if let Some(((name, engines), _)) = other {
+        let names: Vec<&str> = engines.iter().map(|e| e.name()).collect();
+        bail!("--{prefix}{name} is a setting of the {} engine, not of {}", names.join(", "), engine.name());
+    }
+    Ok(())
 }
 
 /// Reads a settings file. A relative `data` in it is relative to the

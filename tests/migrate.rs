@@ -57,6 +57,11 @@ async fn hybrid_to_sqlite_in_slices() {
     let memory = migrate(&data, &["--to-engine", "memory"]);
     let err = String::from_utf8_lossy(&memory.stderr);
     assert!(!memory.status.success() && err.contains("memory engine keeps nothing"), "{err}");
+    // A target setting the target engine does not read is refused, not ignored.
+    let stray = migrate(&data, &["--to-engine", "sqlite", "--to-s3-bucket", "x"]);
+    let err = String::from_utf8_lossy(&stray.stderr);
+    assert!(!stray.status.success() && err.contains("--to-s3-bucket is a setting of the s3 engine"), "{err}");
+    assert!(!data.join("MIGRATING").exists(), "a refused migration records nothing");
 
     // Four distinct blobs; two per run.
     let said = ok(&migrate(&data, &["--to-engine", "sqlite", "--max-blobs", "2"]));

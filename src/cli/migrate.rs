@@ -167,6 +167,20 @@ fn engine_root(data: &Path, kind: EngineKind) -> PathBuf {
 pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args.from)?;
     let to: EngineKind = args.to_engine.parse().map_err(anyhow::Error::msg)?;
+    crate::config::check_engine_settings(
+        to,
+        "to-",
+        [
+            args.to_inline_threshold.is_some(),
+            args.to_chunk_size.is_some(),
+            args.to_gridfs_bucket.is_some(),
+            args.to_s3_bucket.is_some(),
+            args.to_s3_region.is_some(),
+            args.to_s3_access_key.is_some(),
+            args.to_s3_secret_key.is_some(),
+            args.to_engine_url.is_some(),
+        ],
+    )?;
     let from = settings.engine;
     if from == EngineKind::Memory || to == EngineKind::Memory {
         bail!("the memory engine keeps nothing once its process ends: a store cannot move into it or out of it");
