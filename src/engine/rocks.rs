@@ -524,7 +524,7 @@ mod tests {
         assert_eq!(chunk_count(&engine), 0);
         // A writer dropped after two chunks takes them with it.
         let mut writer = engine.writer(None).await.unwrap();
-        writer.write(Bytes::from(conformance::pattern(2 * CHUNK + 10, 9))).await.unwrap();
+        writer.write(conformance::pattern(2 * CHUNK + 10, 9)).await.unwrap();
         drop(writer);
         assert_eq!(chunk_count(&engine), 0);
     }
