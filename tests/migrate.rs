@@ -73,6 +73,16 @@ async fn hybrid_to_sqlite_in_slices() {
     let other = migrate(&data, &["--to-engine", "fs"]);
     assert!(!other.status.success(), "one migration at a time");
 
+    // A run stopped while it switched the catalog over (here: recorded so
+    // before its last slice) leaves a catalog pointing into both engines:
+    // nothing opens the store, nothing cancels it, and a run finishes it.
+    std::fs::write(data.join("MIGRATING"), "switch hybrid sqlite\n").unwrap();
+    let serve = Command::new(BIN).arg("serve").arg("--data").arg(&data).args(["--listen", "127.0.0.1:0"]).output();
+    let err = String::from_utf8_lossy(&serve.unwrap().stderr).into_owned();
+    assert!(err.contains("stopped while it switched") && err.contains("--to-engine sqlite"), "{err}");
+    let cancel = migrate(&data, &["--to-engine", "sqlite", "--cancel"]);
+    assert!(!cancel.status.success(), "a switch half done is not undone");
+
     let said = ok(&migrate(&data, &["--to-engine", "sqlite"]));
     assert!(said.contains("copied 2 blobs") && said.contains("2 were there already"), "{said}");
     assert!(said.contains("now lives in the sqlite engine"), "{said}");

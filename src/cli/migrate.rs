@@ -13,6 +13,9 @@
 //!    engine, which stays complete: stopping here loses nothing.
 //! 2. `switch`: once every blob is copied, the catalog's locators are
 //!    updated from the journal and the `ENGINE` marker names the new engine.
+//!    Until that ends, the catalog points into both engines: no server,
+//!    collector or check opens the store (see [`refuse_while_switching`]),
+//!    and a run again finishes the switch.
 //! 3. `cleanup`: the old engine's blobs are deleted, then the state files.
 //!
 //! Until the last run switches, the store can be served from the old engine
@@ -82,7 +85,18 @@ pub struct MigrateArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Copy,
+    Switch,
     Cleanup,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Copy => "copy",
+            Phase::Switch => "switch",
+            Phase::Cleanup => "cleanup",
+        }
+    }
 }
 
 /// What the `MIGRATING` file records.
@@ -104,6 +118,7 @@ impl State {
         let [phase, from, to] = words[..] else { bail!("{} is damaged: {text:?}", data.join(STATE).display()) };
         let phase = match phase {
             "copy" => Phase::Copy,
+            "switch" => Phase::Switch,
             "cleanup" => Phase::Cleanup,
             other => bail!("unknown migration phase {other:?}"),
         };
@@ -115,8 +130,21 @@ impl State {
     }
 
     fn write(&self, data: &Path) -> anyhow::Result<()> {
-        let phase = if self.phase == Phase::Copy { "copy" } else { "cleanup" };
-        write_durably(data, STATE, &format!("{phase} {} {}\n", self.from.name(), self.to.name()))
+        write_durably(data, STATE, &format!("{} {} {}\n", self.phase.name(), self.from.name(), self.to.name()))
+    }
+}
+
+/// Refuses to open a store whose migration stopped while switching: its
+/// catalog then points into both engines, and neither serves it whole.
+pub fn refuse_while_switching(data: &Path) -> anyhow::Result<()> {
+    match State::read(data) {
+        Ok(Some(State { phase: Phase::Switch, to, .. })) => bail!(
+            "a migration to the {} engine stopped while it switched the catalog over: run `depot migrate \
+             --to-engine {}` again to finish it",
+            to.name(),
+            to.name()
+        ),
+        _ => Ok(()),
     }
 }
 
@@ -259,11 +287,13 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             state.write(&data)?;
         }
         let mut state = state;
-        if state.phase == Phase::Copy {
+        if state.phase != Phase::Cleanup {
             let journal = data.join(JOURNAL);
             if !copy(&*catalog, &source, &target, &journal, args).await? {
                 return Ok(());
             }
+            state.phase = Phase::Switch;
+            state.write(&data)?;
             switch(&*catalog, &target, &journal).await?;
             write_durably(&data, ENGINE_MARKER, &engine::marker(to, &to_config))?;
             state.phase = Phase::Cleanup;

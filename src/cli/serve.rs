@@ -108,6 +108,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         bail!("--data {} is a file: it must name a directory (it is made if missing)", data.display());
     }
     std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
+    super::migrate::refuse_while_switching(data)?;
     let wanted = engine::marker(settings.engine, &settings.engine_config);
     let found = read_engine_marker(data)?;
     let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
