@@ -86,10 +86,22 @@ fn get(s: &Server, path: &str, extra: &str) -> Answer {
     exchange(s, format!("GET {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n{extra}\r\n").as_bytes())
 }
 
-fn put(s: &Server, path: &str, body: &[u8]) -> Answer {
-    let head =
-        format!("PUT {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
+/// One request with `body`, on a connection of its own.
+fn send(s: &Server, method: &str, path: &str, body: &[u8]) -> Answer {
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
     exchange(s, &[head.as_bytes(), body].concat())
+}
+
+fn put(s: &Server, path: &str, body: &[u8]) -> Answer {
+    send(s, "PUT", path, body)
+}
+
+/// A request to `/_/batch/{route}` of the bucket `files`.
+fn post_batch(s: &Server, route: &str, body: &str) -> Answer {
+    send(s, "POST", &format!("/_/batch/{route}?bucket=files"), body.as_bytes())
 }
 
 fn assert_absent(s: &Server, path: &str) {
@@ -460,15 +472,7 @@ fn a_lowered_key_limit_is_enforced_everywhere_keys_come_in() {
     assert_eq!(put(&s, &format!("/files/{}", "k".repeat(16)), b"x").status(), 201);
     let a = put(&s, &format!("/files/{}", "k".repeat(17)), b"x");
     assert!(a.status() == 400 && a.text().contains("at most 16"), "{}", a.text());
-    let batch = format!("{}\n1\nx\n", "b".repeat(17));
-    let a = exchange(
-        &s,
-        format!(
-            "POST /_/batch/put?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{batch}",
-            batch.len()
-        )
-        .as_bytes(),
-    );
+    let a = post_batch(&s, "put", &format!("{}\n1\nx\n", "b".repeat(17)));
     assert_eq!(a.status(), 400, "batch put with a long key: {}", a.text());
     let listing = get(&s, "/files/", "Accept: application/json\r\n");
     assert_eq!(listing.status(), 200);
@@ -492,13 +496,7 @@ fn a_lowered_key_limit_is_enforced_everywhere_keys_come_in() {
 fn lowered_batch_limits_are_enforced() {
     let mut s =
         Server::start(&["--max-batch-entries", "2", "--max-batch-put-entries", "2", "--max-batch-keys-bytes", "64"]);
-    let post = |route: &str, body: &str| {
-        let head = format!(
-            "POST /_/batch/{route}?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        exchange(&s, format!("{head}{body}").as_bytes())
-    };
+    let post = |route: &str, body: &str| post_batch(&s, route, body);
     assert_eq!(post("put", "a\n1\nx\nb\n1\ny\n").status(), 200);
     let a = post("put", "c\n1\nx\nd\n1\ny\ne\n1\nz\n");
     assert!(a.status() == 413 && a.text().contains("TooManyKeys"), "{}", a.text());
@@ -517,11 +515,7 @@ fn a_batch_put_holds_ten_thousand_entries_at_most() {
     let mut s = Server::start(&[]);
     let post = |entries: usize| {
         let body: String = (0..entries).map(|i| format!("k{i}\n1\nx\n")).collect();
-        let head = format!(
-            "POST /_/batch/put?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        exchange(&s, format!("{head}{body}").as_bytes())
+        post_batch(&s, "put", &body)
     };
     let a = post(10_001);
     assert!(a.status() == 413 && a.text().contains("more than 10000 entries"), "{}", a.text());
@@ -540,11 +534,7 @@ fn a_key_list_of_many_short_lines_is_refused_in_the_memory_of_its_body() {
     let mut s = Server::start(&[]);
     let body = "a\n".repeat(16 * 1024 * 1024);
     for route in ["get", "delete"] {
-        let head = format!(
-            "POST /_/batch/{route}?bucket=files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        let a = exchange(&s, format!("{head}{body}").as_bytes());
+        let a = post_batch(&s, route, &body);
         assert!(a.status() == 413 && a.text().contains("TooManyKeys"), "{}", a.text());
     }
     assert_unharmed(&mut s, RSS_MIB);

@@ -27,6 +27,14 @@ impl ApiError {
     pub fn access_denied(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "AccessDenied", message)
     }
+
+    /// 405, naming the methods that are allowed (RFC 9110 section 15.5.6).
+    pub fn method_not_allowed(method: &http::Method, allow: &'static str) -> ApiError {
+        let mut e =
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{method} is not allowed here"));
+        e.allow = Some(allow);
+        e
+    }
 }
 
 impl From<StoreError> for ApiError {

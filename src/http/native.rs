@@ -163,13 +163,6 @@ impl Endpoint {
     }
 }
 
-fn method_not_allowed(method: &Method, endpoint: &Endpoint) -> ApiError {
-    let mut e =
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{method} is not allowed here"));
-    e.allow = Some(endpoint.allow());
-    e
-}
-
 pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
     let endpoint = Endpoint::parse(req.uri().path())?;
     let method = req.method().clone();
@@ -235,7 +228,7 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
             app.store.delete(&bucket, &key, &conditional::write_precondition(req.headers())).await?;
             Ok(empty(StatusCode::NO_CONTENT))
         }
-        _ => Err(method_not_allowed(&method, &endpoint)),
+        _ => Err(ApiError::method_not_allowed(&method, endpoint.allow())),
     }
 }
 

@@ -36,13 +36,7 @@ pub(super) async fn answer(app: &Arc<App>, req: &Request, anonymous: bool) -> Op
             )));
         }
         if !read {
-            let mut e = ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "MethodNotAllowed",
-                format!("{} is not allowed here", req.method()),
-            );
-            e.allow = Some("GET, HEAD");
-            return Some(error_response(&e));
+            return Some(error_response(&ApiError::method_not_allowed(req.method(), "GET, HEAD")));
         }
         return Some(match name {
             "app.js" => asset(req, "text/javascript; charset=utf-8", APP_JS),
