@@ -185,6 +185,9 @@ async fn a_data_directory_keeps_its_engine_once_it_holds_something() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds a store of the hybrid engine"), "{err}");
+    let out = serve("sqlite");
+    assert!(!out.status.success());
+    assert!(!data.join("sqlite").exists(), "the refused engine's directory was made");
     let again = Server::start_in(&data, &["--engine", "hybrid"]);
     let r = client().get(again.object_url("files", "k")).send().await.unwrap();
     assert_eq!(r.text().await.unwrap(), "kept");

@@ -453,6 +453,23 @@ pub trait Catalog: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// Which engine, and which of its databases or buckets, holds the
+    /// bytes of a catalog shared by several nodes (an engine marker, see
+    /// [`crate::engine::marker`]): every node must open the same one. An
+    /// embedded catalog lives in one data directory, whose `ENGINE` file
+    /// says so, and keeps nothing here.
+    async fn engine_marker(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Records `marker` as [`Catalog::engine_marker`] if the recorded one is
+    /// still `previous`, and says whether it did: two nodes starting at
+    /// once with different engines cannot both tie the catalog to theirs.
+    async fn set_engine_marker(&self, previous: Option<&str>, marker: &str) -> Result<bool> {
+        let _ = (previous, marker);
+        Ok(true)
+    }
+
     async fn stats(&self) -> Result<CatalogStats>;
 
     /// Up to `limit` blob records with digests greater than `after`, in

@@ -127,6 +127,10 @@ CREATE TABLE IF NOT EXISTS depot_catalog_nodes (
     name text PRIMARY KEY,
     seen timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE IF NOT EXISTS depot_catalog_settings (
+    name text PRIMARY KEY,
+    value text NOT NULL
+);
 "#;
 
 /// Any advisory-lock key: the migration's, apart from the per-key locks.
@@ -660,6 +664,35 @@ impl Catalog for PostgresCatalog {
         })
     }
 
+    async fn engine_marker(&self) -> Result<Option<String>> {
+        in_txn!(self.pool, "reading the catalog's engine", |txn| {
+            let row = txn.query_opt("SELECT value FROM depot_catalog_settings WHERE name = 'engine'", &[]).await?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+
+    async fn set_engine_marker(&self, previous: Option<&str>, marker: &str) -> Result<bool> {
+        in_txn!(self.pool, "recording the catalog's engine", |txn| {
+            let changed = match previous {
+                None => {
+                    txn.execute(
+                        "INSERT INTO depot_catalog_settings (name, value) VALUES ('engine', $1) ON CONFLICT DO NOTHING",
+                        &[&marker],
+                    )
+                    .await?
+                }
+                Some(previous) => {
+                    txn.execute(
+                        "UPDATE depot_catalog_settings SET value = $1 WHERE name = 'engine' AND value = $2",
+                        &[&marker, &previous],
+                    )
+                    .await?
+                }
+            };
+            Ok(changed == 1)
+        })
+    }
+
     async fn list_blobs(&self, after: Option<Digest>, limit: usize) -> Result<Vec<BlobRecord>> {
         let after = after.map(|d| d.0.to_vec()).unwrap_or_default();
         let after = &after;
@@ -838,6 +871,22 @@ mod tests {
             b.create_bucket(&BucketRecord::new("shared", "", false)).await,
             Err(CatalogError::BucketExists(_))
         ));
+    }
+
+    /// The engine marker is set once, and changed only by whoever read the
+    /// one it replaces.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_engine_marker_is_set_by_one_node() {
+        let url = pg::fresh_test_database().await;
+        let (a, b) = futures::join!(PostgresCatalog::connect(&url), PostgresCatalog::connect(&url));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.engine_marker().await.unwrap(), None);
+        let (set_a, set_b) = futures::join!(a.set_engine_marker(None, "fs\n"), b.set_engine_marker(None, "s3\n"));
+        assert!(set_a.unwrap() ^ set_b.unwrap(), "both or neither of two first markers were recorded");
+        let first = b.engine_marker().await.unwrap().unwrap();
+        assert!(!a.set_engine_marker(Some("hybrid\n"), "postgres\n").await.unwrap());
+        assert!(a.set_engine_marker(Some(&first), "postgres\n").await.unwrap());
+        assert_eq!(b.engine_marker().await.unwrap().as_deref(), Some("postgres\n"));
     }
 
     /// Node `a` writes and `b` collects the same bytes: `b` deletes only

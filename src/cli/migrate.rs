@@ -32,7 +32,7 @@ use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::HumanBytes;
 
-use super::serve::{check_no_live_nodes, open_catalog, runtime};
+use super::serve::{check_no_live_nodes, open_catalog, record_engine, runtime};
 use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
@@ -269,6 +269,14 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     runtime(2)?.block_on(async {
         let catalog = open_catalog(&settings).await?;
         check_no_live_nodes(catalog.as_ref(), "migrating").await?;
+        // A shared catalog names the engine for every node.
+        let claimed = catalog.engine_marker().await?;
+        if let Some(claimed) = &claimed
+            && new
+            && engine::marker_mismatch(&data, claimed, &engine::marker(from, &settings.engine_config)).is_some()
+        {
+            bail!("the catalog's store keeps its bytes in {}: migrate from there", engine::describe_marker(claimed));
+        }
         let source = engine::open(from, &engine_root(&data, from), &settings.engine_config).await?;
         let target = engine::open(to, &engine_root(&data, to), &to_config).await?;
         if new {
@@ -295,7 +303,11 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             state.phase = Phase::Switch;
             state.write(&data)?;
             switch(&*catalog, &target, &journal).await?;
-            write_durably(&data, ENGINE_MARKER, &engine::marker(to, &to_config))?;
+            let moved = engine::marker(to, &to_config);
+            write_durably(&data, ENGINE_MARKER, &moved)?;
+            if claimed.as_ref() != Some(&moved) {
+                record_engine(catalog.as_ref(), claimed.as_deref(), &moved).await?;
+            }
             state.phase = Phase::Cleanup;
             state.write(&data)?;
         }

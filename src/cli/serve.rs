@@ -33,32 +33,6 @@ fn read_engine_marker(data: &Path) -> anyhow::Result<Option<String>> {
     }
 }
 
-/// Checks that the store's marker fits the engine it is opened with. A
-/// store that holds nothing may be opened with any engine (a first start
-/// that failed leaves such a store): its marker is then rewritten.
-async fn check_engine_marker(
-    data: &Path,
-    found: &str,
-    wanted: &str,
-    catalog: &dyn Catalog,
-    engine: &DynEngine,
-) -> anyhow::Result<()> {
-    if found == wanted {
-        return Ok(());
-    }
-    let Some(why) = engine::marker_mismatch(data, found, wanted) else {
-        // The same engine, and a marker from before places were kept.
-        return write_engine_marker(data, wanted);
-    };
-    let stats = catalog.stats().await?;
-    if stats.objects > 0 || stats.blobs > 0 {
-        bail!(why);
-    }
-    check_engine_unclaimed(engine, Some(catalog)).await?;
-    tracing::info!("{} held an empty store; it now keeps its bytes as this start says", data.display());
-    write_engine_marker(data, wanted)
-}
-
 /// Refuses to tie a catalog that knows no blob to an engine's database or
 /// bucket that holds some: they are another store's, and this store's
 /// collector would take them for leftovers of its own crashed writes and
@@ -77,6 +51,15 @@ async fn check_engine_unclaimed(engine: &DynEngine, catalog: Option<&dyn Catalog
              collector would delete them. Give each store a database or bucket of its own",
             engine.name()
         );
+    }
+    Ok(())
+}
+
+/// Records in a shared catalog the engine its nodes must open, in place of
+/// `claimed`, what it was found to say.
+pub(crate) async fn record_engine(catalog: &dyn Catalog, claimed: Option<&str>, marker: &str) -> anyhow::Result<()> {
+    if !catalog.set_engine_marker(claimed, marker).await? && catalog.engine_marker().await?.as_deref() != Some(marker) {
+        bail!("another node tied this catalog to another engine while this one started: start it again");
     }
     Ok(())
 }
@@ -111,21 +94,60 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     super::migrate::refuse_while_switching(data)?;
     let wanted = engine::marker(settings.engine, &settings.engine_config);
     let found = read_engine_marker(data)?;
-    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
-    // A new data directory's own catalog knows no blob (and is made only
-    // once the start is accepted); a shared one may know many.
+    // A new data directory's own catalog is made only once the start is
+    // accepted; a shared one may know many blobs, and names the engine
+    // that holds them for every node.
     let shared = matches!(settings.catalog, CatalogKind::Postgres(_));
     let catalog = if found.is_some() || shared { Some(open_catalog(settings).await?) } else { None };
-    if found.is_none() {
+    let claimed = match &catalog {
+        Some(catalog) => catalog.engine_marker().await?,
+        None => None,
+    };
+    // Checked before the engine opens, which would make its directory.
+    let tie_engine = match (&claimed, &found) {
+        (None, None) => true,
+        (Some(marker), _) | (None, Some(marker)) => match engine::marker_mismatch(data, marker, &wanted) {
+            None => false,
+            Some(why) => {
+                let stats = match &catalog {
+                    Some(catalog) => catalog.stats().await?,
+                    None => Default::default(),
+                };
+                if stats.objects > 0 || stats.blobs > 0 {
+                    match claimed {
+                        Some(_) => bail!(
+                            "the catalog's store keeps its bytes in {}, not in {}: every node sharing a catalog \
+                             must be started with the same --engine and engine settings",
+                            engine::describe_marker(marker),
+                            engine::describe_marker(&wanted)
+                        ),
+                        None => bail!(why),
+                    }
+                }
+                // A store that holds nothing may take any engine (a first
+                // start that failed leaves such a store).
+                true
+            }
+        },
+    };
+    let engine = engine::open(settings.engine, &data.join(settings.engine.name()), &settings.engine_config).await?;
+    if tie_engine {
         check_engine_unclaimed(&engine, catalog.as_deref()).await?;
+        if found.is_some() {
+            tracing::info!("{} held an empty store; it now keeps its bytes as this start says", data.display());
+        }
+    }
+    if found.as_ref() != Some(&wanted) {
+        // New, taken by another engine while empty, or written before
+        // markers named their places.
         write_engine_marker(data, &wanted)?;
     }
     let catalog = match catalog {
         Some(catalog) => catalog,
         None => open_catalog(settings).await?,
     };
-    if let Some(found) = found {
-        check_engine_marker(data, &found, &wanted, catalog.as_ref(), &engine).await?;
+    if claimed.as_ref() != Some(&wanted) {
+        record_engine(catalog.as_ref(), claimed.as_deref(), &wanted).await?;
     }
     let config = StoreConfig {
         gc_grace: settings.gc_grace,

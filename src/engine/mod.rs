@@ -472,6 +472,16 @@ pub fn marker_mismatch(data: &std::path::Path, found: &str, wanted: &str) -> Opt
     }
 }
 
+/// A [`marker`] in words: "the s3 engine's bucket photos".
+pub fn describe_marker(marker: &str) -> String {
+    let mut lines = marker.lines();
+    let kind = lines.next().unwrap_or_default();
+    match lines.next() {
+        Some(place) => format!("the {kind} engine's {place}"),
+        None => format!("the {kind} engine"),
+    }
+}
+
 /// Records durably that the data directory `data` holds a store as
 /// `marker` (see [`marker`]) describes it.
 pub fn write_engine_marker(data: &std::path::Path, marker: &str) -> std::io::Result<()> {
