@@ -200,26 +200,12 @@ async fn maintenance_that_needs_the_store_alone_waits_for_every_node_to_stop() {
 async fn a_node_with_another_engine_is_refused_by_the_shared_catalog() {
     let url = depot::pg::fresh_test_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let a = Server::start_in(
-        &dir.path().join("node-a"),
-        &["--catalog", &url, "--engine", "postgres", "--engine-url", &url],
-    );
+    let store = ["--catalog", &url, "--engine", "postgres", "--engine-url", &url];
+    let a = Server::start_in(&dir.path().join("node-a"), &store);
     let r = client().put(a.object_url("files", "k")).body("kept").send().await.unwrap();
     assert_eq!(r.status(), 201);
     let data = dir.path().join("node-c");
-    let out = common::depot(&[
-        "serve",
-        "--data",
-        data.to_str().unwrap(),
-        "--catalog",
-        &url,
-        "--engine",
-        "fs",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{said}");
+    let said = refused_start(&data, &["--catalog", &url, "--engine", "fs"]);
     assert!(
         said.contains("keeps its bytes in the postgres engine's database") && said.contains("the fs engine"),
         "{said}"
@@ -230,33 +216,27 @@ async fn a_node_with_another_engine_is_refused_by_the_shared_catalog() {
     let bucket = depot::engine::s3::fresh_test_bucket().await;
     let (endpoint, config) = depot::engine::s3::test_server(&bucket);
     let (key, secret) = (config.access_key.unwrap(), config.secret_key.unwrap());
-    let out = common::depot(&[
-        "serve",
-        "--data",
-        data.to_str().unwrap(),
-        "--catalog",
-        &url,
-        "--engine",
-        "s3",
-        "--engine-url",
-        &endpoint,
-        "--s3-bucket",
-        &bucket,
-        "--s3-access-key",
-        &key,
-        "--s3-secret-key",
-        &secret,
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("every node sharing a catalog"));
+    let s3 = ["--engine", "s3", "--engine-url", &endpoint, "--s3-bucket", &bucket];
+    let said = refused_start(
+        &data,
+        &[&["--catalog", &url][..], &s3, &["--s3-access-key", &key, "--s3-secret-key", &secret]].concat(),
+    );
+    assert!(said.contains("every node sharing a catalog"), "{said}");
 
     // The store's own settings start a third node, which reads what the
     // first wrote.
-    let c = Server::start_in(&data, &["--catalog", &url, "--engine", "postgres", "--engine-url", &url]);
+    let c = Server::start_in(&data, &store);
     let r = client().get(c.object_url("files", "k")).send().await.unwrap();
     assert_eq!(r.text().await.unwrap(), "kept");
+}
+
+/// What `depot serve` said when it refused to start on `data` with `args`.
+fn refused_start(data: &std::path::Path, args: &[&str]) -> String {
+    let serve = ["serve", "--data", data.to_str().unwrap(), "--listen", "127.0.0.1:0"];
+    let out = common::depot(&[&serve[..], args].concat());
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "it started: {said}");
+    said
 }
 
 /// A migration of a shared store moves the catalog's engine with it: a
@@ -272,37 +252,14 @@ async fn a_migrated_shared_store_names_its_new_engine_to_every_node() {
     assert_eq!(client().put(node.object_url("files", "k")).body(body.clone()).send().await.unwrap().status(), 201);
     assert!(node.stop().success());
 
-    let data_arg = data.to_str().unwrap();
-    let migrate = common::depot(&[
-        "migrate",
-        "--data",
-        data_arg,
-        "--catalog",
-        &url,
-        "--engine",
-        "fs",
-        "--to-engine",
-        "postgres",
-        "--to-engine-url",
-        &url,
-    ]);
+    let to = ["--to-engine", "postgres", "--to-engine-url", &url];
+    let migrate = common::depot(&[&["migrate", "--data", data.to_str().unwrap()][..], &args, &to].concat());
     assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
 
     // Another node, with a data directory of its own.
     let other = dir.path().join("other");
-    let out = common::depot(&[
-        "serve",
-        "--data",
-        other.to_str().unwrap(),
-        "--catalog",
-        &url,
-        "--engine",
-        "fs",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("keeps its bytes in the postgres engine"));
+    let said = refused_start(&other, &args);
+    assert!(said.contains("keeps its bytes in the postgres engine"), "{said}");
     let moved = Server::start_in(&other, &["--catalog", &url, "--engine", "postgres", "--engine-url", &url]);
     let r = client().get(moved.object_url("files", "k")).send().await.unwrap();
     assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&body));
