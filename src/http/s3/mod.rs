@@ -200,16 +200,34 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
 /// a raw one for a line feed, so the client would read another key), and an
 /// error names its request (`RequestId`) and the path it was for
 /// (`Resource`), and says what a failed signature means, as S3's errors do.
+/// A form upload's answer (`success_action_status=201`) quotes its ETag,
+/// and a form field its policy does not allow is 403 `AccessDenied`, as on
+/// S3.
 fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str, resource: &str) -> http::Response<s3s::Body> {
     let xml = response.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/xml");
     let Some(document) = response.body().bytes().filter(|_| xml) else { return response };
     let error = response.status().as_u16() >= 300;
-    // Most answers need neither: they are passed on without a copy.
-    if !(document.contains(&b'\r') || error) {
+    let posted = response.status() == http::StatusCode::CREATED;
+    // Most answers need none of it: they are passed on without a copy.
+    if !(document.contains(&b'\r') || error || posted) {
         return response;
     }
     let Ok(mut text) = String::from_utf8(document.to_vec()) else { return response };
     text = text.replace('\r', "&#13;");
+    if posted && let Some(tag) = between(&text, "<ETag>", "</ETag>").filter(|t| !t.starts_with('"')) {
+        text = text.replacen(&format!("<ETag>{tag}</ETag>"), &format!("<ETag>\"{tag}\"</ETag>"), 1);
+    }
+    if between(&text, "<Code>", "</Code>") == Some("InvalidPolicyDocument")
+        && let Some(message) = between(&text, "<Message>", "</Message>").filter(|m| m.starts_with("Policy condition"))
+    {
+        let denied = format!("Invalid according to Policy: {message}");
+        text = text.replacen("<Code>InvalidPolicyDocument</Code>", "<Code>AccessDenied</Code>", 1).replacen(
+            &format!("<Message>{message}</Message>"),
+            &format!("<Message>{denied}</Message>"),
+            1,
+        );
+        *response.status_mut() = http::StatusCode::FORBIDDEN;
+    }
     if error && let Some(end) = text.rfind("</Error>") {
         let mut more = String::new();
         if !text.contains("<Resource>") {
@@ -227,6 +245,12 @@ fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str, resourc
     }
     *response.body_mut() = s3s::Body::from(text);
     response
+}
+
+/// The text between the first `open` and the `close` after it.
+fn between<'t>(text: &'t str, open: &str, close: &str) -> Option<&'t str> {
+    let start = text.find(open)? + open.len();
+    Some(&text[start..start + text[start..].find(close)?])
 }
 
 /// What S3 says when a request's signature does not match.
