@@ -34,7 +34,9 @@ use crate::engine::{
 use guards::BlobGuards;
 use hot::HotBlobs;
 pub use hot::HotStats;
-pub use multipart::{CompletionChecksum, MIN_PART_SIZE, MakeChecksum, PartsPage, UploadInfo, UploadQuery};
+pub use multipart::{
+    CompletionChecksum, MAX_PART_NUMBER, MIN_PART_SIZE, MakeChecksum, PartsPage, UploadInfo, UploadQuery,
+};
 
 /// The bucket every store has from its first start.
 pub const DEFAULT_BUCKET: &str = "files";

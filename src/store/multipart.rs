@@ -36,7 +36,7 @@ pub const UPLOADS: &str = "_uploads";
 pub const MIN_PART_SIZE: u64 = 5 << 20;
 
 /// Highest part number, as S3 has it.
-const MAX_PART_NUMBER: u32 = 10_000;
+pub const MAX_PART_NUMBER: u32 = 10_000;
 
 /// The metadata entry of an upload record that holds the target key.
 const TARGET: &str = "key";

@@ -631,12 +631,38 @@ def area_empty_and_parts(s3, buckets):
         416,
         lambda: s3.get_object(Bucket=bucket, Key="empty", Range="bytes=-5"),
     )
-    s3.put_object(Bucket=bucket, Key="whole", Body=data(1000, 3))
+    whole = data(1000, 3)
+    s3.put_object(Bucket=bucket, Key="whole", Body=whole)
+    # An object not made of parts is its one part.
+    got = s3.get_object(Bucket=bucket, Key="whole", PartNumber=1)
+    expect_equal(
+        (body_of(got), got["ContentRange"], got.get("PartsCount")),
+        (whole, "bytes 0-999/1000", None),
+        "GetObject by partNumber 1 of a simple object is all of it",
+    )
+    head = s3.head_object(Bucket=bucket, Key="whole", PartNumber=1)
+    expect_equal(
+        (head["ResponseMetadata"]["HTTPStatusCode"], head["ContentLength"]),
+        (206, 1000),
+        "HeadObject by partNumber 1 of a simple object",
+    )
     expect_error(
-        "HeadObject by partNumber is 501, as GetObject by partNumber",
-        None,
-        501,
-        lambda: s3.head_object(Bucket=bucket, Key="whole", PartNumber=1),
+        "GetObject by partNumber 2 of a simple object is InvalidPartNumber",
+        "InvalidPartNumber",
+        416,
+        lambda: s3.get_object(Bucket=bucket, Key="whole", PartNumber=2),
+    )
+    expect_error(
+        "GetObject by partNumber with a Range is InvalidRequest",
+        "InvalidRequest",
+        400,
+        lambda: s3.get_object(Bucket=bucket, Key="whole", PartNumber=1, Range="bytes=0-9"),
+    )
+    expect_error(
+        "GetObject by partNumber 10001 is InvalidArgument",
+        "InvalidArgument",
+        400,
+        lambda: s3.get_object(Bucket=bucket, Key="whole", PartNumber=10001),
     )
 
 
@@ -1162,6 +1188,25 @@ def area_multipart(s3, buckets):
     expect_equal(got["ContentType"], "application/x-parts", "the Content-Type given at creation")
     expect_equal(got["Metadata"], {"kind": "multipart"}, "the metadata given at creation")
     expect_stored(got, "the headers given at creation")
+    # Each part by its number, as the SDKs' parallel downloads ask.
+    offset = 0
+    for n, part in enumerate(parts, 1):
+        got = s3.get_object(Bucket=bucket, Key=key, PartNumber=n)
+        span = f"bytes {offset}-{offset + len(part) - 1}/{sum(map(len, parts))}"
+        expect_equal(
+            (body_of(got), got["ContentRange"], got["PartsCount"], got["ETag"]),
+            (part, span, 3, multipart_etag(parts)),
+            f"GetObject by partNumber {n} is that part",
+        )
+        head = s3.head_object(Bucket=bucket, Key=key, PartNumber=n)
+        expect_equal((head["ContentLength"], head["PartsCount"]), (len(part), 3), f"HeadObject by partNumber {n}")
+        offset += len(part)
+    expect_error(
+        "GetObject by a part number past the last is InvalidPartNumber",
+        "InvalidPartNumber",
+        416,
+        lambda: s3.get_object(Bucket=bucket, Key=key, PartNumber=4),
+    )
     uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     expect(all(u["UploadId"] != upload for u in uploads), "a completed upload is no longer listed", short(uploads))
     again = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=completion)
@@ -1964,42 +2009,52 @@ def crc32c(data):
     return crc ^ 0xFFFFFFFF
 
 
-def unsigned_trailer_put(bucket, key, body, name, value, now):
-    """PutObject with an aws-chunked body whose checksum `name` comes as a
-    trailer (STREAMING-UNSIGNED-PAYLOAD-TRAILER)."""
+def unsigned_trailer_put(bucket, key, body, name, value, now, chunk=64 * 1024, gzip=False):
+    """PutObject with an aws-chunked body, in chunks of `chunk` bytes, whose
+    checksum `name` comes as a trailer (STREAMING-UNSIGNED-PAYLOAD-TRAILER).
+    With `gzip`, Content-Encoding gzip and aws-chunked go on two lines, as
+    the Java SDK sends them (signed as one list, as SigV4 reads them)."""
     headers = {
-        "content-encoding": "aws-chunked",
+        "content-encoding": "gzip,aws-chunked" if gzip else "aws-chunked",
         "x-amz-decoded-content-length": str(len(body)),
         "x-amz-trailer": name,
     }
     *_, headers = signed_put(f"/{bucket}/{key}", None, "STREAMING-UNSIGNED-PAYLOAD-TRAILER", now, headers)
-    chunk = 64 * 1024
     framed = b"".join(
         f"{len(body[i : i + chunk]):x}\r\n".encode() + body[i : i + chunk] + b"\r\n" for i in range(0, len(body), chunk)
     )
     framed += f"0\r\n{name}:{value}\r\n\r\n".encode()
-    return send_put(f"/{bucket}/{key}", framed, headers)
+    lines = [(n, v) for n, v in headers.items() if n != "content-encoding"]
+    lines += [("content-encoding", v) for v in headers["content-encoding"].split(",")]
+    parts = urllib.parse.urlsplit(ENDPOINT)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.putrequest("PUT", urllib.parse.quote(f"/{bucket}/{key}", safe="/~"), skip_host=True)
+        for n, v in lines + [("content-length", str(len(framed)))]:
+            conn.putheader(n, v)
+        conn.endheaders(framed)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
 
 
 def oversized_chunk_put(bucket, key, now):
-    """An aws-chunked PutObject whose first chunk declares 16 MiB and one
-    byte, of which 64 KiB are sent: (status, answer) of what the server
-    says before the rest would come."""
+    """A chunk-signed aws-chunked PutObject whose first chunk declares
+    16 MiB and one byte, of which 64 KiB are sent: (status, answer) of what
+    the server says before the rest would come."""
     size = 16 * MiB + 1
-    headers = {
-        "content-encoding": "aws-chunked",
-        "x-amz-decoded-content-length": str(size),
-        "x-amz-trailer": "x-amz-checksum-crc32",
-    }
-    *_, headers = signed_put(f"/{bucket}/{key}", None, "STREAMING-UNSIGNED-PAYLOAD-TRAILER", now, headers)
-    framed_length = len(f"{size:x}\r\n") + size + len("\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n")
+    headers = {"content-encoding": "aws-chunked", "x-amz-decoded-content-length": str(size)}
+    *_, headers = signed_put(f"/{bucket}/{key}", None, STREAMING, now, headers)
+    line = f"{size:x};chunk-signature={'0' * 64}\r\n"
+    framed_length = len(line) + size + len(f"\r\n0;chunk-signature={'0' * 64}\r\n\r\n")
     parts = urllib.parse.urlsplit(ENDPOINT)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
         conn.putrequest("PUT", f"/{bucket}/{key}", skip_host=True, skip_accept_encoding=True)
         for name, value in {**headers, "content-length": str(framed_length)}.items():
             conn.putheader(name, value)
-        conn.endheaders(f"{size:x}\r\n".encode() + bytes(64 * KiB))
+        conn.endheaders(line.encode() + bytes(64 * KiB))
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -2017,12 +2072,12 @@ def area_signing(s3, buckets):
     expect(status == 200, "PutObject with a chunk-signed aws-chunked body", f"status {status}: {short(said)}")
     expect(body_of(s3.get_object(Bucket=bucket, Key="chunked")) == body, "... stores the decoded body")
 
-    # Each chunk is held whole until it is checked: one larger than MinIO's
-    # 16 MiB limit is refused by its size line, before its bytes come.
+    # A signed chunk is held whole until it is checked: one larger than
+    # MinIO's 16 MiB limit is refused by its size line, before its bytes come.
     status, said = oversized_chunk_put(bucket, "huge-chunk", now)
     expect(
         400 <= status < 500 and b"16777216" in said,
-        "an aws-chunked chunk of more than 16 MiB is refused by its size",
+        "a signed aws-chunked chunk of more than 16 MiB is refused by its size",
         f"status {status}: {short(said)}",
     )
     expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="huge-chunk"))
@@ -2063,7 +2118,19 @@ def area_signing(s3, buckets):
         "a trailing x-amz-checksum-crc32c that does not match is BadDigest",
         f"status {status}: {short(said)}",
     )
+    # Unsigned, a chunk may be as large as the object (as some SDKs send it
+    # over TLS): it is cut into pieces on its way in.
+    large = data(20 * MiB + 3, 22)
+    large_sha = base64.b64encode(hashlib.sha256(large).digest()).decode()
+    status, said = unsigned_trailer_put(
+        bucket, "one-chunk", large, "x-amz-checksum-sha256", large_sha, now, chunk=len(large)
+    )
+    expect(status == 200, "an unsigned aws-chunked body of one 20 MiB chunk is accepted", f"{status}: {short(said)}")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="one-chunk")) == large, "... and stored whole")
     sha = base64.b64encode(hashlib.sha256(small).digest()).decode()
+    status, said = unsigned_trailer_put(bucket, "gz", small, "x-amz-checksum-sha256", sha, now, gzip=True)
+    expect(status == 200, "Content-Encoding gzip and aws-chunked on two lines", f"{status}: {short(said)}")
+    expect_equal(s3.head_object(Bucket=bucket, Key="gz").get("ContentEncoding"), "gzip", "... keeps gzip alone")
     status, said = unsigned_trailer_put(bucket, "sha256", small, "x-amz-checksum-sha256", sha, now)
     expect(status == 200, "a trailing x-amz-checksum-sha256 that matches is accepted", f"{status}: {short(said)}")
     status, said = unsigned_trailer_put(bucket, "sha256-bad", small, "x-amz-checksum-sha256", right, now)

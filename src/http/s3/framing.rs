@@ -1,19 +1,28 @@
 //! The aws-chunked framing of streamed uploads (signed chunks, or checksums
-//! in trailers: what SDKs send by default), checked as it passes on its way
-//! to the protocol layer. That layer gathers each chunk whole before it
-//! hands it on, so a chunk's declared size is memory the upload holds: one
-//! chunk of 1 GiB held 1 GiB. Chunks larger than [`MAX_CHUNK`] are refused
-//! before their bytes come, as MinIO refuses them; SDKs send 64 KiB to
-//! 1 MiB.
+//! in trailers: what SDKs send by default), followed on its way to the
+//! protocol layer. That layer gathers each chunk whole before it hands it
+//! on, so a chunk's declared size is memory the upload holds, and SDKs
+//! differ: most send 64 KiB chunks, but some send a whole part, or a whole
+//! object, as one chunk when it is not signed.
+//! - A chunk without a signature is cut into pieces of at most
+//!   [`MAX_PIECE`], each with a size line of its own: the checksum in the
+//!   trailer covers the bytes, not how they were cut.
+//! - A signed chunk cannot be cut (its signature covers it whole): one
+//!   declaring more than [`MAX_CHUNK`] is refused by its size line, before
+//!   its bytes come, as MinIO refuses it.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-/// Largest chunk an upload may declare.
+/// Largest signed chunk an upload may declare.
 pub const MAX_CHUNK: u64 = 16 << 20;
+
+/// Largest piece an unsigned chunk is handed on in.
+pub const MAX_PIECE: u64 = 1 << 20;
 
 /// Longest chunk-size line (the size, a signature, CRLF) looked at; the
 /// protocol layer refuses longer ones too.
@@ -29,62 +38,107 @@ pub enum FramingError {
 
 /// Where the stream stands in the framing.
 enum State {
-    /// In a chunk-size line, with what came of it so far.
+    /// In a chunk-size line, held until it ends.
     Line(Vec<u8>),
-    /// In a chunk: the bytes left of it and of its CRLF.
-    Data(u64),
+    /// In a chunk: the bytes left of the piece handed on now, and of the
+    /// chunk after it.
+    Data { piece: u64, rest: u64 },
+    /// In the CRLF that ends a chunk: the bytes left of it.
+    End(u64),
     /// Past the last chunk: trailers, left to the protocol layer.
     Trailers,
 }
 
-/// An aws-chunked body whose chunks are checked for size as they are
-/// declared; the bytes, and the size hint the protocol layer reads as the
-/// body's length, pass unchanged.
-pub struct Checked<B> {
-    inner: B,
+/// Follows the framing of one upload.
+struct Framing {
     state: State,
+    /// The chunks carry no signatures, and may be cut.
+    unsigned: bool,
 }
 
-impl<B> Checked<B> {
-    pub fn new(inner: B) -> Checked<B> {
-        Checked { inner, state: State::Line(Vec::new()) }
-    }
-}
-
-impl State {
-    /// Follows the framing through `bytes`.
-    fn pass(&mut self, mut bytes: &[u8]) -> Result<(), FramingError> {
-        while !bytes.is_empty() {
-            match self {
-                State::Trailers => return Ok(()),
-                State::Data(left) => {
-                    let n = (*left).min(bytes.len() as u64);
-                    *left -= n;
-                    bytes = &bytes[n as usize..];
-                    if *left == 0 {
-                        *self = State::Line(Vec::new());
+impl Framing {
+    /// Follows the framing through `bytes`, queueing what to hand on.
+    fn pass(&mut self, bytes: Bytes, out: &mut VecDeque<Bytes>) -> Result<(), FramingError> {
+        let mut at = 0;
+        while at < bytes.len() {
+            let left = (bytes.len() - at) as u64;
+            match &mut self.state {
+                State::Trailers => {
+                    out.push_back(bytes.slice(at..));
+                    return Ok(());
+                }
+                State::Data { piece, rest } => {
+                    let n = (*piece).min(left) as usize;
+                    out.push_back(bytes.slice(at..at + n));
+                    at += n;
+                    *piece -= n as u64;
+                    if *piece == 0 {
+                        self.state = match *rest {
+                            0 => State::End(2),
+                            rest => {
+                                let next = rest.min(MAX_PIECE);
+                                out.push_back(Bytes::from(format!("\r\n{next:x}\r\n")));
+                                State::Data { piece: next, rest: rest - next }
+                            }
+                        };
+                    }
+                }
+                State::End(end) => {
+                    let n = (*end).min(left) as usize;
+                    out.push_back(bytes.slice(at..at + n));
+                    at += n;
+                    *end -= n as u64;
+                    if *end == 0 {
+                        self.state = State::Line(Vec::new());
                     }
                 }
                 State::Line(line) => {
-                    let end = bytes.iter().position(|&b| b == b'\n');
-                    let take = end.map_or(bytes.len(), |at| at + 1);
+                    let end = bytes[at..].iter().position(|&b| b == b'\n');
+                    let take = end.map_or(bytes.len() - at, |to| to + 1);
                     if line.len() + take > MAX_LINE {
                         return Err(FramingError::BadSize);
                     }
-                    line.extend_from_slice(&bytes[..take]);
-                    bytes = &bytes[take..];
+                    line.extend_from_slice(&bytes[at..at + take]);
+                    at += take;
                     if end.is_none() {
                         continue;
                     }
-                    *self = match chunk_size(line)? {
-                        0 => State::Trailers,
+                    let line = std::mem::take(line);
+                    self.state = match chunk_size(&line)? {
+                        0 => {
+                            out.push_back(Bytes::from(line));
+                            State::Trailers
+                        }
+                        size if self.unsigned && size > MAX_PIECE => {
+                            out.push_back(Bytes::from(format!("{MAX_PIECE:x}\r\n")));
+                            State::Data { piece: MAX_PIECE, rest: size - MAX_PIECE }
+                        }
                         size if size > MAX_CHUNK => return Err(FramingError::ChunkTooLarge(size)),
-                        size => State::Data(size + 2),
+                        size => {
+                            out.push_back(Bytes::from(line));
+                            State::Data { piece: size, rest: 0 }
+                        }
                     };
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// An aws-chunked body followed as it comes (see the module's comment).
+pub struct Checked<B> {
+    inner: B,
+    framing: Framing,
+    /// Bytes to hand on before reading more.
+    out: VecDeque<Bytes>,
+}
+
+impl<B> Checked<B> {
+    /// `unsigned`: the stream's chunks carry no signatures
+    /// (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`).
+    pub fn new(inner: B, unsigned: bool) -> Checked<B> {
+        Checked { inner, framing: Framing { state: State::Line(Vec::new()), unsigned }, out: VecDeque::new() }
     }
 }
 
@@ -109,22 +163,32 @@ where
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        Poll::Ready(match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-            Some(Ok(frame)) => Some(match frame.data_ref().map_or(Ok(()), |bytes| this.state.pass(bytes)) {
-                Ok(()) => Ok(frame),
-                Err(e) => Err(e.into()),
-            }),
-            Some(Err(e)) => Some(Err(e.into())),
-            None => None,
-        })
+        loop {
+            if let Some(bytes) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(bytes) => this.framing.pass(bytes, &mut this.out)?,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => return Poll::Ready(None),
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.out.is_empty() && self.inner.is_end_stream()
     }
 
+    /// Cut chunks take more size lines than were sent: the body's length
+    /// is known only as a floor (the protocol layer reads the decoded
+    /// length from `x-amz-decoded-content-length`).
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.inner.size_hint().lower());
+        hint
     }
 }
 
@@ -132,35 +196,83 @@ where
 mod tests {
     use super::*;
 
-    /// Follows `pieces` as they would come off the socket.
-    fn follow(pieces: &[&[u8]]) -> Result<(), FramingError> {
-        let mut state = State::Line(Vec::new());
-        pieces.iter().try_for_each(|p| state.pass(p))
+    /// Follows `pieces` as they would come off the socket: what is handed on.
+    fn follow(pieces: &[&[u8]], unsigned: bool) -> Result<Vec<u8>, FramingError> {
+        let mut framing = Framing { state: State::Line(Vec::new()), unsigned };
+        let mut out = VecDeque::new();
+        for piece in pieces {
+            framing.pass(Bytes::copy_from_slice(piece), &mut out)?;
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// The chunks of a framed body: (size, bytes), up to the last.
+    fn chunks(mut framed: &[u8]) -> Vec<(u64, Vec<u8>)> {
+        let mut found = Vec::new();
+        loop {
+            let end = framed.iter().position(|&b| b == b'\n').unwrap() + 1;
+            let size = chunk_size(&framed[..end]).unwrap();
+            if size == 0 {
+                return found;
+            }
+            let data = &framed[end..end + size as usize];
+            assert_eq!(&framed[end + size as usize..end + size as usize + 2], b"\r\n");
+            found.push((size, data.to_vec()));
+            framed = &framed[end + size as usize + 2..];
+        }
     }
 
     #[test]
     fn chunks_are_followed_across_pieces_however_cut() {
         let framed = b"5;chunk-signature=ab\r\nhello\r\n3\r\nabc\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n";
-        for cut in 0..framed.len() {
-            let (a, b) = framed.split_at(cut);
-            follow(&[a, b]).unwrap();
+        for unsigned in [false, true] {
+            for cut in 0..framed.len() {
+                let (a, b) = framed.split_at(cut);
+                assert_eq!(follow(&[a, b], unsigned).unwrap(), framed, "cut at {cut}");
+            }
+            let bytes: Vec<&[u8]> = framed.chunks(1).collect();
+            assert_eq!(follow(&bytes, unsigned).unwrap(), framed);
         }
-        let bytes: Vec<&[u8]> = framed.chunks(1).collect();
-        follow(&bytes).unwrap();
     }
 
     #[test]
-    fn a_chunk_over_the_limit_is_refused_by_its_size_line() {
-        assert!(matches!(follow(&[b"1000000\r\n"]), Ok(())));
-        assert!(matches!(follow(&[b"1000001;chunk-signature=ab\r\n"]), Err(FramingError::ChunkTooLarge(0x100_0001))));
+    fn a_large_unsigned_chunk_is_handed_on_in_pieces() {
+        let size = 2 * MAX_PIECE as usize + 12_345;
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let mut framed = format!("{size:x}\r\n").into_bytes();
+        framed.extend_from_slice(&data);
+        framed.extend_from_slice(b"\r\n2\r\nok\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n");
+        for cut in [1, 7, 65_536, MAX_PIECE as usize + 3] {
+            let pieces: Vec<&[u8]> = framed.chunks(cut).collect();
+            let out = follow(&pieces, true).unwrap();
+            let found = chunks(&out);
+            let sizes: Vec<u64> = found.iter().map(|(n, _)| *n).collect();
+            assert_eq!(sizes, [MAX_PIECE, MAX_PIECE, 12_345, 2], "cut every {cut}");
+            let bytes: Vec<u8> = found.into_iter().flat_map(|(_, d)| d).collect();
+            assert_eq!(&bytes[..size], &data[..]);
+            assert_eq!(&bytes[size..], b"ok");
+            assert!(out.ends_with(b"0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"));
+        }
+    }
+
+    #[test]
+    fn a_signed_chunk_over_the_limit_is_refused_by_its_size_line() {
+        assert!(follow(&[b"1000000\r\n"], false).is_ok());
+        let over: &[u8] = b"1000001;chunk-signature=ab\r\n";
+        assert!(matches!(follow(&[over], false), Err(FramingError::ChunkTooLarge(0x100_0001))));
         // The size of the second chunk, after a first one passed.
-        assert!(matches!(follow(&[b"2\r\nab\r\n", b"4000", b"0000\r\n"]), Err(FramingError::ChunkTooLarge(_))));
+        assert!(matches!(follow(&[b"2\r\nab\r\n", b"4000", b"0000\r\n"], false), Err(FramingError::ChunkTooLarge(_))));
+        // Unsigned, it is cut instead.
+        assert!(follow(&[b"40000000\r\n"], true).unwrap().starts_with(b"100000\r\n"));
     }
 
     #[test]
     fn size_lines_that_are_not_sizes_are_refused() {
         for line in [&b"zz\r\n"[..], b"\r\n", b";sig\r\n", b"11111111111111111\r\n", &[b'1'; MAX_LINE + 10]] {
-            assert!(matches!(follow(&[line]), Err(FramingError::BadSize)), "{:?}", String::from_utf8_lossy(line));
+            for unsigned in [false, true] {
+                let refused = matches!(follow(&[line], unsigned), Err(FramingError::BadSize));
+                assert!(refused, "{:?}", String::from_utf8_lossy(line));
+            }
         }
     }
 }

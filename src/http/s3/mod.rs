@@ -175,11 +175,13 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
             parts.headers.insert(name, value);
         }
     }
+    join_repeated(&mut parts.headers, http::header::CONTENT_ENCODING);
     let delete = query.iter().any(|(n, _)| n == "delete");
     let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
-    let streaming = parts.headers.get("x-amz-content-sha256").is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
-    if streaming {
-        return Ok(http::Request::from_parts(parts, s3s::Body::http_body(framing::Checked::new(body))));
+    let payload = parts.headers.get("x-amz-content-sha256").map(http::HeaderValue::as_bytes).unwrap_or_default();
+    if payload.starts_with(b"STREAMING-") {
+        let unsigned = payload == b"STREAMING-UNSIGNED-PAYLOAD-TRAILER";
+        return Ok(http::Request::from_parts(parts, s3s::Body::http_body(framing::Checked::new(body, unsigned))));
     }
     if !document {
         return Ok(http::Request::from_parts(parts, s3s::Body::http_body(body)));
@@ -193,6 +195,20 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
     // as it completes (`completion`).
     body::check_document(&parts.headers, &bytes, delete)?;
     Ok(http::Request::from_parts(parts, s3s::Body::from(bytes)))
+}
+
+/// Makes a list header given on several lines one line, as RFC 9110
+/// (section 5.3) reads it and as SigV4 signs it (the values joined by
+/// commas). SDKs send a stored `Content-Encoding` and the upload's
+/// `aws-chunked` on two lines; the protocol layer refuses a repeated header.
+fn join_repeated(headers: &mut http::HeaderMap, name: http::HeaderName) {
+    if headers.get_all(&name).iter().nth(1).is_none() {
+        return;
+    }
+    let values: Vec<&[u8]> = headers.get_all(&name).iter().map(http::HeaderValue::as_bytes).collect();
+    if let Ok(joined) = http::HeaderValue::from_bytes(&values.join(&b","[..])) {
+        headers.insert(name, joined);
+    }
 }
 
 /// An XML answer put right where the protocol layer writes it wrong or

@@ -15,7 +15,7 @@ use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
 use crate::store::names::URL_PATH;
-use crate::store::{LateHeaders, NewMetadata, PartsPage, PutOptions, Store, StoreError, UploadQuery};
+use crate::store::{LateHeaders, MAX_PART_NUMBER, NewMetadata, PartsPage, PutOptions, Store, StoreError, UploadQuery};
 
 /// Keys per listing page at most, as S3 has it.
 const MAX_KEYS: i32 = 1000;
@@ -223,6 +223,47 @@ fn resolve_range(range: Option<&Range>, record: &ObjectRecord) -> S3Result<(Byte
         .ok_or_else(|| s3_error!(InvalidRange, "the range is not within the object's {} bytes", record.size))?;
     let content_range = format!("bytes {}-{}/{}", within.start, within.end - 1, record.size);
     Ok((ByteRange { start: within.start, end: within.end }, Some(content_range)))
+}
+
+/// The bytes a GetObject or HeadObject asks for: a Range (see [`ranged`]),
+/// or one uploaded part by its number, as S3 serves it (an object not made
+/// of parts is its one part); all of them for neither. With them, their
+/// Content-Range, and for a part the object's number of parts.
+fn requested_bytes<T>(
+    req: &S3Request<T>,
+    range: Option<&Range>,
+    part_number: Option<i32>,
+    record: &ObjectRecord,
+) -> S3Result<(ByteRange, Option<String>, Option<i32>)> {
+    let Some(n) = part_number else {
+        let (bytes, content_range) = resolve_range(ranged(req, range, record), record)?;
+        return Ok((bytes, content_range, None));
+    };
+    if range.is_some() {
+        return Err(s3_error!(InvalidRequest, "Cannot specify both Range header and partNumber query parameter"));
+    }
+    if !(1..=MAX_PART_NUMBER as i32).contains(&n) {
+        return Err(bad_argument(format!("Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive")));
+    }
+    // Each uploaded part is one blob of the object's body: an ETag ending
+    // in `-N` names an object completed from N of them.
+    let count = record.etag.rsplit_once('-').and_then(|(_, n)| n.parse::<usize>().ok());
+    let sizes: Vec<u64> = match count {
+        Some(count) if count == record.parts.len() => record.parts.iter().map(|p| p.size).collect(),
+        _ => vec![record.size],
+    };
+    let Some(size) = sizes.get(n as usize - 1) else {
+        let mut e = S3Error::with_message(
+            S3ErrorCode::Custom("InvalidPartNumber".into()),
+            "The requested partnumber is not satisfiable",
+        );
+        e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
+        return Err(e);
+    };
+    let start: u64 = sizes[..n as usize - 1].iter().sum();
+    let bytes = ByteRange { start, end: start + size };
+    let content_range = (!bytes.is_empty()).then(|| format!("bytes {}-{}/{}", start, bytes.end - 1, record.size));
+    Ok((bytes, content_range, count.map(|_| sizes.len() as i32)))
 }
 
 /// Buckets are not versioned: the one version of an object is `null`, as
@@ -597,9 +638,6 @@ impl S3 for DepotS3 {
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let input = &req.input;
-        if input.part_number.is_some() {
-            return Err(s3_error!(NotImplemented, "GET by partNumber is not supported"));
-        }
         check_version(input.version_id.as_deref())?;
         // As S3: an unsigned request may not change how the object is
         // served, beyond naming the file it downloads to (a type of its
@@ -617,7 +655,8 @@ impl S3 for DepotS3 {
         }
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
-        let (range, content_range) = resolve_range(ranged(&req, input.range.as_ref(), &record), &record)?;
+        let (range, content_range, parts_count) =
+            requested_bytes(&req, input.range.as_ref(), input.part_number, &record)?;
         let body = self.store.read_to_send(&record, range).await.map_err(to_s3)?;
         let (checksum, kind) = asked_checksum(&record, input.checksum_mode.as_ref(), content_range.is_none());
         let output = with_checksum!(
@@ -639,6 +678,7 @@ impl S3 for DepotS3 {
                 last_modified: Some(modified(&record)),
                 metadata: metadata(&record),
                 checksum_type: kind,
+                parts_count,
             }
         );
         let served = output.content_type.clone().unwrap_or_default();
@@ -646,15 +686,13 @@ impl S3 for DepotS3 {
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
-        if req.input.part_number.is_some() {
-            return Err(s3_error!(NotImplemented, "HEAD by partNumber is not supported"));
-        }
         check_version(req.input.version_id.as_deref())?;
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
         check_conditions(&req, &record)?;
         // As S3 does: a range changes the length given (and the status, to
         // 206: see `handle`), and one not within the object is a 416.
-        let (range, content_range) = resolve_range(ranged(&req, req.input.range.as_ref(), &record), &record)?;
+        let (range, content_range, parts_count) =
+            requested_bytes(&req, req.input.range.as_ref(), req.input.part_number, &record)?;
         let (checksum, kind) = asked_checksum(&record, req.input.checksum_mode.as_ref(), content_range.is_none());
         let output = with_checksum!(
             checksum,
@@ -672,6 +710,7 @@ impl S3 for DepotS3 {
                 last_modified: Some(modified(&record)),
                 metadata: metadata(&record),
                 checksum_type: kind,
+                parts_count,
             }
         );
         object_response(output, &record, &record.content_type)
