@@ -317,6 +317,33 @@ fn a_refusal_before_the_body_says_the_connection_closes() {
     assert_eq!(a.responses(), 2, "the second request was not answered:\n{}", a.text());
 }
 
+/// A client that sends its whole body before it reads (as most do without
+/// `Expect: 100-continue`) gets the refusal sent before the body came,
+/// however late the body comes: the connection is closed gently, not reset
+/// with the answer still unread on the client's side.
+#[test]
+fn a_refusal_reaches_a_client_that_sends_its_body_first() {
+    let mut s = Server::start(&[]);
+    for round in 0..5 {
+        let mut c = connect(&s);
+        c.write_all(b"PUT /Not_A_Bucket/k HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n").unwrap();
+        // The answer is out, and the server done with the connection,
+        // before the body comes.
+        std::thread::sleep(Duration::from_millis(300));
+        for piece in pattern(300_000, round).chunks(30_000) {
+            c.write_all(piece).expect("the server reset the connection while the body was sent");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut raw = Vec::new();
+        let read = c.read_to_end(&mut raw);
+        let text = String::from_utf8_lossy(&raw);
+        assert!(read.is_ok(), "round {round}: {read:?} after reading {text:?}");
+        assert_eq!(status_of(&text), 400, "round {round}: {text}");
+        assert!(text.contains("InvalidBucketName"), "round {round}: {text}");
+    }
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn a_request_sent_before_the_client_closes_its_side_is_answered() {
     // `nc -N` and others shut down writing once the request is out: the

@@ -155,6 +155,7 @@ impl App {
         let expects_continue =
             req.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let bytes_in = content_length(req.headers()).unwrap_or(0);
+        let linger = req.extensions().get::<sendfile::Linger>().cloned();
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
         // buckets and answers everything else with AccessDenied.
@@ -183,9 +184,13 @@ impl App {
         // A refusal sent before any 100 Continue, or before the body was
         // read to its end, leaves the body unsent or unread: the connection
         // cannot carry another request (the server would read the rest of
-        // the body as the next request), so the answer says it closes.
+        // the body as the next request), so the answer says it closes, and
+        // the connection closes gently.
         if refused && (expects_continue || (has_body && !body.ended())) {
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            if let Some(linger) = linger {
+                linger.ask();
+            }
         }
         let bytes_out = content_length(response.headers()).unwrap_or(0);
         self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
@@ -591,11 +596,13 @@ async fn connections(
         let _ = stream.set_nodelay(true);
         // A client that stops reading an answer, with the socket's buffers
         // full, is let go after the send timeout, as nginx's send_timeout.
-        let mut stream = tokio_io_timeout::TimeoutWriter::new(sendfile::Socket::new(stream));
+        let linger = sendfile::Linger::default();
+        let mut stream = tokio_io_timeout::TimeoutWriter::new(sendfile::Socket::new(stream, linger.clone()));
         stream.set_timeout(Some(app.limits.send_timeout));
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(peer);
+            req.extensions_mut().insert(linger.clone());
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });

@@ -8,9 +8,12 @@
 //! bytes rather than alone, as nginx's `tcp_nopush` does.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
@@ -30,12 +33,34 @@ pub(super) struct Socket {
     /// Where the last `sendfile` stopped short in a mapped chunk: the rest
     /// is looked up however short it is.
     resume_at: usize,
+    linger: Linger,
 }
 
+/// Asks that a connection be closed gently: once its last answer is out,
+/// whatever the client still sends is read and dropped for a while before
+/// the socket closes, as nginx's `lingering_close` does. A connection
+/// closed with a request's body unread would otherwise be reset, and the
+/// reset can reach the client before the answer it follows: a client that
+/// sends its whole body before it reads (most do, without `Expect:
+/// 100-continue`) then sees a broken connection instead of the refusal.
+#[derive(Clone, Default)]
+pub(super) struct Linger(Arc<AtomicBool>);
+
+impl Linger {
+    pub(super) fn ask(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Longest a closed connection is read from, and longest wait for each
+/// read.
+const LINGER_FOR: Duration = Duration::from_secs(10);
+const LINGER_READ: Duration = Duration::from_secs(2);
+
 impl Socket {
-    pub(super) fn new(stream: TcpStream) -> Socket {
+    pub(super) fn new(stream: TcpStream, linger: Linger) -> Socket {
         let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT);
-        Socket { stream, resume_at: 0 }
+        Socket { stream, resume_at: 0, linger }
     }
 
     /// The first of `bufs` that is a mapped chunk, and where its bytes are.
@@ -134,5 +159,35 @@ impl AsyncWrite for Socket {
 impl AsyncRead for Socket {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if !self.linger.0.load(Ordering::Relaxed) {
+            return;
+        }
+        // A second descriptor keeps the socket open once this one closes.
+        let Ok(std) = self.stream.as_fd().try_clone_to_owned().map(std::net::TcpStream::from) else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Ok(stream) = TcpStream::from_std(std) else { return };
+        runtime.spawn(async move {
+            let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Write);
+            let mut buf = vec![0; 16 * 1024];
+            let read = async {
+                loop {
+                    match tokio::time::timeout(LINGER_READ, stream.readable()).await {
+                        Ok(Ok(())) => match stream.try_read(&mut buf) {
+                            Ok(0) => return,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(_) => return,
+                        },
+                        _ => return,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(LINGER_FOR, read).await;
+        });
     }
 }
