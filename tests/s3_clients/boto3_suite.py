@@ -733,6 +733,28 @@ def area_unsupported(s3, buckets):
     s3.put_object(Bucket=bucket, Key="rrs", Body=b"rrs", StorageClass="REDUCED_REDUNDANCY")
     ok("StorageClass STANDARD and REDUCED_REDUNDANCY are accepted")
 
+    # SigV4a, in a header or a presigned URL, is said to be unsupported.
+    amz_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    credential = f"{ACCESS_KEY}/{amz_date[:8]}/s3/aws4_request"
+    sigv4a = {
+        "x-amz-date": amz_date,
+        "x-amz-region-set": "*",
+        "x-amz-content-sha256": EMPTY_SHA256,
+        "Authorization": f"AWS4-ECDSA-P256-SHA256 Credential={credential}, "
+        "SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-region-set, Signature=3045022100ab",
+    }
+    status, _, got = http_get(f"{ENDPOINT}/{bucket}/std", sigv4a)
+    expect(
+        status == 501 and error_code(got) == "NotImplemented",
+        "a SigV4a request is 501 NotImplemented",
+        f"status {status}: {got[:300]!r}",
+    )
+    query = urllib.parse.urlencode(
+        {"X-Amz-Algorithm": "AWS4-ECDSA-P256-SHA256", "X-Amz-Credential": credential, "X-Amz-Date": amz_date}
+    )
+    status, _, got = http_get(f"{ENDPOINT}/{bucket}/std?{query}&X-Amz-Signature=30450221")
+    expect(status == 501, "... and so is a SigV4a presigned URL", f"status {status}: {got[:300]!r}")
+
 
 def area_delete(s3, buckets):
     bucket = buckets.create(s3)
@@ -1809,13 +1831,27 @@ def multipart_checksums(s3, bucket):
         ),
     )
     expect_error("... and writes nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="composite"))
+    want = composite_crc32(parts)
+    expect_error(
+        "CompleteMultipartUpload declaring another composite CRC32 is BadDigest",
+        "BadDigest",
+        400,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="composite",
+            UploadId=upload,
+            ChecksumCRC32=crc32_b64(b"other parts"),
+            MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
+        ),
+    )
+    # Declared without its `-2`, as some SDKs send it.
     completed = s3.complete_multipart_upload(
         Bucket=bucket,
         Key="composite",
         UploadId=upload,
+        ChecksumCRC32=want.rsplit("-", 1)[0],
         MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
     )
-    want = composite_crc32(parts)
     expect_equal(
         (completed.get("ChecksumCRC32"), completed.get("ChecksumType")),
         (want, "COMPOSITE"),

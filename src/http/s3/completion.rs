@@ -260,8 +260,12 @@ impl CompletionChecksum for Completion {
         } else {
             field(&std::mem::take(&mut self.whole).finalize(), self.header).unwrap_or_default()
         };
+        // A composite checksum may be declared without its `-N`, as some
+        // SDKs send it; S3 takes either.
+        let suffix = format!("-{}", self.parts.len());
         if let Some(declared) = &self.declared_whole
             && declared.trim() != value
+            && !(self.composite && value.strip_suffix(&suffix) == Some(declared.trim()))
         {
             return Err(StoreError::BadDigest { hash: self.header, declared: declared.clone(), actual: value });
         }

@@ -74,6 +74,9 @@ const MAX_EXPIRES: u64 = 7 * 24 * 3600;
 /// allows.
 const MAX_SKEW: u64 = 15 * 60;
 
+/// The algorithm of SigV4a, S3's signatures for several regions at once.
+const SIGV4A: &str = "AWS4-ECDSA-P256-SHA256";
+
 /// What S3 refuses about a request's signing and the protocol layer lets
 /// through, checked before it; the authorization and the query are read
 /// once for all of it:
@@ -84,7 +87,8 @@ const MAX_SKEW: u64 = 15 * 60;
 ///   of the signer's private object, or a new bucket public;
 /// - a SigV2 request signed more than 15 minutes from now, or a SigV2
 ///   presigned URL valid for longer than 7 days: either could be replayed
-///   for ever.
+///   for ever;
+/// - a SigV4a signature, which is not supported (501).
 pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
     let auth = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
     let query: Vec<_> = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).collect();
@@ -92,6 +96,9 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
     let now = std::time::SystemTime::now();
     let refuse = |message: &'static str| Some(bad_request("AuthorizationQueryParametersError", message));
 
+    if auth.starts_with(SIGV4A) || param("X-Amz-Algorithm") == Some(SIGV4A) {
+        return Some(s3_error!(NotImplemented, "ECDSA signatures (SigV4a) are not supported: sign with SigV4"));
+    }
     if let Some(expires) = param("X-Amz-Expires")
         && !expires.parse::<u64>().is_ok_and(|secs| (1..=MAX_EXPIRES).contains(&secs))
     {
