@@ -116,6 +116,18 @@ fn unreachable_server_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the depot server"));
 }
 
+/// Without the secret a server needs, the refusal is said as the server
+/// wrote it, its XML escapes undone.
+#[test]
+fn a_refusal_for_want_of_credentials_reads_plainly() {
+    let s = Server::start(&["--access-key", "app", "--secret-key", "a-long-random-secret"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = depot(&s, &["ls", "files"], dir.path());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("AccessDenied (403)") && said.contains("Authorization: Bearer <secret>"), "{said}");
+}
+
 /// A `--server` with a bucket in its path reaches a server, but what comes
 /// back is not what was asked for: the error says to check `--server`.
 #[test]

@@ -92,7 +92,7 @@ pub struct BenchArgs {
     /// Which experiment to run.
     #[arg(value_enum)]
     pub experiment: Experiment,
-    /// Scaled down: every experiment in well under a minute.
+    /// Scaled down: every experiment in about three minutes, every engine included.
     #[arg(long, conflicts_with = "full")]
     pub quick: bool,
     /// At the seeds' own sizes where the default is scaled down (files: 1000 of 10 MB;

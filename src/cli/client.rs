@@ -97,7 +97,10 @@ impl Client {
         let tag = |name: &str| {
             let open = format!("<{name}>");
             let start = text.find(&open)? + open.len();
-            Some(text[start..].split(&format!("</{name}>")).next()?.to_string())
+            let raw = text[start..].split(&format!("</{name}>")).next()?;
+            // The document's five escapes, `&amp;` last.
+            let escapes = [("&lt;", "<"), ("&gt;", ">"), ("&quot;", "\""), ("&apos;", "'"), ("&amp;", "&")];
+            Some(escapes.iter().fold(raw.to_string(), |t, (from, to)| t.replace(from, to)))
         };
         match (tag("Code"), tag("Message")) {
             (Some(code), Some(message)) => bail!("{code} ({}): {message}", status.as_u16()),
