@@ -414,7 +414,7 @@ fn stored_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, ApiError
 
 /// Headers every answer about an object carries, 304 included (RFC 9110
 /// section 15.4.5 names Cache-Control and Expires among them).
-fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
+pub(super) fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
     h.insert(header::ETAG, quoted(&record.etag));
     if record.modified > 0 {
         // An HTTP date is 29 bytes: written in place, not into a String.

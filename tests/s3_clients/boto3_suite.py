@@ -572,7 +572,13 @@ def area_get(s3, buckets):
         412,
         lambda: get(IfMatch='"0123456789abcdef0123456789abcdef"'),
     )
-    expect_error("GetObject If-None-Match: the ETag is 304", None, 304, lambda: get(IfNoneMatch=etag))
+    not_modified = expect_error("GetObject If-None-Match: the ETag is 304", None, 304, lambda: get(IfNoneMatch=etag))
+    sent = not_modified.response["ResponseMetadata"]["HTTPHeaders"]
+    expect_equal(
+        (sent.get("etag"), bool(sent.get("last-modified"))),
+        (etag, True),
+        "... carrying the ETag and Last-Modified a cache updates",
+    )
     expect(body_of(get(IfNoneMatch='"0123456789abcdef0123456789abcdef"')) == body, "If-None-Match: another ETag is 200")
 
     # Last-Modified is whole seconds; the object may be younger by a

@@ -175,7 +175,16 @@ fn check_conditions<T>(req: &S3Request<T>, record: &ObjectRecord) -> S3Result<()
     let current = Validators::of(record);
     match conditional::evaluate(&req.method, &req.headers, Some(current)) {
         Verdict::Proceed => Ok(()),
-        Verdict::NotModified => Err(S3Error::new(S3ErrorCode::NotModified)),
+        Verdict::NotModified => {
+            // A 304 carries what the 200 would have for caches to update
+            // (RFC 9110 section 15.4.5): the validators, Cache-Control and
+            // Expires.
+            let mut e = S3Error::new(S3ErrorCode::NotModified);
+            let mut headers = http::HeaderMap::new();
+            crate::http::native::validator_headers(&mut headers, record);
+            e.set_headers(headers);
+            Err(e)
+        }
         Verdict::Failed => Err(s3_error!(PreconditionFailed, "a condition of the request does not hold")),
     }
 }
