@@ -121,8 +121,8 @@ fn whereabouts(url: &str) -> String {
 
 /// Runs `op` on connections of `pool` until it succeeds, fails for good,
 /// or has failed transiently [`ATTEMPTS`] times with exponentially growing
-/// pauses (about 2.5 s in all); an attempt with no answer within
-/// [`ANSWER_WITHIN`] fails at once.
+/// pauses (about 2.5 s in all); with no answer within [`ANSWER_WITHIN`]
+/// of the first attempt, it fails.
 pub async fn retry<T, F, Fut>(pool: &Pool, what: &str, op: F) -> Result<T, PgError>
 where
     F: FnMut() -> Fut,
@@ -140,8 +140,12 @@ where
 {
     let mut delay = FIRST_DELAY;
     let mut attempt = 1;
+    // The limit holds for the attempts together: a server that takes
+    // connections and never answers would otherwise cost each retry (with
+    // the pool emptied, a new connection's wait) on top of the first.
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let outcome = tokio::time::timeout(limit, op()).await;
+        let outcome = tokio::time::timeout_at(deadline, op()).await;
         let Ok(outcome) = outcome else {
             // The connection that did not answer may never answer again:
             // the idle ones go, and the next operations connect afresh.
@@ -149,7 +153,7 @@ where
             return Err(PgError::Unavailable(format!("{what}: no answer within {} s", limit.as_secs())));
         };
         match outcome {
-            Err(e) if e.transient() && attempt < ATTEMPTS => {
+            Err(e) if e.transient() && attempt < ATTEMPTS && tokio::time::Instant::now() + delay < deadline => {
                 tracing::debug!(attempt, "{what}: {e}; retrying in {delay:?}");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_DELAY);

@@ -3,7 +3,8 @@
 //! on a port of its own, stopped under load and started again on the same
 //! port and data. Clients get 503 with a message while it is down, nothing
 //! acknowledged is lost, and the node recovers without a restart.
-//! (PostgreSQL, as catalog, is tests/postgres_outage.rs.)
+//! (PostgreSQL stopped, as catalog, is tests/postgres_outage.rs; made
+//! silent through a proxy, it is here.)
 //!
 //! The MongoDB stand-in keeps its data in an H2 file, which it commits about
 //! once a second and when stopped cleanly: it is stopped with SIGTERM (as
@@ -324,6 +325,14 @@ async fn outage(mut backend: Backend, args: &[&str], signal: &'static str) {
     eprintln!("{name} hung: the write answered {}, the read {}, after {waited:?}", write.status(), read.status());
     assert_eq!((write.status().as_u16(), read.status().as_u16()), (503, 503), "while {name} hangs");
     assert!(waited < Duration::from_secs(45), "a hung {name} held requests for {waited:?}");
+    // The connections that did not answer are gone: the next request waits
+    // no longer than the first, though every new connection hangs too.
+    let started = Instant::now();
+    let again = http.get(&unread).send().await.unwrap();
+    let waited_again = started.elapsed();
+    eprintln!("{name} hung: the next read answered {} after {waited_again:?}", again.status());
+    assert_eq!(again.status(), 503, "the next read while {name} hangs");
+    assert!(waited_again < waited + Duration::from_secs(5), "the next read waited {waited_again:?}");
     backend.signal("CONT");
     let resumed = Instant::now();
     put_until_accepted(&server, name).await;
@@ -367,4 +376,69 @@ async fn an_s3_restart_under_load_loses_nothing_and_the_node_recovers() {
         &secret,
     ];
     outage(backend, &args, "KILL").await;
+}
+
+/// A TCP proxy to the PostgreSQL test server that can be made to go silent:
+/// connections stay open and new ones are taken, but nothing passes. Gives
+/// the proxied URL of `url`, and the switch.
+async fn silenceable_proxy(url: &str) -> (String, Arc<AtomicBool>) {
+    let at = url.find('@').expect("a URL with credentials") + 1;
+    let end = at + url[at..].find('/').expect("a URL with a database");
+    let upstream = url[at..end].to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxied = format!("{}{}{}", &url[..at], listener.local_addr().unwrap(), &url[end..]);
+    let silent = Arc::new(AtomicBool::new(false));
+    let quiet = silent.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { continue };
+            let (client, server) = (client.into_split(), server.into_split());
+            for (mut from, mut to) in [(client.0, server.1), (server.0, client.1)]
+                .map(|(r, w)| (Box::new(r) as Box<dyn tokio::io::AsyncRead + Unpin + Send>, w))
+            {
+                let quiet = quiet.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf).await {
+                        while quiet.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        if to.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    (proxied, silent)
+}
+
+/// A PostgreSQL catalog that takes connections but stops answering: every
+/// request waits at most its limit (15 s) and gets 503, the second as the
+/// first, though the connections it would make anew hang too; the node
+/// recovers once the server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silent_postgres_catalog_is_503_within_the_limit_every_time() {
+    let url = depot::pg::fresh_test_database().await;
+    let (proxied, silent) = silenceable_proxy(&url).await;
+    let server = Server::start(&["--catalog", &proxied, "--engine", "fs"]);
+    let http = client();
+    let r = http.put(server.object_url("files", "kept")).body("kept").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    silent.store(true, Ordering::SeqCst);
+    for round in 0..2 {
+        let started = Instant::now();
+        let r = http.get(server.object_url("files", &format!("unknown-{round}"))).send().await.unwrap();
+        let waited = started.elapsed();
+        eprintln!("silent catalog: request {round} answered {} after {waited:?}", r.status());
+        assert_eq!(r.status(), 503, "request {round}");
+        assert!(waited < Duration::from_secs(18), "request {round} waited {waited:?}");
+    }
+    silent.store(false, Ordering::SeqCst);
+    put_until_accepted(&server, "PostgreSQL").await;
+    let r = http.get(server.object_url("files", "kept")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "kept");
+    server.assert_no_panic();
 }
