@@ -155,7 +155,7 @@ impl App {
         let expects_continue =
             req.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let bytes_in = content_length(req.headers()).unwrap_or(0);
-        let linger = req.extensions().get::<sendfile::Linger>().cloned();
+        let linger = req.extensions().get::<Peer>().map(|p| p.linger.clone());
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
         // buckets and answers everything else with AccessDenied.
@@ -504,6 +504,13 @@ pub async fn serve(
     Ok(())
 }
 
+/// Who sent a request, and how to close its connection.
+#[derive(Clone)]
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    linger: sendfile::Linger,
+}
+
 /// An accepted connection, on its way to the thread that serves it.
 struct Connection {
     stream: std::net::TcpStream,
@@ -601,8 +608,7 @@ async fn connections(
         stream.set_timeout(Some(app.limits.send_timeout));
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-            req.extensions_mut().insert(peer);
-            req.extensions_mut().insert(linger.clone());
+            req.extensions_mut().insert(Peer { addr: peer, linger: linger.clone() });
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });

@@ -357,7 +357,7 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
 /// credentials only a client on the same machine may ask: the path is the
 /// server's, not the client's.
 async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
-    let local = req.extensions().get::<std::net::SocketAddr>().is_some_and(|peer| peer.ip().is_loopback());
+    let local = req.extensions().get::<super::Peer>().is_some_and(|peer| peer.addr.ip().is_loopback());
     if !app.auth_required() && !local {
         return Err(ApiError::access_denied(
             "backups over the network need credentials; configure --access-key and --secret-key",

@@ -178,7 +178,7 @@ def http_put(url, body, content_type, extra=None):
         return e.code, e.read()
 
 
-def form_post(post, body):
+def form_post(post, body, filename="f.txt"):
     """A browser's multipart/form-data POST of `post` (from
     generate_presigned_post) with the file `body`: (status, answer)."""
     boundary = "----form%06x" % random.randrange(16**6)
@@ -187,7 +187,7 @@ def form_post(post, body):
         for name, value in post["fields"].items()
     ]
     parts.append(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="f.txt"\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
         "Content-Type: application/octet-stream\r\n\r\n".encode() + body + b"\r\n"
     )
     form = b"".join(parts) + f"--{boundary}--\r\n".encode()
@@ -1495,6 +1495,19 @@ def area_presign(s3, buckets):
         f"status {status}: {answer[:300]!r}",
     )
     expect_equal(body_of(s3.get_object(Bucket=bucket, Key="pre/posted"))[:4], b"sent", "... and neither replaced it")
+
+    # `${filename}` in the form's key is the uploaded file's name.
+    named = v4.generate_presigned_post(
+        bucket, "named/${filename}", Conditions=[["starts-with", "$key", "named/"]], ExpiresIn=300
+    )
+    for name, body in [("report.pdf", b"a report"), ("photo.jpg", b"a photo")]:
+        status, answer = form_post(named, body, filename=name)
+        expect(status == 204, f"a form upload of {name} to named/${{filename}}", f"status {status}: {answer[:300]!r}")
+        expect_equal(
+            body_of(s3.get_object(Bucket=bucket, Key=f"named/{name}")), body, f"... is stored as named/{name}"
+        )
+    listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="named/").get("Contents", [])]
+    expect_equal(listed, ["named/photo.jpg", "named/report.pdf"], "... and no key is named ${filename}")
 
     # Asked for 201, the answer is a PostResponse document, its ETag quoted
     # as in every other answer.

@@ -13,6 +13,7 @@
 
 pub(super) mod body;
 mod completion;
+mod form;
 mod framing;
 mod ops;
 
@@ -163,7 +164,8 @@ const MAX_DOCUMENT: u64 = 16 << 20;
 ///   S3 applies them (SDKs hoist checksums and metadata into the URL, where
 ///   the signature covers them);
 /// - the XML document of DeleteObjects or CompleteMultipartUpload is read
-///   and checked against its declared digests ([`body::check_document`]).
+///   and checked against its declared digests ([`body::check_document`]);
+/// - a form upload's key gets its file's name ([`form`]).
 async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
     let (mut parts, body) = req.into_parts();
     let query: Vec<(String, String)> =
@@ -183,6 +185,19 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
         }
     }
     join_repeated(&mut parts.headers, http::header::CONTENT_ENCODING);
+    if parts.method == http::Method::POST
+        && query.is_empty()
+        && let Some(boundary) = form::boundary(&parts.headers)
+    {
+        let mut length = super::content_length(&parts.headers);
+        let body = form::with_filename(body, &boundary, &mut length)
+            .await
+            .map_err(|e| s3_error!(InvalidRequest, "reading the form failed: {e}"))?;
+        if let Some(length) = length {
+            parts.headers.insert(http::header::CONTENT_LENGTH, length.into());
+        }
+        return Ok(http::Request::from_parts(parts, body));
+    }
     let delete = query.iter().any(|(n, _)| n == "delete");
     let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
     let payload = parts.headers.get("x-amz-content-sha256").map(http::HeaderValue::as_bytes).unwrap_or_default();

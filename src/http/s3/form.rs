@@ -1,0 +1,175 @@
+//! Browser form uploads (POST with a policy): the `${filename}` in a form's
+//! `key` is the uploaded file's name, as S3 has it. The protocol layer
+//! takes the key as written, so every upload through one form landed on
+//! one key, each replacing the last. The fields come before the file, so
+//! the form is read up to the file's part, its key rewritten, and the rest
+//! passed on as it comes.
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+
+use crate::http::limits::RequestBody;
+
+/// Most of a form read before its file: its fields, which S3 bounds at
+/// 20 KB, with room for the parts' own headers.
+const MAX_FIELDS: usize = 64 * 1024;
+
+/// What S3 replaces with the file's name.
+const FILENAME: &str = "${filename}";
+
+/// The boundary of a `multipart/form-data` body.
+pub(super) fn boundary(headers: &http::HeaderMap) -> Option<String> {
+    let value = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    let (kind, params) = value.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (name, value) = p.trim().split_once('=')?;
+        name.eq_ignore_ascii_case("boundary").then(|| value.trim_matches('"').to_string())
+    })
+}
+
+/// The form `body` (with `boundary`), its key's `${filename}` replaced by
+/// the file's name; `length` is its Content-Length, changed to match.
+pub(super) async fn with_filename(
+    mut body: RequestBody,
+    boundary: &str,
+    length: &mut Option<u64>,
+) -> Result<s3s::Body, s3s::StdError> {
+    let mut head = BytesMut::new();
+    let mut ended = false;
+    while file_part(&head, boundary).is_none() && head.len() < MAX_FIELDS {
+        match body.frame().await {
+            Some(frame) => {
+                if let Ok(data) = frame?.into_data() {
+                    head.extend_from_slice(&data);
+                }
+            }
+            None => {
+                ended = true;
+                break;
+            }
+        }
+    }
+    let head = match rewrite(&head, boundary) {
+        Some(rewritten) => {
+            *length = length.map(|n| (n + rewritten.len() as u64).saturating_sub(head.len() as u64));
+            Bytes::from(rewritten)
+        }
+        None => head.freeze(),
+    };
+    let first = futures::stream::once(async move { Ok::<_, s3s::StdError>(Frame::data(head)) });
+    if ended {
+        return Ok(s3s::Body::http_body(StreamBody::new(first)));
+    }
+    let rest = body.into_data_stream().map(|d| d.map(Frame::data).map_err(s3s::StdError::from));
+    Ok(s3s::Body::http_body(StreamBody::new(first.chain(rest))))
+}
+
+/// Where the file's part starts in `form`, and its file name, once its
+/// headers are all there.
+fn file_part(form: &[u8], boundary: &str) -> Option<(usize, String)> {
+    let delimiter = format!("--{boundary}\r\n");
+    let mut at = 0;
+    while let Some(found) = find(&form[at..], delimiter.as_bytes()) {
+        let start = at + found;
+        let headers_at = start + delimiter.len();
+        let end = headers_at + find(&form[headers_at..], b"\r\n\r\n")?;
+        let headers = std::str::from_utf8(&form[headers_at..end]).ok()?;
+        let disposition = headers.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition:"))?;
+        if param(disposition, "name").is_some_and(|n| n.eq_ignore_ascii_case("file")) {
+            return Some((start, param(disposition, "filename").unwrap_or_default()));
+        }
+        at = end;
+    }
+    None
+}
+
+/// A parameter of a Content-Disposition line, unquoted.
+fn param(line: &str, name: &str) -> Option<String> {
+    line.split(';').skip(1).find_map(|p| {
+        let (n, v) = p.trim().split_once('=')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim().trim_matches('"').to_string())
+    })
+}
+
+/// `form` up to its file, with `${filename}` in its key field replaced;
+/// `None` when there is nothing to replace.
+fn rewrite(form: &[u8], boundary: &str) -> Option<Vec<u8>> {
+    let (file_at, filename) = file_part(form, boundary)?;
+    // The browser's name for the file, without any folders an old browser
+    // sent with it.
+    let filename = filename.rsplit(['/', '\\']).next().unwrap_or_default();
+    let delimiter = format!("--{boundary}\r\n");
+    let mut at = 0;
+    while let Some(found) = find(&form[at..file_at], delimiter.as_bytes()) {
+        let headers_at = at + found + delimiter.len();
+        let value_at = headers_at + find(&form[headers_at..], b"\r\n\r\n")? + 4;
+        let value_end = value_at + find(&form[value_at..], format!("\r\n--{boundary}").as_bytes())?;
+        let headers = std::str::from_utf8(&form[headers_at..value_at]).ok()?;
+        let is_key = headers
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("content-disposition:"))
+            .any(|l| param(l, "name").is_some_and(|n| n.eq_ignore_ascii_case("key")));
+        if is_key {
+            let key = std::str::from_utf8(&form[value_at..value_end]).ok()?;
+            if !key.contains(FILENAME) {
+                return None;
+            }
+            let mut out = form[..value_at].to_vec();
+            out.extend_from_slice(key.replace(FILENAME, filename).as_bytes());
+            out.extend_from_slice(&form[value_end..]);
+            return Some(out);
+        }
+        at = value_end;
+    }
+    None
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn form(key: &str, filename: &str) -> Vec<u8> {
+        format!(
+            "--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\n{key}\r\n\
+             --XyZ\r\nContent-Disposition: form-data; name=\"policy\"\r\n\r\neyJ9\r\n\
+             --XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n\
+             Content-Type: text/plain\r\n\r\nthe file's bytes\r\n--XyZ--\r\n"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn the_key_takes_the_files_name() {
+        let rewritten = rewrite(&form("uploads/${filename}", "photo.jpg"), "XyZ").unwrap();
+        assert_eq!(rewritten, form("uploads/photo.jpg", "photo.jpg"));
+        let rewritten = rewrite(&form("${filename}", "C:\\Users\\me\\notes.txt"), "XyZ").unwrap();
+        assert_eq!(rewritten, form("notes.txt", "C:\\Users\\me\\notes.txt"));
+    }
+
+    #[test]
+    fn a_key_without_the_variable_or_a_form_cut_short_is_left_alone() {
+        assert_eq!(rewrite(&form("uploads/fixed", "photo.jpg"), "XyZ"), None);
+        let whole = form("uploads/${filename}", "photo.jpg");
+        let file_at = find(&whole, b"name=\"file\"").unwrap();
+        assert_eq!(rewrite(&whole[..file_at], "XyZ"), None, "the file's headers have not all come");
+        assert_eq!(rewrite(&whole, "other"), None);
+    }
+
+    #[test]
+    fn the_boundary_is_read_from_the_content_type() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, "multipart/form-data; boundary=\"XyZ\"".parse().unwrap());
+        assert_eq!(boundary(&headers).as_deref(), Some("XyZ"));
+        headers.insert(http::header::CONTENT_TYPE, "text/plain; boundary=XyZ".parse().unwrap());
+        assert_eq!(boundary(&headers), None);
+    }
+}
