@@ -344,6 +344,32 @@ fn a_refusal_reaches_a_client_that_sends_its_body_first() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// A form upload made of a thousand empty parts, sent in small pieces, is
+/// looked through for its file a bounded number of times: it is answered
+/// at once, and the server is unharmed.
+#[test]
+fn a_form_of_many_empty_parts_costs_little() {
+    let mut s = Server::start(&["--access-key", "app", "--secret-key", "a-long-random-secret"]);
+    let form = "--B\r\n\r\n\r\n".repeat(1000) + "--B--\r\n";
+    let head = format!(
+        "POST /files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=B\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        form.len()
+    );
+    let mut c = connect(&s);
+    c.write_all(head.as_bytes()).unwrap();
+    let started = std::time::Instant::now();
+    for piece in form.as_bytes().chunks(7) {
+        if c.write_all(piece).is_err() {
+            break;
+        }
+    }
+    let a = read_all(c, Duration::from_secs(10));
+    assert!((400..500).contains(&a.status()), "{}", a.text());
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn a_request_sent_before_the_client_closes_its_side_is_answered() {
     // `nc -N` and others shut down writing once the request is out: the

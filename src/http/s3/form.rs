@@ -16,6 +16,10 @@ use crate::http::limits::RequestBody;
 /// 20 KB, with room for the parts' own headers.
 const MAX_FIELDS: usize = 64 * 1024;
 
+/// Most times the form read so far is looked through for its file: S3
+/// takes 20 fields or so.
+const MAX_LOOKS: usize = 64;
+
 /// What S3 replaces with the file's name.
 const FILENAME: &str = "${filename}";
 
@@ -40,16 +44,21 @@ pub(super) async fn with_filename(
     length: &mut Option<u64>,
 ) -> Result<s3s::Body, s3s::StdError> {
     let mut head = BytesMut::new();
-    let mut ended = false;
-    while file_part(&head, boundary).is_none() && head.len() < MAX_FIELDS {
-        match body.frame().await {
-            Some(frame) => {
-                if let Ok(data) = frame?.into_data() {
-                    head.extend_from_slice(&data);
-                }
-            }
-            None => {
-                ended = true;
+    let (mut ended, mut looks) = (false, 0);
+    // The form is looked through again only when a part's headers may have
+    // ended, and a few times at most: a form sent a byte at a time, or made
+    // of many empty parts, costs no more.
+    while head.len() < MAX_FIELDS && looks < MAX_LOOKS {
+        let Some(frame) = body.frame().await else {
+            ended = true;
+            break;
+        };
+        let Ok(data) = frame?.into_data() else { continue };
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&data);
+        if find(&head[from..], b"\r\n\r\n").is_some() {
+            looks += 1;
+            if file_part(&head, boundary).is_some() {
                 break;
             }
         }
