@@ -78,23 +78,42 @@ pub(super) async fn with_filename(
     Ok(s3s::Body::http_body(StreamBody::new(first.chain(rest))))
 }
 
-/// Where the file's part starts in `form`, and its file name, once its
-/// headers are all there.
-fn file_part(form: &[u8], boundary: &str) -> Option<(usize, String)> {
+/// A part of a form whose headers have all come.
+struct Part {
+    /// Where its delimiter starts.
+    start: usize,
+    /// Where its value starts.
+    value_at: usize,
+    /// The `name` and `filename` of its Content-Disposition.
+    name: String,
+    filename: Option<String>,
+}
+
+/// The parts of `form` whose headers have all come, in order.
+fn parts(form: &[u8], boundary: &str) -> Vec<Part> {
     let delimiter = format!("--{boundary}\r\n");
+    let mut found = Vec::new();
     let mut at = 0;
-    while let Some(found) = find(&form[at..], delimiter.as_bytes()) {
-        let start = at + found;
+    while let Some(offset) = find(&form[at..], delimiter.as_bytes()) {
+        let start = at + offset;
         let headers_at = start + delimiter.len();
-        let end = headers_at + find(&form[headers_at..], b"\r\n\r\n")?;
-        let headers = std::str::from_utf8(&form[headers_at..end]).ok()?;
-        let disposition = headers.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition:"))?;
-        if param(disposition, "name").is_some_and(|n| n.eq_ignore_ascii_case("file")) {
-            return Some((start, param(disposition, "filename").unwrap_or_default()));
-        }
-        at = end;
+        let Some(end) = find(&form[headers_at..], b"\r\n\r\n").map(|e| headers_at + e) else { break };
+        let headers = std::str::from_utf8(&form[headers_at..end]).unwrap_or_default();
+        let disposition =
+            headers.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition:")).unwrap_or_default();
+        let name = param(disposition, "name").unwrap_or_default();
+        found.push(Part { start, value_at: end + 4, name, filename: param(disposition, "filename") });
+        at = end + 4;
     }
-    None
+    found
+}
+
+/// The file's name, once the headers of its part have all come.
+fn file_part(form: &[u8], boundary: &str) -> Option<String> {
+    parts(form, boundary)
+        .into_iter()
+        .find(|p| p.name.eq_ignore_ascii_case("file"))
+        .map(|p| p.filename.unwrap_or_default())
 }
 
 /// A parameter of a Content-Disposition line, unquoted.
@@ -108,34 +127,23 @@ fn param(line: &str, name: &str) -> Option<String> {
 /// `form` up to its file, with `${filename}` in its key field replaced;
 /// `None` when there is nothing to replace.
 fn rewrite(form: &[u8], boundary: &str) -> Option<Vec<u8>> {
-    let (file_at, filename) = file_part(form, boundary)?;
+    let parts = parts(form, boundary);
+    let file = parts.iter().position(|p| p.name.eq_ignore_ascii_case("file"))?;
+    let key = parts[..file].iter().position(|p| p.name.eq_ignore_ascii_case("key"))?;
+    // A value ends with the CRLF before the next part's delimiter.
+    let (value_at, value_end) = (parts[key].value_at, parts[key + 1].start.checked_sub(2)?);
+    let value = std::str::from_utf8(form.get(value_at..value_end)?).ok()?;
+    if !value.contains(FILENAME) {
+        return None;
+    }
     // The browser's name for the file, without any folders an old browser
     // sent with it.
+    let filename = parts[file].filename.as_deref().unwrap_or_default();
     let filename = filename.rsplit(['/', '\\']).next().unwrap_or_default();
-    let delimiter = format!("--{boundary}\r\n");
-    let mut at = 0;
-    while let Some(found) = find(&form[at..file_at], delimiter.as_bytes()) {
-        let headers_at = at + found + delimiter.len();
-        let value_at = headers_at + find(&form[headers_at..], b"\r\n\r\n")? + 4;
-        let value_end = value_at + find(&form[value_at..], format!("\r\n--{boundary}").as_bytes())?;
-        let headers = std::str::from_utf8(&form[headers_at..value_at]).ok()?;
-        let is_key = headers
-            .lines()
-            .filter(|l| l.to_ascii_lowercase().starts_with("content-disposition:"))
-            .any(|l| param(l, "name").is_some_and(|n| n.eq_ignore_ascii_case("key")));
-        if is_key {
-            let key = std::str::from_utf8(&form[value_at..value_end]).ok()?;
-            if !key.contains(FILENAME) {
-                return None;
-            }
-            let mut out = form[..value_at].to_vec();
-            out.extend_from_slice(key.replace(FILENAME, filename).as_bytes());
-            out.extend_from_slice(&form[value_end..]);
-            return Some(out);
-        }
-        at = value_end;
-    }
-    None
+    let mut out = form[..value_at].to_vec();
+    out.extend_from_slice(value.replace(FILENAME, filename).as_bytes());
+    out.extend_from_slice(&form[value_end..]);
+    Some(out)
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
