@@ -214,8 +214,9 @@ impl Store {
         Ok(upload_id)
     }
 
-    /// The record of an upload in progress for bucket/key.
-    async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
+    /// The record of an upload in progress for bucket/key: what
+    /// CreateMultipartUpload said.
+    pub async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         check_upload_id(upload_id)?;
         match self.catalog.get_object(UPLOADS, &upload_key(bucket, upload_id)).await? {
@@ -242,21 +243,6 @@ impl Store {
         self.upload(bucket, key, upload_id).await?;
         let opts = PutOptions { content_type: Some("application/octet-stream".into()), ..opts };
         Ok(self.put_unchecked(UPLOADS, &part_key(upload_id, part), body, opts).await?.record)
-    }
-
-    /// Stores bytes `range` of an object as one part.
-    pub async fn upload_part_copy(
-        &self,
-        bucket: &str,
-        key: &str,
-        upload_id: &str,
-        part: u32,
-        source: &ObjectRecord,
-        range: ByteRange,
-    ) -> Result<ObjectRecord> {
-        let body = self.read(source, range).await?;
-        let opts = PutOptions { content_length: Some(range.len()), ..PutOptions::default() };
-        self.upload_part(bucket, key, upload_id, part, body, opts).await
     }
 
     /// Parts uploaded so far with numbers above `after`, at most `limit`.

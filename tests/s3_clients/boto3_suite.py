@@ -39,6 +39,7 @@ import zlib
 
 import boto3
 import botocore
+from boto3.s3.transfer import TransferConfig
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
@@ -1892,6 +1893,60 @@ def multipart_checksums(s3, bucket):
         (got.get("ChecksumCRC32"), got.get("ChecksumType")), (want, "COMPOSITE"), "GetObject answers it too"
     )
     expect(body_of(got) == b"".join(parts), "... with the object's bytes")
+
+    # Parts copied from another object get a checksum in the upload's
+    # algorithm too, as s3transfer's managed copy reads them back.
+    source = b"".join(parts)
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="copied", ChecksumAlgorithm="CRC32")["UploadId"]
+    copied = [
+        s3.upload_part_copy(
+            Bucket=bucket,
+            Key="copied",
+            UploadId=upload,
+            PartNumber=i + 1,
+            CopySource={"Bucket": bucket, "Key": "composite"},
+            CopySourceRange=f"bytes={start}-{end - 1}",
+        )["CopyPartResult"]
+        for i, (start, end) in enumerate([(0, 5 * MiB), (5 * MiB, len(source))])
+    ]
+    pieces = [source[: 5 * MiB], source[5 * MiB :]]
+    expect_equal(
+        [c.get("ChecksumCRC32") for c in copied],
+        [crc32_b64(p) for p in pieces],
+        "UploadPartCopy into a CRC32 upload answers the copied range's CRC32",
+    )
+    listed = s3.list_parts(Bucket=bucket, Key="copied", UploadId=upload)
+    expect_equal(
+        [p.get("ChecksumCRC32") for p in listed["Parts"]],
+        [crc32_b64(p) for p in pieces],
+        "... and ListParts answers it",
+    )
+    completed = s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key="copied",
+        UploadId=upload,
+        MultipartUpload={"Parts": [completed_part(i + 1, c) for i, c in enumerate(copied)]},
+    )
+    expect_equal(
+        completed.get("ChecksumCRC32"),
+        composite_crc32(pieces),
+        "... and CompleteMultipartUpload, given those CRC32s, answers their composite",
+    )
+    config = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    s3.copy(
+        {"Bucket": bucket, "Key": "composite"},
+        bucket,
+        "managed copy",
+        ExtraArgs={"ChecksumAlgorithm": "CRC32"},
+        Config=config,
+    )
+    got = s3.get_object(Bucket=bucket, Key="managed copy", ChecksumMode="ENABLED")
+    expect_equal(
+        (got.get("ChecksumCRC32"), got.get("ContentLength")),
+        (composite_crc32(pieces), len(source)),
+        "a managed copy in 5 MiB parts with CRC32 gets the parts' composite",
+    )
+    expect(body_of(got) == source, "... with the source's bytes")
 
     created = s3.create_multipart_upload(
         Bucket=bucket, Key="full", ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT"

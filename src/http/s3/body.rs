@@ -166,6 +166,47 @@ fn protocol_failure(e: &StdError) -> S3Error {
     }
 }
 
+/// A stream whose bytes are hashed as they pass, with one algorithm:
+/// the checksum of a part copied from another object, which no client
+/// declared, in the algorithm its upload chose.
+pub struct Hashed<S> {
+    inner: S,
+    hasher: Option<ChecksumHasher>,
+    /// The checksum, once the stream ended.
+    pub computed: Arc<Mutex<Option<Checksum>>>,
+}
+
+impl<S> Hashed<S> {
+    /// Hashes `inner` by `algorithm`, a header name of [`ALGORITHMS`];
+    /// with none, computes nothing.
+    pub fn new(inner: S, algorithm: Option<&str>) -> Hashed<S> {
+        Hashed { inner, hasher: algorithm.map(|a| hasher_for([a].into_iter())), computed: Arc::default() }
+    }
+}
+
+impl<S: Stream<Item = Result<Bytes, E>> + Unpin, E> Stream for Hashed<S> {
+    type Item = Result<Bytes, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let next = Pin::new(&mut this.inner).poll_next(cx);
+        match &next {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if let Some(h) = &mut this.hasher {
+                    h.update(chunk);
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(h) = this.hasher.take() {
+                    *this.computed.lock().unwrap_or_else(|p| p.into_inner()) = Some(h.finalize());
+                }
+            }
+            _ => {}
+        }
+        next
+    }
+}
+
 /// A body that checks declared checksums.
 pub struct Checked {
     inner: StreamingBlob,

@@ -67,6 +67,12 @@ pub fn of_upload(headers: &[(String, String)]) -> (Option<ChecksumAlgorithm>, Op
     (header(ALGORITHM_HEADER).map(ChecksumAlgorithm::from), header(TYPE_HEADER).map(ChecksumType::from))
 }
 
+/// The header name of the algorithm an upload's parts are checksummed
+/// with, if it chose one.
+pub fn part_algorithm(headers: &[(String, String)]) -> Option<&'static str> {
+    headers.iter().find(|(n, _)| n == ALGORITHM_HEADER).and_then(|(_, v)| header_of(v))
+}
+
 /// The one checksum `c` holds, by header name; more than one is refused.
 fn declared_in(c: &Checksum, what: &str) -> Result<Option<(&'static str, String)>, StoreError> {
     let mut found = super::body::ALGORITHMS.iter().filter_map(|name| Some((*name, field(c, name)?)));

@@ -1,7 +1,7 @@
 //! The S3 operations depot answers, each a few store calls. Operations not
 //! here get s3s's `NotImplemented` (501) error.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use percent_encoding::utf8_percent_encode;
 use s3s::dto::*;
@@ -403,15 +403,23 @@ where
     let checked = Checked::new(body, &req.headers, req.trailing_headers.clone(), failure.clone())?;
     let computed = checked.computed.clone();
     // The declared checksum, verified, is stored with the object.
-    let verified = computed.clone();
-    let late_headers = LateHeaders(Arc::new(move || {
-        verified.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(body::headers_of).unwrap_or_default()
-    }));
-    let opts = PutOptions { content_length: len, late_headers: Some(late_headers), ..opts };
+    let opts = PutOptions { content_length: len, late_headers: Some(kept(&computed)), ..opts };
     match write(checked, opts).await {
-        Ok(r) => Ok((r, computed.lock().unwrap_or_else(|p| p.into_inner()).take())),
+        Ok(r) => Ok((r, taken(&computed))),
         Err(e) => Err(failure.take().unwrap_or_else(|| to_s3(e))),
     }
+}
+
+/// The checksum a body computes, once it has ended, as headers to store.
+fn kept(computed: &Arc<Mutex<Option<Checksum>>>) -> LateHeaders {
+    let computed = computed.clone();
+    LateHeaders(Arc::new(move || {
+        computed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(body::headers_of).unwrap_or_default()
+    }))
+}
+
+fn taken(computed: &Mutex<Option<Checksum>>) -> Option<Checksum> {
+    computed.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
 fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
@@ -999,17 +1007,26 @@ impl S3 for DepotS3 {
                 ByteRange { start, end: end + 1 }
             }
         };
-        let record = self
-            .store
-            .upload_part_copy(&input.bucket, &input.key, &input.upload_id, part, &source, range)
-            .await
-            .map_err(to_s3)?;
+        // The part gets a checksum in the upload's algorithm, as an
+        // uploaded part does, for ListParts and the Complete request.
+        let (bucket, key, id) = (&input.bucket, &input.key, &input.upload_id);
+        let upload = self.store.upload(bucket, key, id).await.map_err(to_s3)?;
+        let algorithm = completion::part_algorithm(&upload.headers);
+        let body = self.store.read(&source, range).await.map_err(to_s3)?;
+        let body = body::Hashed::new(body, algorithm);
+        let computed = body.computed.clone();
+        let opts = PutOptions {
+            content_length: Some(range.len()),
+            late_headers: Some(kept(&computed)),
+            ..PutOptions::default()
+        };
+        let record = self.store.upload_part(bucket, key, id, part, body, opts).await.map_err(to_s3)?;
+        let checksum = taken(&computed).unwrap_or_default();
         ok(UploadPartCopyOutput {
-            copy_part_result: Some(CopyPartResult {
-                e_tag: Some(etag(&record)),
-                last_modified: Some(modified(&record)),
-                ..Default::default()
-            }),
+            copy_part_result: Some(with_checksum!(
+                checksum,
+                CopyPartResult { e_tag: Some(etag(&record)), last_modified: Some(modified(&record)) }
+            )),
             ..Default::default()
         })
     }
