@@ -53,6 +53,18 @@ fn err(e: impl std::fmt::Display) -> CatalogError {
     CatalogError::Internal(e.to_string())
 }
 
+/// An error opening the catalog, saying what to do when it is damage.
+fn damaged(path: &Path, e: rocksdb::Error) -> CatalogError {
+    match e.kind() {
+        rocksdb::ErrorKind::Corruption => CatalogError::Internal(format!(
+            "the catalog in {} is damaged ({e}); depot does not open it, as that would drop the records \
+             after the damage: serve a copy made by `depot backup` instead",
+            path.display()
+        )),
+        _ => err(e),
+    }
+}
+
 fn object_key(bucket: &str, key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(bucket.len() + 1 + key.len());
     k.extend_from_slice(bucket.as_bytes());
@@ -144,6 +156,13 @@ impl RocksCatalog {
         // the log is written there too, once per group, rather than by a
         // `write` call per transaction on the server's threads.
         opts.set_manual_wal_flush(true);
+        // Damage inside the log is refused rather than recovered past: a
+        // point-in-time recovery would stop at the damaged record and drop
+        // every later one without a word, and records lost from the catalog
+        // leave their bytes looking like leftovers to `verify` (which would
+        // then remove them). Only a last record cut short is passed over:
+        // a crash mid-write leaves it, and it was never acknowledged.
+        opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
         // Most requests are point lookups of small records (an object
         // record, then its blob record), and a batch makes thousands. Read
         // through RocksDB's block cache, each lookup copied a block out of
@@ -169,7 +188,7 @@ impl RocksCatalog {
             ColumnFamilyDescriptor::new("dead", opts.clone()),
             ColumnFamilyDescriptor::new("meta", meta),
         ];
-        let db = Arc::new(DB::open_cf_descriptors(&opts, path, cfs).map_err(err)?);
+        let db = Arc::new(DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| damaged(path, e))?);
         let mut buckets = HashMap::new();
         for item in db.iterator_cf(db.cf_handle("buckets").expect("created at open"), IteratorMode::Start) {
             let (k, v) = item.map_err(err)?;
@@ -850,6 +869,53 @@ mod tests {
         assert_eq!(encode(&new), old_bytes);
         assert_eq!(decode::<BlobRecord>(&old_bytes).unwrap(), new);
         assert_eq!(postcard::from_bytes::<ByteByByte>(&encode(&new)).unwrap(), old);
+    }
+
+    /// A catalog holding buckets `names`, closed; the path of its log.
+    async fn closed_with_buckets(dir: &Path, names: &[&str]) -> std::path::PathBuf {
+        let c = RocksCatalog::open(dir).unwrap();
+        for name in names {
+            c.create_bucket(&BucketRecord::new(name, "", false)).await.unwrap();
+        }
+        drop(c);
+        let logs: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log") && std::fs::metadata(p).unwrap().len() > 0)
+            .collect();
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        logs[0].clone()
+    }
+
+    async fn bucket_names(c: &RocksCatalog) -> Vec<String> {
+        c.buckets().await.unwrap().into_iter().map(|b| b.name).collect()
+    }
+
+    /// A record damaged in the middle of the log would, recovered to the
+    /// point before it, take every later record with it, unseen.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_log_damaged_within_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = closed_with_buckets(dir.path(), &["first-of-three", "second", "third"]).await;
+        let mut bytes = std::fs::read(&log).unwrap();
+        let at = bytes.windows(14).position(|w| w == b"first-of-three").expect("the record is in the log");
+        bytes[at] ^= 0x20;
+        std::fs::write(&log, bytes).unwrap();
+        let e = RocksCatalog::open(dir.path()).err().expect("a damaged catalog is refused");
+        assert!(e.to_string().contains("is damaged") && e.to_string().contains("depot backup"), "{e}");
+    }
+
+    /// A crash in the middle of a write leaves its record cut short, at
+    /// the log's end: the catalog opens without it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_last_record_cut_short_is_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = closed_with_buckets(dir.path(), &["first", "second", "last-of-three"]).await;
+        let bytes = std::fs::read(&log).unwrap();
+        let at = bytes.windows(13).position(|w| w == b"last-of-three").expect("the record is in the log");
+        std::fs::write(&log, &bytes[..at + 4]).unwrap();
+        let c = RocksCatalog::open(dir.path()).unwrap();
+        assert_eq!(bucket_names(&c).await, ["first", "second"]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
