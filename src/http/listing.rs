@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use http::{StatusCode, header};
+use serde::Serialize;
 use serde_json::json;
 
 use super::error::ApiError;
@@ -56,6 +57,26 @@ pub(super) async fn buckets(app: &Arc<App>, req: &Request) -> Result<Response, A
     Ok(negotiated(page("Buckets", "<tr><th>Bucket</th><th>Created</th></tr>", &rows)))
 }
 
+/// A page of a listing as JSON, borrowing the catalog's records rather
+/// than copying them: a page may hold 10,000 keys of up to 8 KB.
+#[derive(Serialize)]
+struct Listing<'a> {
+    bucket: &'a str,
+    prefix: &'a str,
+    entries: Vec<Entry<'a>>,
+    dirs: &'a [String],
+    next: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Entry<'a> {
+    key: &'a str,
+    size: u64,
+    etag: &'a str,
+    modified: String,
+    content_type: &'a str,
+}
+
 pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix: &str) -> Result<Response, ApiError> {
     let q = query(req);
     let limit = match query_value(&q, "limit") {
@@ -77,26 +98,18 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
     };
     let page_of = app.store.list(bucket, &list).await?;
     if wants_json(req) {
-        let entries: Vec<_> = page_of
+        let entries = page_of
             .objects
             .iter()
-            .map(|o| {
-                json!({
-                    "key": o.key,
-                    "size": o.size,
-                    "etag": o.etag,
-                    "modified": rfc3339(o.modified),
-                    "content_type": o.content_type,
-                })
+            .map(|o| Entry {
+                key: &o.key,
+                size: o.size,
+                etag: &o.etag,
+                modified: rfc3339(o.modified),
+                content_type: &o.content_type,
             })
             .collect();
-        let body = json!({
-            "bucket": bucket,
-            "prefix": prefix,
-            "entries": entries,
-            "dirs": page_of.prefixes,
-            "next": page_of.next,
-        });
+        let body = Listing { bucket, prefix, entries, dirs: &page_of.prefixes, next: page_of.next.as_deref() };
         return Ok(negotiated(json(StatusCode::OK, &body)));
     }
     // Keys with `.` or `..` segments are linked so that a browser leaves

@@ -392,8 +392,10 @@ pub fn full(status: StatusCode, content_type: &str, bytes: impl Into<Bytes>) -> 
     r
 }
 
-pub fn json(status: StatusCode, value: &serde_json::Value) -> Response {
-    let mut body = serde_json::to_vec(value).expect("JSON values serialise");
+pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    // Answers are values and structs of strings and numbers, which always
+    // serialise.
+    let mut body = serde_json::to_vec(value).expect("answers serialise");
     body.push(b'\n');
     full(status, "application/json", body)
 }
