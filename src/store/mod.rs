@@ -327,6 +327,9 @@ pub struct Store {
     maintenance: tokio::sync::Mutex<()>,
     /// The data directory's free bytes as last looked up, and when.
     free_space: parking_lot::Mutex<Option<(Instant, u64)>>,
+    /// Bytes that uploads in progress announced and have not written yet:
+    /// space they will take, which the file system does not count as used.
+    promised: AtomicU64,
 }
 
 /// How long small uploads go by the free space last looked up (a lookup
@@ -334,6 +337,44 @@ pub struct Store {
 const FREE_SPACE_AGE: Duration = Duration::from_millis(100);
 /// Uploads of more than this, or of unknown length, look it up afresh.
 const FREE_SPACE_FRESH_OVER: u64 = 64 * 1024;
+/// An upload of unknown length looks at the free space again each time
+/// it has written this much.
+const UNKNOWN_LENGTH_RECHECK: u64 = 8 << 20;
+
+/// An upload's claim on the free space ([`Store::claim_space`]): what it
+/// announced and has not written yet, given back as it writes, and the
+/// rest when it ends, whichever way.
+struct SpaceClaim<'a> {
+    store: &'a Store,
+    left: u64,
+    /// Of unknown length: the free space is looked at again as it writes.
+    unknown: bool,
+    unchecked: u64,
+}
+
+impl SpaceClaim<'_> {
+    /// `n` more bytes written: refused once an upload of unknown length
+    /// would take the space kept free.
+    fn wrote(&mut self, n: u64) -> Result<()> {
+        let settled = n.min(self.left);
+        self.left -= settled;
+        self.store.promised.fetch_sub(settled, Ordering::AcqRel);
+        if self.unknown {
+            self.unchecked += n;
+            if self.unchecked >= UNKNOWN_LENGTH_RECHECK {
+                self.unchecked = 0;
+                self.store.claim_space(None)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SpaceClaim<'_> {
+    fn drop(&mut self) {
+        self.store.promised.fetch_sub(self.left, Ordering::AcqRel);
+    }
+}
 
 /// Where the time of uploads went, summed over every put since start:
 /// streaming the bytes into the engine (hashing included) and registering
@@ -370,6 +411,7 @@ impl Store {
             put_time: PutTime::default(),
             maintenance: tokio::sync::Mutex::new(()),
             free_space: parking_lot::Mutex::new(None),
+            promised: AtomicU64::new(0),
         })
     }
 
@@ -590,16 +632,19 @@ impl Store {
         digests.iter().zip(blobs).map(|(d, b)| b.map(|b| b.blob_ref()).ok_or_else(|| missing(*d))).collect()
     }
 
-    /// Refuses an upload of `len` bytes that would leave less than
-    /// `min_free_space` free on the data directory's file system. The
-    /// body counts where the engine keeps it there; an upload of unknown
-    /// length counts as empty, and fails with 507 if it fills the disk.
-    fn check_space(&self, len: Option<u64>) -> Result<()> {
+    /// Claims the space an upload of `len` bytes will take, refusing it
+    /// if that would leave less than `min_free_space` free on the data
+    /// directory's file system once every upload in progress has written
+    /// what it announced. The body counts where the engine keeps it there;
+    /// an upload of unknown length claims nothing, and looks again as it
+    /// writes ([`SpaceClaim::wrote`]).
+    fn claim_space(&self, len: Option<u64>) -> Result<SpaceClaim<'_>> {
+        let unclaimed = SpaceClaim { store: self, left: 0, unknown: false, unchecked: 0 };
         let (Some(data), keep) = (&self.config.data, self.config.min_free_space) else {
-            return Ok(());
+            return Ok(unclaimed);
         };
         if keep == 0 {
-            return Ok(());
+            return Ok(unclaimed);
         }
         let free = {
             let mut last = self.free_space.lock();
@@ -611,7 +656,7 @@ impl Store {
                 }
                 _ => {
                     let Ok(fs) = rustix::fs::statvfs(data) else {
-                        return Ok(());
+                        return Ok(unclaimed);
                     };
                     let free = fs.f_bavail.saturating_mul(fs.f_frsize);
                     *last = Some((Instant::now(), free));
@@ -620,16 +665,23 @@ impl Store {
             }
         };
         let local = self.config.engine.as_ref().is_some_and(|(kind, _)| kind.is_embedded());
-        let needed = keep.saturating_add(if local { len.unwrap_or(0) } else { 0 });
-        if free < needed {
+        let wanted = if local { len.unwrap_or(0) } else { 0 };
+        let fits = |promised: u64| free >= keep.saturating_add(promised).saturating_add(wanted);
+        if let Err(promised) =
+            self.promised.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| fits(p).then(|| p + wanted))
+        {
+            let pending = match promised {
+                0 => String::new(),
+                p => format!(" (uploads in progress will take {} of it)", indicatif::HumanBytes(p)),
+            };
             return Err(StoreError::LowSpace(format!(
-                "not enough space: {} free on the data directory's file system, and uploads leave {} free \
-                 (--min-free-space) for deletes to go on; delete objects or add space",
+                "not enough space: {} free on the data directory's file system{pending}, and uploads leave {} \
+                 free (--min-free-space) for deletes to go on; delete objects or add space",
                 indicatif::HumanBytes(free),
                 indicatif::HumanBytes(keep)
             )));
         }
-        Ok(())
+        Ok(SpaceClaim { store: self, left: wanted, unknown: local && len.is_none(), unchecked: 0 })
     }
 
     /// Streams a body into a new blob, hashing as it goes; `synced` false
@@ -639,7 +691,7 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
-        self.check_space(expected.len)?;
+        let mut space = self.claim_space(expected.len)?;
         let mut writer = self.engine.writer(expected.len).await?;
         let mut hashes = hashes::BodyHashes::new();
         let failure = loop {
@@ -648,12 +700,17 @@ impl Store {
                 Some(Err(e)) => break Some(StoreError::Body(e.to_string())),
                 Some(Ok(chunk)) => {
                     hashes.update(&chunk).await;
+                    let len = chunk.len() as u64;
                     if let Err(e) = writer.write(chunk).await {
                         break Some(e.into());
+                    }
+                    if let Err(e) = space.wrote(len) {
+                        break Some(e);
                     }
                 }
             }
         };
+        drop(space);
         let (digest, md5, size) = hashes.finish().await?;
         let failure = failure.or_else(|| match expected {
             Expected { len: Some(n), .. } if n != size => Some(StoreError::IncompleteBody { expected: n, got: size }),
@@ -1235,6 +1292,80 @@ mod tests {
         // ...and deletes and reads go on.
         assert_eq!(read_all(&store, "files", "kept").await, b"kept");
         store.delete("files", "kept", &Default::default()).await.unwrap();
+    }
+
+    /// A store over the memory engine that counts uploads as written to
+    /// `dir`'s file system, keeping 1 byte free; and that file system's
+    /// free bytes.
+    async fn counting_space(dir: &std::path::Path) -> (Arc<Store>, u64) {
+        let catalog = Arc::new(RocksCatalog::open(&dir.join("catalog")).unwrap());
+        let config = StoreConfig {
+            data: Some(dir.to_path_buf()),
+            engine: Some((EngineKind::Fs, Default::default())),
+            min_free_space: 1,
+            ..StoreConfig::default()
+        };
+        let store = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
+        let fs = rustix::fs::statvfs(dir).unwrap();
+        (Arc::new(store), fs.f_bavail * fs.f_frsize)
+    }
+
+    /// An upload that sends `first` and then waits: it holds its claim.
+    fn waiting(first: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
+        body(first).chain(futures::stream::pending())
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn uploads_in_progress_count_against_the_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, free) = counting_space(dir.path()).await;
+        let sized = |n: u64| PutOptions { content_length: Some(n), ..PutOptions::default() };
+        // Each fits alone; two at once would take more than there is.
+        let (half, more) = (free / 2, free / 2 + free / 8);
+        let first = tokio::spawn({
+            let store = store.clone();
+            async move { store.put("files", "first", waiting(b"x"), sized(half)).await }
+        });
+        while store.promised.load(Ordering::Acquire) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let r = store.put("files", "second", body(b"x"), sized(more)).await;
+        assert!(matches!(&r, Err(StoreError::LowSpace(m)) if m.contains("in progress")), "{r:?}");
+        // The first upload, cut off, gives its claim back.
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert_eq!(store.promised.load(Ordering::Acquire), 0);
+        let r = store.put("files", "second", body(b"x"), sized(more)).await;
+        assert!(matches!(r, Err(StoreError::IncompleteBody { .. })), "{r:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_upload_of_unknown_length_stops_at_the_space_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = counting_space(dir.path()).await;
+        use futures::SinkExt as _;
+        // A channel that takes a chunk only once the last one was read.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(0);
+        let upload = tokio::spawn({
+            let store = store.clone();
+            async move { store.put("files", "streamed", rx, PutOptions::default()).await }
+        });
+        let chunk = Bytes::from(vec![7u8; 1 << 20]);
+        for _ in 0..2 {
+            tx.send(Ok(chunk.clone())).await.unwrap();
+        }
+        // The upload is under way; meanwhile other uploads claim more than
+        // any disk has.
+        let beyond = u64::MAX / 4;
+        store.promised.fetch_add(beyond, Ordering::AcqRel);
+        for _ in 0..UNKNOWN_LENGTH_RECHECK >> 20 {
+            // Refused, the upload stops reading.
+            let _ = tx.send(Ok(chunk.clone())).await;
+        }
+        let r = tokio::time::timeout(Duration::from_secs(10), upload).await.expect("refused as it writes").unwrap();
+        assert!(matches!(&r, Err(StoreError::LowSpace(_))), "{r:?}");
+        store.promised.fetch_sub(beyond, Ordering::AcqRel);
+        assert!(matches!(store.head("files", "streamed").await, Err(StoreError::NoSuchKey(_))));
     }
 
     #[tokio::test(flavor = "multi_thread")]
