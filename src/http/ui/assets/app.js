@@ -83,7 +83,9 @@
       'X-Amz-Expires': String(expires), 'X-Amz-SignedHeaders': names.join(';'),
     });
     const qs = Object.keys(q).sort().map((k) => uri(k, true) + '=' + uri(q[k], true)).join('&');
-    const canonical = [method, p, qs, names.map((n) => `${n}:${String(hs[n]).trim()}\n`).join(''), names.join(';'), 'UNSIGNED-PAYLOAD'].join('\n');
+    // The canonical URI is the path decoded and encoded once again, as S3
+    // and the server make it: a `/` sent as %2F is signed as `/`.
+    const canonical = [method, uri(decodeURIComponent(p)), qs, names.map((n) => `${n}:${String(hs[n]).trim()}\n`).join(''), names.join(';'), 'UNSIGNED-PAYLOAD'].join('\n');
     const toSign = ['AWS4-HMAC-SHA256', now, scope, hex(sha256(enc.encode(canonical)))].join('\n');
     let key = enc.encode('AWS4' + S.cred.sk);
     for (const part of [now.slice(0, 8), REGION, 's3', 'aws4_request']) key = hmac(key, enc.encode(part));
