@@ -188,6 +188,15 @@ fn malformed_request_heads_get_400_and_a_closed_connection() {
         ("hex length", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\nhello"),
         ("unknown transfer coding", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nhello"),
         ("chunked not last", b"PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"),
+        (
+            "chunked twice",
+            b"PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "chunked on two lines",
+            b"PUT /files/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5\r\nhello\r\n0\r\n\r\n",
+        ),
         ("two Host headers", b"GET /_/health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
         ("no Host header", b"GET /_/health HTTP/1.1\r\n\r\n"),
     ];

@@ -646,6 +646,26 @@ async fn several_ranges_give_multipart_byteranges() {
     }
 }
 
+/// The stored Content-Encoding is the object's: each part of several
+/// ranges carries its bytes, but the multipart answer is not encoded.
+#[tokio::test]
+async fn several_ranges_of_an_encoded_object_name_the_coding_in_each_part() {
+    let s = Server::start(&[]);
+    let body = pattern(1000, 8);
+    let r = put(&s, "z", &body, &[("content-encoding", "gzip")]).await;
+    assert_eq!(r.status(), 201);
+    let r = ranged(&s, "z", "bytes=0-9, 20-29", &[]).await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(header(&r, "content-encoding"), "");
+    let ct = header(&r, "content-type");
+    let boundary = ct.strip_prefix("multipart/byteranges; boundary=").expect(&ct).to_string();
+    let text = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
+    assert_eq!(text.matches("\r\nContent-Encoding: gzip\r\n").count(), 2, "{text}");
+    assert_eq!(multipart_parts(text.as_bytes(), &boundary).len(), 2);
+    let r = ranged(&s, "z", "bytes=0-9", &[]).await;
+    assert_eq!(header(&r, "content-encoding"), "gzip", "one range is of the encoded object");
+}
+
 #[tokio::test]
 async fn unsatisfiable_ranges_give_416_with_the_length() {
     let s = Server::start(&[]);
@@ -1063,6 +1083,50 @@ async fn a_declared_modification_time_is_kept_and_a_bad_one_refused() {
         let r = get(&s, "m", &[("if-modified-since", when)]).await;
         assert_eq!(r.status(), 304, "conditionals use the kept time");
     }
+    // A date to come is now (RFC 9110 section 8.8.2.1): kept as given, a
+    // client revalidating with it would get 304 whatever replaced it.
+    let future = "Sun, 01 Jan 2040 00:00:00 GMT";
+    let r = put(&s, "m", b"first", &[("x-depot-modified", future)]).await;
+    assert!(r.status().is_success());
+    let r = get(&s, "m", &[]).await;
+    let modified = httpdate::parse_http_date(&header(&r, "last-modified")).unwrap();
+    assert!(modified <= httpdate::parse_http_date(&header(&r, "date")).unwrap(), "{modified:?}");
+    assert_healthy(&s).await;
+}
+
+/// A key ending in `/` is a folder, which a GET lists: it takes an empty
+/// marker and nothing else, which no GET could give back.
+#[tokio::test]
+async fn a_folder_takes_an_empty_marker_only() {
+    let s = Server::start(&[]);
+    let r = put(&s, "docs/", b"bytes", &[]).await;
+    expect_error(r, 400, "InvalidRequest").await;
+    assert_eq!(list(&s, "docs/", "").await["entries"], json!([]));
+    assert_eq!(put(&s, "docs/", b"", &[]).await.status(), 201);
+    let entries = list(&s, "docs/", "").await["entries"].clone();
+    assert_eq!(entries.as_array().map(|e| e.len()), Some(1), "{entries}");
+    assert_eq!((entries[0]["key"].as_str(), entries[0]["size"].as_u64()), (Some("docs/"), Some(0)));
+}
+
+#[tokio::test]
+async fn a_digest_given_twice_differently_is_refused() {
+    let s = Server::start(&[]);
+    let body = b"declared twice";
+    let (right, wrong) = (sha256_hex(body), sha256_hex(b"other"));
+    for pair in [[&right, &wrong], [&wrong, &right]] {
+        let r = put(&s, "d", body, &[("x-depot-sha256", pair[0]), ("x-depot-sha256", pair[1])]).await;
+        expect_error(r, 400, "InvalidRequest").await;
+        assert_absent(&s, "d").await;
+    }
+    let md5 = |b: &[u8]| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(hex::decode(md5_hex(b)).unwrap())
+    };
+    let r = put(&s, "d", body, &[("content-md5", &md5(body)), ("content-md5", &md5(b"other"))]).await;
+    expect_error(r, 400, "InvalidRequest").await;
+    assert_absent(&s, "d").await;
+    let r = put(&s, "d", body, &[("x-depot-sha256", &right), ("x-depot-sha256", &right)]).await;
+    assert_eq!(r.status(), 201, "the same value twice is one declaration");
     assert_healthy(&s).await;
 }
 

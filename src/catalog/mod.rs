@@ -115,6 +115,13 @@ pub const STORED_HEADERS: [&str; 5] =
 pub const CHECKSUM_HEADER_PREFIX: &str = "x-amz-checksum-";
 
 impl ObjectRecord {
+    /// When the object was last modified, as answers give it: never later
+    /// than now (RFC 9110 section 8.8.2.1), whatever another node's clock
+    /// said; a later date would keep every If-Modified-Since at 304.
+    pub fn shown_modified(&self) -> Millis {
+        self.modified.min(now_millis())
+    }
+
     /// The record's stored form. Records without headers end after the
     /// metadata, as every record did before headers were kept, so a store
     /// written earlier reads the same and needs no migration.

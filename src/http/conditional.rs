@@ -30,16 +30,22 @@ pub struct Validators<'a> {
 impl<'a> Validators<'a> {
     /// An object's: a modification time of 0 is not given as Last-Modified.
     pub fn of(record: &'a ObjectRecord) -> Validators<'a> {
-        Validators { etag: &record.etag, modified: (record.modified > 0).then(|| from_millis(record.modified)) }
+        let modified = record.shown_modified();
+        Validators { etag: &record.etag, modified: (modified > 0).then(|| from_millis(modified)) }
     }
 }
 
 /// The tags of an `If-Match`/`If-None-Match` list, each with whether it
 /// is weak (quotes and the `W/` prefix removed; `*` kept as is).
 fn tags(value: &str) -> impl Iterator<Item = (bool, String)> + '_ {
-    value.split(',').map(str::trim).filter(|t| !t.is_empty()).map(|t| match t.strip_prefix("W/") {
-        Some(weak) => (true, weak.trim_matches('"').to_string()),
-        None => (false, t.trim_matches('"').to_string()),
+    value.split(',').map(str::trim).filter(|t| !t.is_empty()).filter_map(|t| {
+        let (weak, tag) = t.strip_prefix("W/").map_or((false, t), |w| (true, w));
+        match tag {
+            "*" => Some((weak, tag.to_string())),
+            // Quoted, `"*"` is an entity tag like any other (RFC 9110
+            // section 8.8.3), one that no object has: left out.
+            _ => Some(tag.trim_matches('"')).filter(|t| *t != "*").map(|t| (weak, t.to_string())),
+        }
     })
 }
 
@@ -169,6 +175,17 @@ mod tests {
         assert_eq!(evaluate(&Method::PUT, &star, cur()), Verdict::Failed);
         assert_eq!(evaluate(&Method::PUT, &star, None), Verdict::Proceed);
         assert_eq!(evaluate(&Method::GET, &headers(&[("if-none-match", "\"zzz\"")]), cur()), Verdict::Proceed);
+    }
+
+    #[test]
+    fn a_quoted_star_is_a_tag_not_any() {
+        let none_match = headers(&[("if-none-match", "\"*\"")]);
+        assert_eq!(evaluate(&Method::GET, &none_match, cur()), Verdict::Proceed);
+        assert_eq!(evaluate(&Method::PUT, &none_match, cur()), Verdict::Proceed);
+        assert!(!write_precondition(&none_match).if_absent);
+        let if_match = headers(&[("if-match", "\"*\"")]);
+        assert_eq!(evaluate(&Method::PUT, &if_match, cur()), Verdict::Failed);
+        assert_eq!(write_precondition(&if_match).if_match, Some(Vec::new()));
     }
 
     #[test]

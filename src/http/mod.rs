@@ -210,14 +210,29 @@ impl App {
         // RFC 9112 section 6.1: a transfer coding other than chunked is one
         // the server cannot undo; storing the coded bytes as the body would
         // be wrong, so it is a 501 and the body stays unread.
-        if let Some(te) = req.headers().get(header::TRANSFER_ENCODING)
-            && te.to_str().map_or(true, |v| v.split(',').any(|c| !c.trim().eq_ignore_ascii_case("chunked")))
-        {
-            let e = ApiError::new(
+        // Chunked may be applied once only: decoded once, a body coded
+        // twice would end elsewhere than a proxy in front believes.
+        let codings: Option<Vec<&str>> = req
+            .headers()
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .map(|v| v.to_str().ok())
+            .collect::<Option<Vec<_>>>()
+            .map(|lines| lines.iter().flat_map(|l| l.split(',')).map(str::trim).collect());
+        let refusal = match codings.as_deref() {
+            None => Some(ApiError::bad_request("Transfer-Encoding is not text")),
+            Some([]) => None,
+            Some([one]) if one.eq_ignore_ascii_case("chunked") => None,
+            Some(c) if c.iter().all(|c| c.eq_ignore_ascii_case("chunked")) => {
+                Some(ApiError::bad_request("the chunked transfer coding is applied more than once"))
+            }
+            Some(c) => Some(ApiError::new(
                 StatusCode::NOT_IMPLEMENTED,
                 "NotImplemented",
-                format!("transfer coding {te:?}: only chunked is supported"),
-            );
+                format!("transfer coding {:?}: only chunked is supported", c.join(", ")),
+            )),
+        };
+        if let Some(e) = refusal {
             let mut r = error_response(&e);
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;

@@ -232,6 +232,17 @@ pub(super) async fn route(app: &Arc<App>, req: Request) -> Result<Response, ApiE
     }
 }
 
+/// A header that may be given once: the body's digests and date. Two
+/// lines that differ are refused rather than one of them checked.
+fn one<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>, ApiError> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next();
+    match lines.find(|v| Some(*v) != first) {
+        Some(_) => Err(ApiError::bad_request(format!("{name} is given twice, with different values"))),
+        None => Ok(first),
+    }
+}
+
 async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Result<Response, ApiError> {
     let headers = req.headers();
     // RFC 9110 section 9.3.4: a partial PUT must not be taken for the
@@ -239,7 +250,14 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     if headers.contains_key(header::CONTENT_RANGE) {
         return Err(ApiError::bad_request("a PUT replaces the whole object: Content-Range is not supported"));
     }
-    let expected_sha256 = match headers.get("x-depot-sha256") {
+    // A GET of a key ending in `/` lists the folder: such a key holds an
+    // empty folder marker, or bytes no native GET could give back.
+    if key.ends_with('/') && super::limits::has_body(headers) {
+        return Err(ApiError::bad_request(format!(
+            "{key:?} ends in /, which makes it a folder: its marker is empty (the S3 API stores bytes there)"
+        )));
+    }
+    let expected_sha256 = match one(headers, "x-depot-sha256")? {
         None => None,
         Some(v) => Some(
             v.to_str()
@@ -248,7 +266,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
                 .ok_or_else(|| ApiError::bad_request("X-Depot-Sha256 must be 64 hexadecimal digits"))?,
         ),
     };
-    let expected_md5 = match headers.get("content-md5") {
+    let expected_md5 = match one(headers, "content-md5")? {
         None => None,
         Some(v) => Some(content_md5(v.to_str().unwrap_or(""))?),
     };
@@ -262,14 +280,15 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         }
     }
     let stored = stored_headers(headers)?;
-    let modified = match headers.get("x-depot-modified") {
+    let modified = match one(headers, "x-depot-modified")? {
         None => None,
         Some(v) => Some(
             v.to_str()
                 .ok()
                 .and_then(|v| httpdate::parse_http_date(v).ok())
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as u64)
+                // A date to come is now: the object exists from now on.
+                .map(|d| (d.as_millis() as u64).min(crate::catalog::now_millis()))
                 .ok_or_else(|| ApiError::bad_request("X-Depot-Modified must be an HTTP date"))?,
         ),
     };
@@ -416,10 +435,11 @@ fn stored_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, ApiError
 /// section 15.4.5 names Cache-Control and Expires among them).
 pub(super) fn validator_headers(h: &mut HeaderMap, record: &ObjectRecord) {
     h.insert(header::ETAG, quoted(&record.etag));
-    if record.modified > 0 {
+    let modified = record.shown_modified();
+    if modified > 0 {
         // An HTTP date is 29 bytes: written in place, not into a String.
         let mut date = [0u8; 29];
-        let written = write!(&mut date[..], "{}", httpdate::HttpDate::from(from_millis(record.modified)));
+        let written = write!(&mut date[..], "{}", httpdate::HttpDate::from(from_millis(modified)));
         if let (Ok(()), Ok(v)) = (written, HeaderValue::from_bytes(&date)) {
             h.insert(header::LAST_MODIFIED, v);
         }
@@ -539,12 +559,16 @@ async fn multipart_ranges(
 ) -> Result<Response, ApiError> {
     use futures::{StreamExt, TryStreamExt};
     let boundary = format!("depot-{:016x}", rand::random::<u64>());
+    // A stored Content-Encoding describes the object, whose bytes each
+    // part carries; the answer itself is the multipart document.
+    let encoding = record.header(header::CONTENT_ENCODING.as_str()).map(|e| format!("Content-Encoding: {e}\r\n"));
     let mut total = 0u64;
     let mut pieces: Vec<crate::engine::ByteStream> = Vec::new();
     for r in &ranges {
         let head = format!(
-            "\r\n--{boundary}\r\nContent-Type: {}\r\nContent-Range: bytes {}-{}/{}\r\n\r\n",
+            "\r\n--{boundary}\r\nContent-Type: {}\r\n{}Content-Range: bytes {}-{}/{}\r\n\r\n",
             record.content_type,
+            encoding.as_deref().unwrap_or(""),
             r.start,
             r.end - 1,
             record.size
@@ -568,6 +592,7 @@ async fn multipart_ranges(
     };
     let mut r = streamed(StatusCode::PARTIAL_CONTENT, total, body);
     object_headers(r.headers_mut(), record, req);
+    r.headers_mut().remove(header::CONTENT_ENCODING);
     let ct = format!("multipart/byteranges; boundary={boundary}");
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_str(&ct).expect("ASCII"));
     Ok(r)

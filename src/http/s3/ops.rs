@@ -46,7 +46,7 @@ fn etag(record: &ObjectRecord) -> ETag {
 }
 
 fn modified(record: &ObjectRecord) -> Timestamp {
-    Timestamp::from(from_millis(record.modified))
+    Timestamp::from(from_millis(record.shown_modified()))
 }
 
 fn metadata(record: &ObjectRecord) -> Option<Metadata> {
