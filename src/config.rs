@@ -89,9 +89,14 @@ pub struct ServeArgs {
     /// Access key of the one credential pair given on the command line.
     #[arg(long, env = "DEPOT_ACCESS_KEY", value_name = "KEY")]
     pub access_key: Option<String>,
-    /// Secret of that pair (also accepted as `Authorization: Bearer`).
-    #[arg(long, env = "DEPOT_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
+    /// Secret of that pair (also accepted as `Authorization: Bearer`);
+    /// DEPOT_SECRET_KEY gives it beside an access key.
+    #[arg(long, value_name = "SECRET")]
     pub secret_key: Option<String>,
+    /// DEPOT_SECRET_KEY, which is also the client commands' secret: a shell
+    /// may export it for them, so alone it makes no credential here.
+    #[arg(skip = std::env::var("DEPOT_SECRET_KEY").ok().filter(|s| !s.is_empty()))]
+    pub secret_key_env: Option<String>,
     /// Allow a non-loopback address without credentials (`=false` turns
     /// off the file's `true`; the variable takes true/false, 1/0, yes/no).
     #[arg(
@@ -302,7 +307,10 @@ impl Settings {
                 bail!("credential {:?}: its access key or its secret is given twice in the file", c.access_key);
             }
         }
-        match (&args.access_key, &args.secret_key) {
+        // DEPOT_SECRET_KEY completes a pair; alone, it is the client
+        // commands' secret, exported for them in the same shell.
+        let secret_key = args.secret_key.clone().or_else(|| args.access_key.as_ref().and(args.secret_key_env.clone()));
+        match (&args.access_key, &secret_key) {
             (Some(a), Some(s)) => {
                 // The flags win over the file's entry for the same key.
                 credentials.retain(|c| c.access_key != *a);
@@ -312,7 +320,10 @@ impl Settings {
                 credentials.insert(0, Credential { access_key: a.clone(), secret_key: s.clone() })
             }
             (None, None) => {}
-            _ => bail!("--access-key and --secret-key go together"),
+            (Some(_), None) => {
+                bail!("--access-key (or DEPOT_ACCESS_KEY) needs its secret: --secret-key (or DEPOT_SECRET_KEY)")
+            }
+            (None, Some(_)) => bail!("--secret-key needs its access key: --access-key (or DEPOT_ACCESS_KEY)"),
         }
         if let Some(c) = credentials.iter().find(|c| c.access_key.is_empty() || c.secret_key.len() < 8) {
             bail!(
@@ -576,6 +587,23 @@ mod tests {
         assert_eq!(keys, [("a", "secret-new"), ("b", "secret-two")], "the flag replaces the file's entry");
         let clash = ServeArgs { access_key: Some("c".into()), secret_key: Some("secret-two".into()), ..args };
         assert!(Settings::resolve(&clash).is_err());
+    }
+
+    /// DEPOT_SECRET_KEY is the client commands' variable too: alone it
+    /// names no credential; beside an access key it is the pair's secret.
+    #[test]
+    fn the_secret_variable_alone_makes_no_credential() {
+        let alone = ServeArgs { secret_key_env: Some("a-long-random-secret".into()), ..Default::default() };
+        assert!(Settings::resolve(&alone).unwrap().credentials.is_empty());
+        let paired = ServeArgs { access_key: Some("app".into()), ..alone.clone() };
+        let pair = Credential { access_key: "app".into(), secret_key: "a-long-random-secret".into() };
+        assert_eq!(Settings::resolve(&paired).unwrap().credentials, [pair]);
+        let flag = ServeArgs { secret_key: Some("a-long-random-secret".into()), ..Default::default() };
+        let e = Settings::resolve(&flag).unwrap_err().to_string();
+        assert!(e.contains("--secret-key needs its access key"), "{e}");
+        let key = ServeArgs { access_key: Some("app".into()), ..Default::default() };
+        let e = Settings::resolve(&key).unwrap_err().to_string();
+        assert!(e.contains("DEPOT_ACCESS_KEY) needs its secret"), "{e}");
     }
 
     #[test]

@@ -252,3 +252,210 @@ fn several_arguments_go_on_past_a_failure() {
     let gone = depot(&server, &["get", "files/several/there", "back"], dir.path());
     assert!(String::from_utf8_lossy(&gone.stderr).contains("404"), "the second key was removed");
 }
+
+const SECRET: &str = "a-long-random-secret";
+
+/// `depot ARGS` in `dir` with only the given `DEPOT_*` variables.
+fn depot_env(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> std::process::Output {
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(dir).args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEPOT_")) {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().copied()).output().unwrap()
+}
+
+/// Starts `depot serve ARGS` in `dir` with only the given `DEPOT_*`
+/// variables; its address once it listens.
+fn serve_env(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(dir).arg("serve").args(args).args(["--listen", "127.0.0.1:0", "--gc-interval", "0"]);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEPOT_")) {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd.envs(env.iter().copied()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read to the end, so that the server never writes into a closed pipe.
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut said = String::new();
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        if let Some((_, rest)) = line.split_once("listening on http://") {
+            return (child, rest.split_whitespace().next().unwrap().to_string());
+        }
+        said.push_str(&line);
+        said.push('\n');
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("depot serve did not start:\n{said}");
+}
+
+/// DEPOT_SECRET_KEY, exported for the client commands, leaves `serve`,
+/// `gc`, `verify` and `backup` working: alone it makes no credential
+/// (`backup` sends it to the server it asks). Beside DEPOT_ACCESS_KEY it is
+/// still the server's credential.
+#[test]
+fn the_client_secret_variable_leaves_the_server_commands_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let client_env = [("DEPOT_SECRET_KEY", SECRET)];
+    let mut server =
+        Server::start_in(dir.path().join("data").as_path(), &["--access-key", "app", "--secret-key", SECRET]);
+    let client = [&client_env[..], &[("DEPOT_SERVER", server.url.as_str())]].concat();
+    std::fs::write(dir.path().join("note.txt"), b"note").unwrap();
+    ok(&depot_env(&["put", "note.txt", "files/note.txt"], &client, dir.path()));
+    let bk = dir.path().join("bk");
+    let out =
+        depot_env(&["backup", "--data", data, "--listen", &server.addr, bk.to_str().unwrap()], &client_env, dir.path());
+    assert!(ok(&out).contains("backed up 1 objects"), "{out:?}");
+    assert!(server.stop().success());
+
+    for command in [&["verify", "--data", data][..], &["gc", "--data", data]] {
+        ok(&depot_env(command, &client_env, dir.path()));
+    }
+    let (mut child, addr) = serve_env(&["--data", data], &client_env, dir.path());
+    let anyone = depot_env(&["get", "files/note.txt", "-", "--server", &format!("http://{addr}")], &[], dir.path());
+    assert_eq!(ok(&anyone), "note", "a server without credentials");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let pair = [("DEPOT_ACCESS_KEY", "app"), ("DEPOT_SECRET_KEY", SECRET)];
+    let (mut child, addr) = serve_env(&["--data", data], &pair, dir.path());
+    let server = format!("http://{addr}");
+    let anyone = depot_env(&["get", "files/note.txt", "-", "--server", &server], &[], dir.path());
+    assert!(String::from_utf8_lossy(&anyone.stderr).contains("AccessDenied (403)"), "{anyone:?}");
+    let keyed = depot_env(&["get", "files/note.txt", "-", "--server", &server], &client_env, dir.path());
+    assert_eq!(ok(&keyed), "note");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // A secret flag without its access key is still a mistake, named as such.
+    let out = depot_env(&["verify", "--data", data, "--secret-key", SECRET], &[], dir.path());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-key needs its access key"), "{out:?}");
+}
+
+/// A download cut short by Ctrl-C or by SIGTERM (kill, timeout, systemd)
+/// removes its partial file.
+#[test]
+fn an_interrupted_download_leaves_no_partial_file() {
+    // A server that sends the start of a large answer, then nothing more.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            let _ = std::io::Read::read(&mut conn, &mut [0; 4096]);
+            let _ = std::io::Write::write_all(&mut conn, b"HTTP/1.1 200 OK\r\ncontent-length: 100000000\r\n\r\nstart");
+            held.push(conn);
+        }
+    });
+    for signal in ["INT", "TERM"] {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(BIN)
+            .current_dir(dir.path())
+            .args(["get", "files/big.bin", "--server", &url])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while std::fs::read_dir(dir.path()).unwrap().count() == 0 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "no download began");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap().success());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "SIG{signal}: {out:?}");
+        assert_no_partial_download(dir.path());
+    }
+}
+
+/// Makes the bucket `name` public-read through the S3 API, as the web
+/// UI's "New bucket" dialog does.
+async fn create_public_bucket(server: &Server, name: &str) {
+    let config = depot::engine::S3Config {
+        bucket: Some(name.into()),
+        region: None,
+        access_key: Some("app".into()),
+        secret_key: Some(SECRET.into()),
+    };
+    let builder = depot::engine::s3::builder(Some(&server.url), &config);
+    let resolved = depot::engine::s3::resolve(&builder).unwrap();
+    let store = builder.build().unwrap();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-amz-acl", http::HeaderValue::from_static("public-read"));
+    let signed =
+        depot::engine::s3::sign(&store, &resolved.region, &http::Method::PUT, &resolved.bucket_url, &headers).await;
+    let resp = reqwest::Client::new().put(&resolved.bucket_url).headers(signed.unwrap()).send().await.unwrap();
+    assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+}
+
+/// Without a secret, a server with credentials answers in S3's form and
+/// only for public-read buckets: `ls` lists such a bucket all the same,
+/// folders, prefixes, escaped keys and pages of it.
+#[tokio::test]
+async fn a_public_bucket_is_listed_without_a_secret() {
+    let server = Server::start(&["--access-key", "app", "--secret-key", SECRET]);
+    create_public_bucket(&server, "pub").await;
+    let mut batch = Vec::new();
+    for i in 0..1001 {
+        batch.extend(format!("many/k{i:04}\n1\nx\n").into_bytes());
+    }
+    for (key, body) in
+        [("top.txt", &b"top"[..]), ("a/b.txt", b"b"), ("a/line\nbreak\u{1b}[31m", b"odd"), ("sp ace+plus", b"s")]
+    {
+        let url = server.object_url("pub", key);
+        let resp = reqwest::Client::new().put(url).bearer_auth(SECRET).body(body.to_vec()).send().await.unwrap();
+        assert!(resp.status().is_success(), "{key:?}");
+    }
+    let url = format!("{}/_/batch/put?bucket=pub", server.url);
+    let resp = reqwest::Client::new().post(url).bearer_auth(SECRET).body(batch).send().await.unwrap();
+    assert!(resp.status().is_success());
+
+    let dir = tempfile::tempdir().unwrap();
+    let listing = ok(&depot(&server, &["ls", "pub"], dir.path()));
+    let names: Vec<&str> = listing.lines().map(|l| l.rsplit("  ").next().unwrap()).collect();
+    assert_eq!(names, ["a/", "many/", "sp ace+plus", "top.txt"], "{listing}");
+    assert!(listing.contains("3 B") && listing.contains("Z  top.txt"), "sizes and dates: {listing}");
+    let listing = ok(&depot(&server, &["ls", "pub/a"], dir.path()));
+    assert!(listing.contains("a/b.txt") && listing.contains("a/line\\nbreak\\u{1b}[31m"), "{listing}");
+    assert!(!listing.contains('\u{1b}'), "{listing}");
+    let listing = ok(&depot(&server, &["ls", "pub/to"], dir.path()));
+    assert!(listing.ends_with("top.txt\n") && listing.lines().count() == 1, "what starts with it: {listing}");
+    let listing = ok(&depot(&server, &["ls", "pub/many/"], dir.path()));
+    assert_eq!(listing.lines().count(), 1001, "every page");
+    assert!(listing.lines().last().unwrap().ends_with("many/k1000"));
+
+    // A bucket that is not public is refused, as the server says.
+    let out = depot(&server, &["ls", "files"], dir.path());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AccessDenied (403)"), "{out:?}");
+}
+
+/// File names and keys are shown escaped wherever they are printed: a
+/// name cannot move the cursor or recolour the terminal.
+#[test]
+fn names_are_printed_escaped() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let name = "evil\u{1b}[31mRED\u{1b}[0m.txt";
+    let shown = "evil\\u{1b}[31mRED\\u{1b}[0m.txt";
+    std::fs::write(dir.path().join(name), b"x").unwrap();
+    let out = depot(&server, &["put", name, "files/"], dir.path());
+    let said = ok(&out);
+    assert!(said.contains(&format!("files/{shown}")) && !said.contains('\u{1b}'), "{said}");
+    std::fs::create_dir(dir.path().join("into")).unwrap();
+    let said = ok(&depot(&server, &["get", &format!("files/{name}"), "into"], dir.path()));
+    assert!(said.contains(&format!("into/{shown}")) && !said.contains('\u{1b}'), "{said}");
+    let out = depot(&server, &["get", &format!("files/{name}/")], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(shown) && !err.contains('\u{1b}'), "{err}");
+    let out = depot(&server, &["put", &format!("missing-{name}"), "files/"], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("opening missing-{shown}")) && !err.contains('\u{1b}'), "{err}");
+}

@@ -239,3 +239,54 @@ async fn s3_keys_no_path_can_hold_are_imported_whole() {
         assert_eq!(String::from_utf8(body).unwrap(), format!("the bytes of {key}"), "{key:?}");
     }
 }
+
+/// A symbolic link to nothing, or one that loops, holds nothing to import:
+/// it is said and skipped, and does not fail this run or the next, as
+/// rsync skips what is not a file.
+#[test]
+fn links_that_lead_nowhere_are_skipped_not_failed() {
+    let server = Server::start(&[]);
+    let src = tempfile::tempdir().unwrap();
+    let root = src.path();
+    std::fs::create_dir(root.join("d")).unwrap();
+    std::fs::write(root.join("d/a.txt"), b"a").unwrap();
+    std::os::unix::fs::symlink("missing", root.join("dangling\u{1b}[31m")).unwrap();
+    std::os::unix::fs::symlink("circle", root.join("circle")).unwrap();
+    std::os::unix::fs::symlink("..", root.join("d/up")).unwrap();
+    for run in ["first", "second"] {
+        let out = import(&server, &[root.to_str().unwrap(), "files/links/"]);
+        let (said, err) = (ok(&out), String::from_utf8_lossy(&out.stderr).into_owned());
+        assert!(said.contains("3 symbolic links left out") && said.contains("0 failed"), "{run}: {said}");
+        assert!(err.contains("dangling\\u{1b}[31m: a symbolic link to missing, which does not exist"), "{err}");
+        assert!(err.contains("circle: a symbolic link to circle, which links on without end"), "{err}");
+        assert!(err.contains("up: a link back to") && !err.contains('\u{1b}'), "{err}");
+    }
+}
+
+/// The bucket the import creates is refused as the server says why, as
+/// for `depot put`.
+#[test]
+fn a_refused_bucket_says_why() {
+    let server = Server::start(&["--access-key", "app", "--secret-key", "a-long-random-secret"]);
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("a.txt"), b"a").unwrap();
+    let out = import(&server, &[src.path().to_str().unwrap(), "files/x/"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("creating bucket files: AccessDenied (403): this server"), "{err}");
+    let out = import(&server, &[src.path().to_str().unwrap(), "Bad_Name", "--secret-key", "a-long-random-secret"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("creating bucket Bad_Name: InvalidBucketName (400): bucket name \"Bad_Name\""), "{err}");
+}
+
+/// A file that fails is named escaped, so its name cannot act on the
+/// terminal.
+#[test]
+fn failures_name_files_escaped() {
+    let server = Server::start(&["--max-key-bytes", "12"]);
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("evil\u{1b}[31mRED.txt"), b"x").unwrap();
+    let out = import(&server, &[src.path().to_str().unwrap(), "files"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("failed: evil\\u{1b}[31mRED.txt: "), "{err}");
+    assert!(!err.contains('\u{1b}') && err.contains("run the import again to retry them"), "{err}");
+}

@@ -9,7 +9,9 @@ use futures::StreamExt;
 use indicatif::{HumanBytes, ProgressBar};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::{SignalKind, signal};
 
+use super::s3_source::ListBucketResult;
 use crate::store::names;
 
 /// Where the server is and how to authenticate.
@@ -72,26 +74,56 @@ impl Client {
         resp: reqwest::Response,
         what: &str,
     ) -> anyhow::Result<T> {
-        let url = resp.url().clone();
-        resp.json().await.with_context(|| {
-            format!("{url} did not answer with {what}: is --server {} the address of a depot server?", self.base)
-        })
+        let url = resp.url().to_string();
+        resp.json().await.with_context(|| self.not_depot(&url, what))
     }
 
+    /// What to say when `url` did not answer with `what`.
+    fn not_depot(&self, url: &str, what: &str) -> String {
+        format!("{url} did not answer with {what}: is --server {} the address of a depot server?", self.base)
+    }
+
+    /// Whether the server has credentials: a request without a secret is
+    /// then an anonymous S3 request, which may read public-read buckets
+    /// and nothing else. A server that does not say is taken to have none.
+    async fn needs_credentials(&self) -> bool {
+        #[derive(Deserialize)]
+        struct UiConfig {
+            auth_required: bool,
+        }
+        let req = self.request(reqwest::Method::GET, &format!("{}/_/ui/config", self.base));
+        match self.send(req).await {
+            Ok(resp) => resp.json::<UiConfig>().await.is_ok_and(|c| c.auth_required),
+            Err(_) => false,
+        }
+    }
+
+    /// Sends a request; an answer other than a success is an error that
+    /// says what the server said.
     pub(crate) async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        self.send_accepting(req, None).await
+    }
+
+    /// As [`Client::send`], with `also` taken for an answer too (a 409 to
+    /// the creation of a bucket that exists).
+    pub(crate) async fn send_accepting(
+        &self,
+        req: reqwest::RequestBuilder,
+        also: Option<reqwest::StatusCode>,
+    ) -> anyhow::Result<reqwest::Response> {
         // A body that fails while it is read (a file that shrank, a source
         // that broke off) is not the server's doing.
         let resp = req.send().await.map_err(|e| {
             let what = if e.is_connect() { "cannot reach" } else { "the request broke off, to" };
             anyhow::Error::new(e).context(format!("{what} the depot server at {}", self.base))
         })?;
-        if resp.status().is_success() {
+        if resp.status().is_success() || Some(resp.status()) == also {
             return Ok(resp);
         }
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
         if let Ok(e) = serde_json::from_str::<ErrorBody>(&text) {
-            bail!("{} ({}): {}", e.error, status.as_u16(), e.message);
+            bail!("{} ({}): {}", printable(&e.error), status.as_u16(), printable(&e.message));
         }
         // An S3 error document (an anonymous request is answered as one).
         let tag = |name: &str| {
@@ -103,7 +135,7 @@ impl Client {
             Some(escapes.iter().fold(raw.to_string(), |t, (from, to)| t.replace(from, to)))
         };
         match (tag("Code"), tag("Message")) {
-            (Some(code), Some(message)) => bail!("{code} ({}): {message}", status.as_u16()),
+            (Some(code), Some(message)) => bail!("{} ({}): {}", printable(&code), status.as_u16(), printable(&message)),
             _ => bail!("the server answered {status}"),
         }
     }
@@ -148,7 +180,7 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
     };
     let (bucket, key) = split_target(&target);
     if files.len() > 1 && !(key.is_empty() || key.ends_with('/')) {
-        bail!("several files need a target ending in '/', like {bucket}/{key}/");
+        bail!("several files need a target ending in '/', like {}/", printable(&target));
     }
     let client = Client::new(args)?;
     runtime()?.block_on(each_of(&files, "uploaded", |file| {
@@ -157,7 +189,7 @@ pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
             let name = file
                 .file_name()
                 .and_then(|n| n.to_str())
-                .with_context(|| format!("{} has no usable file name", file.display()))?;
+                .with_context(|| format!("{} has no usable file name", printable_path(file)))?;
             let key = if key.is_empty() || key.ends_with('/') { format!("{key}{name}") } else { key.to_string() };
             put_one(client, file, bucket, &key).await
         }
@@ -188,14 +220,16 @@ where
 }
 
 async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyhow::Result<()> {
-    let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
+    let shown = printable_path(file);
+    let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {shown}"))?;
     let meta = f.metadata().await?;
     if meta.is_dir() {
-        bail!("{} is a directory: upload its files, or import it with depot import", file.display());
+        bail!("{shown} is a directory: upload its files, or import it with depot import");
     }
+    let target = printable(&format!("{bucket}/{key}")).into_owned();
     // A pipe or a device has no length to declare: its bytes go chunked.
     let len = meta.is_file().then_some(meta.len());
-    let progress = bar(len.unwrap_or(0), &format!("{bucket}/{key}"));
+    let progress = bar(len.unwrap_or(0), &target);
     let p = progress.clone();
     let stream = tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).inspect(move |c| {
         if let Ok(c) = c {
@@ -211,7 +245,7 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
     let body: serde_json::Value = client.json(resp?, "an upload's record").await?;
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
     let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
-    say(format_args!("{bucket}/{key}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
+    say(format_args!("{target}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
 }
 
 /// `depot get BUCKET/KEY [FILE]`: to FILE (`-` for standard output), or a
@@ -222,6 +256,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
     if key.is_empty() {
         bail!("give BUCKET/KEY, e.g. files/photo.jpg");
     }
+    let target = printable(target);
     if key.ends_with('/') {
         bail!("{target} names a folder: list it with depot ls {target}");
     }
@@ -244,7 +279,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
             Some(p) => p.to_path_buf(),
             None => PathBuf::from(name),
         };
-        let progress = bar(len, target);
+        let progress = bar(len, &target);
         let existing = std::fs::metadata(&dest).ok();
         if existing.as_ref().is_some_and(|m| !m.is_file()) {
             // A device, a FIFO or a socket (`/dev/null`, `/dev/stdout`) is
@@ -253,7 +288,7 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
                 .write(true)
                 .open(&dest)
                 .await
-                .with_context(|| format!("opening {}", dest.display()))?;
+                .with_context(|| format!("opening {}", printable_path(&dest)))?;
             let written = write_body(&mut body, &mut f, &progress, sha256).await;
             progress.finish_and_clear();
             return written;
@@ -268,28 +303,34 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
             _ => PathBuf::from("."),
         };
         let partial = dir.join(format!(".depot-part-{:016x}", rand::random::<u64>()));
-        let mut f =
-            tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
+        // Interrupted (Ctrl-C, or SIGTERM from kill, timeout or systemd),
+        // the partial file goes too: the handlers are in place before it
+        // exists.
+        let mut interrupt = signal(SignalKind::interrupt()).context("watching for Ctrl-C")?;
+        let mut terminate = signal(SignalKind::terminate()).context("watching for SIGTERM")?;
+        let mut f = tokio::fs::File::create(&partial)
+            .await
+            .with_context(|| format!("creating {}", printable_path(&partial)))?;
         let download = async {
             write_body(&mut body, &mut f, &progress, sha256).await?;
             if let Some(m) = &existing {
                 f.set_permissions(m.permissions()).await?;
             }
             f.sync_all().await?;
-            tokio::fs::rename(&partial, &dest).await.with_context(|| format!("writing {}", dest.display()))?;
+            tokio::fs::rename(&partial, &dest).await.with_context(|| format!("writing {}", printable_path(&dest)))?;
             Ok(())
         };
-        // Interrupted, the partial file goes too.
         let result: anyhow::Result<()> = tokio::select! {
             r = download => r,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = interrupt.recv() => Err(anyhow::anyhow!("interrupted")),
+            _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
         };
         progress.finish_and_clear();
         if let Err(e) = result {
             let _ = tokio::fs::remove_file(&partial).await;
             return Err(e);
         }
-        say(format_args!("{}  {}", dest.display(), HumanBytes(len)))
+        say(format_args!("{}  {}", printable_path(&dest), HumanBytes(len)))
     })
 }
 
@@ -360,37 +401,30 @@ pub fn ls(args: &ClientArgs, target: Option<&str>) -> anyhow::Result<()> {
             return Ok(());
         };
         let (bucket, prefix) = split_target(target);
+        // Without a secret, a server with credentials lists a public-read
+        // bucket as S3 does, and nothing else.
+        let anonymous = client.secret.is_none() && client.needs_credentials().await;
         // A folder's contents, as `ls DIR`; when no folder has that name,
         // as `aws s3 ls`: what in the folder up to the last `/` starts
         // with the rest (`photos/2024` lists `photos/2024-01.jpg`).
         let folder = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
-        if !list(&client, bucket, &folder, "").await? && !prefix.ends_with('/') {
+        if !list(&client, anonymous, bucket, &folder, "").await? && !prefix.ends_with('/') {
             let (folder, start) = prefix.split_at(prefix.rfind('/').map_or(0, |i| i + 1));
-            list(&client, bucket, folder, start).await?;
+            list(&client, anonymous, bucket, folder, start).await?;
         }
         Ok(())
     })
 }
 
-/// Prints the entries of `folder` that start with `start`, page by page;
-/// whether there were any.
-async fn list(client: &Client, bucket: &str, folder: &str, start: &str) -> anyhow::Result<bool> {
-    let encode = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
+/// Prints the entries of `folder` that start with `start`, page by page,
+/// through the S3 API when `anonymous`; whether there were any.
+async fn list(client: &Client, anonymous: bool, bucket: &str, folder: &str, start: &str) -> anyhow::Result<bool> {
     let (mut after, mut any): (Option<String>, bool) = (None, false);
     loop {
-        let mut query = Vec::new();
-        if !start.is_empty() {
-            query.push(format!("prefix={}", encode(start)));
-        }
-        if let Some(a) = &after {
-            query.push(format!("after={}", encode(a)));
-        }
-        let mut url = client.url(bucket, folder)?;
-        if !query.is_empty() {
-            url.push_str(&format!("?{}", query.join("&")));
-        }
-        let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
-        let page: Listing = client.json(client.send(req).await?, "a listing").await?;
+        let page = match anonymous {
+            true => s3_page(client, bucket, &format!("{folder}{start}"), after.as_deref()).await?,
+            false => native_page(client, bucket, folder, start, after.as_deref()).await?,
+        };
         for d in &page.dirs {
             say(format_args!("{:>10}  {:<24}  {}", "-", "", printable(d)))?;
         }
@@ -403,6 +437,62 @@ async fn list(client: &Client, bucket: &str, folder: &str, start: &str) -> anyho
             None => return Ok(any),
         }
     }
+}
+
+fn query_value(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// A page of the native listing of `folder`: the entries that start with
+/// `start`, from after the key `after`.
+async fn native_page(
+    client: &Client,
+    bucket: &str,
+    folder: &str,
+    start: &str,
+    after: Option<&str>,
+) -> anyhow::Result<Listing> {
+    let mut query = Vec::new();
+    if !start.is_empty() {
+        query.push(format!("prefix={}", query_value(start)));
+    }
+    if let Some(a) = after {
+        query.push(format!("after={}", query_value(a)));
+    }
+    let mut url = client.url(bucket, folder)?;
+    if !query.is_empty() {
+        url.push_str(&format!("?{}", query.join("&")));
+    }
+    let req = client.request(reqwest::Method::GET, &url).header("accept", "application/json");
+    client.json(client.send(req).await?, "a listing").await
+}
+
+/// A page of the S3 listing (ListObjectsV2, folder-style by `/`) of what
+/// starts with `prefix`, from the continuation `token`: what a server with
+/// credentials gives a request without them.
+async fn s3_page(client: &Client, bucket: &str, prefix: &str, token: Option<&str>) -> anyhow::Result<Listing> {
+    let mut url =
+        format!("{}/{bucket}?list-type=2&delimiter=%2F&encoding-type=url&prefix={}", client.base, query_value(prefix));
+    if let Some(token) = token {
+        url.push_str(&format!("&continuation-token={}", query_value(token)));
+    }
+    let text = client.send(client.request(reqwest::Method::GET, &url)).await?.text().await?;
+    let page: ListBucketResult = quick_xml::de::from_str(&text).with_context(|| client.not_depot(&url, "a listing"))?;
+    // Asked for URL-encoded, since XML cannot hold every control character.
+    let encoded = page.encoding_type.as_deref() == Some("url");
+    let decode = |s: &str| match encoded {
+        true => percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned(),
+        false => s.to_string(),
+    };
+    Ok(Listing {
+        entries: page
+            .contents
+            .iter()
+            .map(|c| Entry { key: decode(&c.key), size: c.size, modified: c.last_modified.clone().unwrap_or_default() })
+            .collect(),
+        dirs: page.common_prefixes.iter().map(|p| decode(&p.prefix)).collect(),
+        next: page.next_continuation_token.filter(|t| !t.is_empty()),
+    })
 }
 
 /// `depot rm BUCKET/KEY...`.
@@ -433,11 +523,16 @@ fn say(line: std::fmt::Arguments) -> anyhow::Result<()> {
 
 /// A key for a terminal: control characters (a newline, an escape
 /// sequence) are shown escaped rather than acted on.
-fn printable(key: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(key: &str) -> std::borrow::Cow<'_, str> {
     if !key.chars().any(char::is_control) {
         return key.into();
     }
     key.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+/// A path for a terminal, as [`printable`] shows a key.
+pub(crate) fn printable_path(path: &Path) -> String {
+    printable(&path.to_string_lossy()).into_owned()
 }
 
 #[cfg(test)]

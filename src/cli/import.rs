@@ -20,7 +20,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use indicatif::{HumanBytes, ProgressBar};
 use mongodb::bson::{Bson, Document, doc};
 
-use super::client::{Client, ClientArgs, split_target};
+use super::client::{Client, ClientArgs, printable, printable_path, split_target};
 use super::s3_source::S3Source;
 use crate::engine::S3Config;
 
@@ -62,6 +62,17 @@ struct Item {
     modified: Option<SystemTime>,
     content_type: Option<String>,
     origin: Origin,
+}
+
+/// What a source holds, as listed.
+#[derive(Default)]
+struct Listing {
+    items: Vec<Item>,
+    /// Entries that could not be listed or named as keys: the import fails.
+    problems: Vec<String>,
+    /// Entries with nothing of their own to copy (a symbolic link to
+    /// nothing, or back into the tree): said, and left out.
+    left_out: Vec<String>,
 }
 
 enum Origin {
@@ -117,13 +128,13 @@ impl Source {
         }
         let dir = PathBuf::from(source);
         if !dir.is_dir() {
-            bail!("{source} is not a directory, a mongodb:// URL or an s3:// URL");
+            bail!("{} is not a directory, a mongodb:// URL or an s3:// URL", printable(source));
         }
         Ok(Source::Dir(dir))
     }
 
     /// Everything the source holds, with the problems found while listing.
-    async fn list(&self) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
+    async fn list(&self) -> anyhow::Result<Listing> {
         match self {
             Source::Dir(root) => {
                 let root = root.clone();
@@ -145,7 +156,7 @@ impl Source {
                         Err(e) => problems.push(e.to_string()),
                     }
                 }
-                Ok((items, problems))
+                Ok(Listing { items, problems, ..Listing::default() })
             }
             Source::S3(source) => {
                 let (listed, problems) = source.list().await?;
@@ -159,7 +170,7 @@ impl Source {
                         origin: Origin::S3(l.key),
                     })
                     .collect();
-                Ok((items, problems))
+                Ok(Listing { items, problems, ..Listing::default() })
             }
         }
     }
@@ -209,20 +220,26 @@ fn s3_headers(headers: &reqwest::header::HeaderMap) -> Vec<(String, String)> {
 /// Every regular file under `root`, keyed by its relative path with `/`.
 /// Symbolic links are followed, as `cp -rL` and aws-cli do: a directory
 /// reached through two links is imported under both names (its content is
-/// stored once). A link back up to a directory being walked is a loop,
-/// reported as a problem, not a walk without end.
-fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
-    let mut items = Vec::new();
-    let mut problems = Vec::new();
+/// stored once). A link back up to a directory being walked is a loop, and
+/// a link to nothing holds nothing: both are left out, not failures, since
+/// no run could ever import them (as rsync skips what is not a file).
+fn walk(root: &Path) -> anyhow::Result<Listing> {
+    let mut listing = Listing::default();
     for entry in walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name() {
         let entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
-                let path = e.path().unwrap_or(root).display().to_string();
-                problems.push(match e.loop_ancestor() {
-                    Some(ancestor) => format!("{path}: a link back to {}, a loop: skipped", ancestor.display()),
-                    None => format!("{path}: {}", e.io_error().map_or(e.to_string(), ToString::to_string)),
-                });
+                let path = e.path().unwrap_or(root);
+                let shown = printable_path(path);
+                if let Some(ancestor) = e.loop_ancestor() {
+                    let ancestor = printable_path(ancestor);
+                    listing.left_out.push(format!("{shown}: a link back to {ancestor}, a loop (imported from there)"));
+                } else if let Some(why) = link_to_nowhere(path, &e) {
+                    listing.left_out.push(format!("{shown}: {why}"));
+                } else {
+                    let why = e.io_error().map_or(e.to_string(), ToString::to_string);
+                    listing.problems.push(format!("{shown}: {}", printable(&why)));
+                }
                 continue;
             }
         };
@@ -232,16 +249,16 @@ fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
         let meta = match entry.metadata() {
             Ok(m) => m,
             Err(e) => {
-                problems.push(format!("{}: {e}", entry.path().display()));
+                listing.problems.push(format!("{}: {e}", printable_path(entry.path())));
                 continue;
             }
         };
         let relative = entry.path().strip_prefix(root).expect("walked paths are under the root");
         let Some(key) = relative.to_str() else {
-            problems.push(format!("{}: the name is not UTF-8", entry.path().display()));
+            listing.problems.push(format!("{}: the name is not UTF-8", printable_path(entry.path())));
             continue;
         };
-        items.push(Item {
+        listing.items.push(Item {
             key: key.replace(std::path::MAIN_SEPARATOR, "/"),
             size: meta.len(),
             modified: meta.modified().ok(),
@@ -249,8 +266,20 @@ fn walk(root: &Path) -> anyhow::Result<(Vec<Item>, Vec<String>)> {
             origin: Origin::File(entry.into_path()),
         });
     }
-    items.sort_by(|a, b| a.key.cmp(&b.key));
-    Ok((items, problems))
+    listing.items.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(listing)
+}
+
+/// Why `path` leads nowhere, if it is a symbolic link to nothing, or to
+/// links that never end.
+fn link_to_nowhere(path: &Path, e: &walkdir::Error) -> Option<String> {
+    let errno = e.io_error()?.raw_os_error()?;
+    let target = printable_path(&std::fs::read_link(path).ok()?);
+    match errno {
+        libc::ENOENT | libc::ENOTDIR => Some(format!("a symbolic link to {target}, which does not exist")),
+        libc::ELOOP => Some(format!("a symbolic link to {target}, which links on without end")),
+        _ => None,
+    }
 }
 
 fn gridfs_item(file: &Document) -> anyhow::Result<Item> {
@@ -306,12 +335,16 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
     let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
         let source = Source::open(args).await?;
-        let (items, problems) = source.list().await.with_context(|| format!("listing {}", args.source))?;
+        let Listing { items, problems, left_out } =
+            source.list().await.with_context(|| format!("listing {}", printable(&args.source)))?;
         ensure_bucket(&client, bucket).await?;
         let total: u64 = items.iter().map(|i| i.size).sum();
         let bar = super::progress_bar(total, super::BYTES_BAR);
-        for p in &problems {
+        for p in &left_out {
             bar.suspend(|| eprintln!("skipped: {p}"));
+        }
+        for p in &problems {
+            bar.suspend(|| eprintln!("failed: {p}"));
         }
         let tally = Tally { failed: AtomicU64::new(problems.len() as u64), ..Tally::default() };
         let count = items.len();
@@ -340,7 +373,7 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                         }
                         Err(e) => {
                             tally.failed.fetch_add(1, Ordering::Relaxed);
-                            bar.suspend(|| eprintln!("failed: {key}: {e:#}"));
+                            bar.suspend(|| eprintln!("failed: {}: {}", printable(&key), printable(&format!("{e:#}"))));
                         }
                     }
                     // What was not sent (skipped, gone, failed) counts done.
@@ -370,23 +403,34 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
             0 => {}
             n => println!("{n} folder markers (S3 keys ending in /) left out"),
         }
+        match left_out.len() {
+            0 => {}
+            n => println!("{n} symbolic links left out: they lead nowhere, or back into the tree"),
+        }
+        // What the listing could not take fails again until it is fixed;
+        // an upload that failed may succeed on the next run.
+        let unlisted = problems.len() as u64;
         match tally.failed.load(Ordering::Relaxed) {
             0 => Ok(()),
-            n => bail!("{n} files could not be imported; run the import again to retry them"),
+            n if n == unlisted => bail!("{n} files could not be imported (see above)"),
+            n if unlisted == 0 => bail!("{n} files could not be imported; run the import again to retry them"),
+            n => bail!(
+                "{n} files could not be imported (see above); run the import again to retry the {} that failed \
+                 to upload",
+                n - unlisted
+            ),
         }
     })
 }
 
+/// Creates the bucket, unless it exists.
 async fn ensure_bucket(client: &Client, bucket: &str) -> anyhow::Result<()> {
-    let resp = client
-        .request(reqwest::Method::PUT, &format!("{}/{bucket}", client.base))
-        .send()
+    let req = client.request(reqwest::Method::PUT, &format!("{}/{bucket}", client.base));
+    client
+        .send_accepting(req, Some(reqwest::StatusCode::CONFLICT))
         .await
-        .with_context(|| format!("cannot reach the depot server at {}", client.base))?;
-    if resp.status().is_success() || resp.status() == reqwest::StatusCode::CONFLICT {
-        return Ok(());
-    }
-    bail!("creating bucket {bucket}: the server answered {}", resp.status())
+        .with_context(|| format!("creating bucket {}", printable(bucket)))?;
+    Ok(())
 }
 
 /// A modification time as an HTTP date, which can only name the years
@@ -457,13 +501,16 @@ mod tests {
         std::os::unix::fs::symlink(".", root.join("self")).unwrap();
         std::os::unix::fs::symlink("d", root.join("alias")).unwrap();
         std::os::unix::fs::symlink("missing", root.join("dangling")).unwrap();
-        let (items, problems) = walk(root).unwrap();
+        std::os::unix::fs::symlink("circle", root.join("circle")).unwrap();
+        let Listing { items, problems, left_out } = walk(root).unwrap();
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         // The link to `d` does not keep `d` itself from being walked.
         assert_eq!(keys, ["alias/z", "d/z", "outside"]);
-        let loops = problems.iter().filter(|p| p.contains("a loop")).count();
-        assert_eq!(loops, 3, "self, d/up and alias/up lead back up: {problems:?}");
-        assert!(problems.iter().any(|p| p.contains("dangling")), "{problems:?}");
-        assert_eq!(problems.len(), 4, "{problems:?}");
+        let loops = left_out.iter().filter(|p| p.contains("a loop")).count();
+        assert_eq!(loops, 3, "self, d/up and alias/up lead back up: {left_out:?}");
+        assert!(left_out.iter().any(|p| p.contains("circle: a symbolic link to circle, which links on")));
+        assert!(left_out.iter().any(|p| p.contains("dangling: a symbolic link to missing, which does not exist")));
+        assert_eq!(left_out.len(), 5, "{left_out:?}");
+        assert!(problems.is_empty(), "links that lead nowhere are no failures: {problems:?}");
     }
 }

@@ -35,21 +35,31 @@ pub struct Listed {
     pub modified: Option<SystemTime>,
 }
 
+/// A page of a ListObjectsV2 answer (`depot ls` reads depot's own too).
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct ListBucketResult {
+pub(super) struct ListBucketResult {
     #[serde(default)]
-    contents: Vec<Contents>,
-    next_continuation_token: Option<String>,
-    encoding_type: Option<String>,
+    pub contents: Vec<Contents>,
+    /// The folders, when the request gave a delimiter.
+    #[serde(default)]
+    pub common_prefixes: Vec<CommonPrefix>,
+    pub next_continuation_token: Option<String>,
+    pub encoding_type: Option<String>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct Contents {
-    key: String,
-    size: u64,
-    last_modified: Option<String>,
+pub(super) struct Contents {
+    pub key: String,
+    pub size: u64,
+    pub last_modified: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(super) struct CommonPrefix {
+    pub prefix: String,
 }
 
 impl S3Source {

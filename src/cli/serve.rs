@@ -183,6 +183,12 @@ pub(crate) fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime>
 /// `depot serve`.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let mut settings = Settings::resolve(args)?;
+    if settings.credentials.is_empty() && args.secret_key_env.is_some() {
+        tracing::warn!(
+            "DEPOT_SECRET_KEY without an access key is the client commands' secret, not a credential of this \
+             server: give DEPOT_ACCESS_KEY or --access-key too to make it one"
+        );
+    }
     // The memory engine keeps nothing across restarts, so neither does its
     // catalog: one kept in --data would list objects whose bytes are gone.
     let _scratch = match settings.engine {
@@ -378,7 +384,7 @@ pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
                 report
             }
             Err(e) if settings.catalog == CatalogKind::Rocksdb && format!("{e:#}").contains("lock") => {
-                backup_through_server(&settings, &dir).await?
+                backup_through_server(&settings, args.secret_key_env.as_deref(), &dir).await?
             }
             Err(e) => return Err(e),
         };
@@ -393,15 +399,21 @@ pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
     })
 }
 
-/// Asks the server that holds the data directory to write the backup.
-async fn backup_through_server(settings: &Settings, dir: &Path) -> anyhow::Result<BackupReport> {
+/// Asks the server that holds the data directory to write the backup,
+/// with the first credential's secret, else with `client_secret`
+/// (DEPOT_SECRET_KEY alone, as the client commands send it).
+async fn backup_through_server(
+    settings: &Settings,
+    client_secret: Option<&str>,
+    dir: &Path,
+) -> anyhow::Result<BackupReport> {
     let dir = dir.to_str().context("the backup directory's path is not UTF-8")?;
     let url = format!("http://{}/_/backup", settings.listen);
     let data = std::path::absolute(&settings.data)?;
     let data = data.to_str().context("the data directory's path is not UTF-8")?;
     let mut request = reqwest::Client::new().post(&url).query(&[("dir", dir), ("data", data)]);
-    if let Some(credential) = settings.credentials.first() {
-        request = request.bearer_auth(&credential.secret_key);
+    if let Some(secret) = settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
+        request = request.bearer_auth(secret);
     }
     println!("a server holds {}: asking it at {url}", settings.data.display());
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
