@@ -53,15 +53,150 @@ fn err(e: impl std::fmt::Display) -> CatalogError {
     CatalogError::Internal(e.to_string())
 }
 
-/// An error opening the catalog, saying what to do when it is damage.
-fn damaged(path: &Path, e: rocksdb::Error) -> CatalogError {
-    match e.kind() {
-        rocksdb::ErrorKind::Corruption => CatalogError::Internal(format!(
-            "the catalog in {} is damaged ({e}); depot does not open it, as that would drop the records \
-             after the damage: serve a copy made by `depot backup` instead",
+/// Opens the catalog after a crash as after a clean stop, but refuses a
+/// write-ahead log damaged before its end.
+///
+/// A crash in the middle of a write (a power cut most of all) leaves the
+/// log's last records cut short or torn: they were never acknowledged, and
+/// recovering to the point before them is right. Damage further in (a bad
+/// sector) would be recovered past the same way, dropping every later
+/// record without a word, and records lost from the catalog leave their
+/// bytes looking like leftovers to `verify`, which would remove them. So
+/// when the log is not read whole, its records are looked at: whole ones
+/// after the damage mean it is not a torn end, and the catalog is refused.
+fn open_recovered(
+    opts: &rocksdb::Options,
+    path: &Path,
+    cfs: impl Fn() -> Vec<ColumnFamilyDescriptor>,
+) -> Result<DB> {
+    use rocksdb::DBRecoveryMode::{PointInTime, TolerateCorruptedTailRecords};
+    let with = |mode| {
+        let mut opts = opts.clone();
+        opts.set_wal_recovery_mode(mode);
+        opts
+    };
+    let first = match DB::open_cf_descriptors(&with(TolerateCorruptedTailRecords), path, cfs()) {
+        Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => e,
+        opened => return opened.map_err(err),
+    };
+    let mut logs: Vec<_> = std::fs::read_dir(path)
+        .map_err(err)?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log") && p.file_stem().is_some_and(|n| n != "LOG"))
+        .collect();
+    logs.sort();
+    let mut damaged_within = false;
+    for (i, log) in logs.iter().enumerate() {
+        let bytes = std::fs::read(log).map_err(err)?;
+        // Damage in any log but the newest is followed by the newer ones.
+        damaged_within |= wal::damaged_within(&bytes) || (i + 1 < logs.len() && wal::first_damage(&bytes).is_some());
+    }
+    if damaged_within {
+        return Err(CatalogError::Internal(format!(
+            "the catalog in {} is damaged ({first}): records follow the damage in its log, and opening it \
+             would drop them; depot does not, so serve a copy made by `depot backup` instead",
             path.display()
-        )),
-        _ => err(e),
+        )));
+    }
+    tracing::warn!("the catalog's log ended in a record a crash cut short, never acknowledged: {first}");
+    DB::open_cf_descriptors(&with(PointInTime), path, cfs()).map_err(err)
+}
+
+/// RocksDB's write-ahead log format, read only to tell a torn end from
+/// damage within: blocks of 32 KiB holding records, each a masked CRC32C
+/// of its type and payload (4 bytes), the payload's length (2 bytes,
+/// little-endian), its type (1 byte: 1 whole, 2 first, 3 middle and
+/// 4 last piece of a write), then the payload.
+mod wal {
+    const BLOCK: usize = 32 * 1024;
+    const HEADER: usize = 7;
+
+    /// The record at `at`, if it is whole and its checksum holds: its end.
+    fn record_at(log: &[u8], at: usize) -> Option<usize> {
+        let room = BLOCK - at % BLOCK;
+        let header = log.get(at..at + HEADER).filter(|_| room >= HEADER)?;
+        let len = u16::from_le_bytes([header[4], header[5]]) as usize;
+        let kind = header[6];
+        if !(1..=4).contains(&kind) || HEADER + len > room {
+            return None;
+        }
+        let payload = log.get(at + HEADER..at + HEADER + len)?;
+        let stored = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        (stored == masked_crc(kind, payload)).then_some(at + HEADER + len)
+    }
+
+    fn masked_crc(kind: u8, payload: &[u8]) -> u32 {
+        let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+        crc.update(&[kind]);
+        crc.update(payload);
+        (crc.finalize() as u32).rotate_right(15).wrapping_add(0xa282_ead8)
+    }
+
+    /// Where the first record that does not hold begins, if one does not.
+    /// A block's last bytes too few for a header are padding, as are the
+    /// zeros after a log's last record.
+    pub fn first_damage(log: &[u8]) -> Option<usize> {
+        let mut at = 0;
+        while at < log.len() {
+            if BLOCK - at % BLOCK < HEADER {
+                at += BLOCK - at % BLOCK;
+                continue;
+            }
+            if log[at..].iter().all(|&b| b == 0) {
+                return None;
+            }
+            at = match record_at(log, at) {
+                Some(end) => end,
+                None => return Some(at),
+            };
+        }
+        None
+    }
+
+    /// Whether a whole record follows the log's first damage: a crash
+    /// leaves a torn end, with nothing whole after it.
+    pub fn damaged_within(log: &[u8]) -> bool {
+        first_damage(log).is_some_and(|bad| (bad + 1..log.len()).any(|at| record_at(log, at).is_some()))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// A log of `payloads`, one whole record each.
+        fn log_of(payloads: &[&[u8]]) -> Vec<u8> {
+            let mut log = Vec::new();
+            for p in payloads {
+                log.extend_from_slice(&masked_crc(1, p).to_le_bytes());
+                log.extend_from_slice(&(p.len() as u16).to_le_bytes());
+                log.push(1);
+                log.extend_from_slice(p);
+            }
+            log
+        }
+
+        #[test]
+        fn a_whole_log_and_its_torn_ends() {
+            let log = log_of(&[b"first record", b"second record", b"third record"]);
+            assert_eq!(first_damage(&log), None);
+            let mut padded = log.clone();
+            padded.resize(log.len() + 4096, 0);
+            assert_eq!(first_damage(&padded), None, "preallocated zeros");
+            let cut = &log[..log.len() - 5];
+            assert!(first_damage(cut).is_some() && !damaged_within(cut));
+            let mut torn = log.clone();
+            let n = torn.len();
+            torn[n - 6..].fill(0);
+            assert!(first_damage(&torn).is_some() && !damaged_within(&torn));
+        }
+
+        #[test]
+        fn damage_before_whole_records_is_within() {
+            let mut log = log_of(&[b"first record", b"second record", b"third record"]);
+            log[10] ^= 1;
+            assert_eq!(first_damage(&log), Some(0));
+            assert!(damaged_within(&log));
+        }
     }
 }
 
@@ -156,13 +291,6 @@ impl RocksCatalog {
         // the log is written there too, once per group, rather than by a
         // `write` call per transaction on the server's threads.
         opts.set_manual_wal_flush(true);
-        // Damage inside the log is refused rather than recovered past: a
-        // point-in-time recovery would stop at the damaged record and drop
-        // every later one without a word, and records lost from the catalog
-        // leave their bytes looking like leftovers to `verify` (which would
-        // then remove them). Only a last record cut short is passed over:
-        // a crash mid-write leaves it, and it was never acknowledged.
-        opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
         // Most requests are point lookups of small records (an object
         // record, then its blob record), and a batch makes thousands. Read
         // through RocksDB's block cache, each lookup copied a block out of
@@ -181,14 +309,16 @@ impl RocksCatalog {
         opts.set_block_based_table_factory(&table);
         let mut meta = crate::engine::rocks::base_options();
         meta.set_merge_operator_associative("stats", merge_stats);
-        let cfs = vec![
-            ColumnFamilyDescriptor::new("buckets", opts.clone()),
-            ColumnFamilyDescriptor::new("objects", opts.clone()),
-            ColumnFamilyDescriptor::new("blobs", opts.clone()),
-            ColumnFamilyDescriptor::new("dead", opts.clone()),
-            ColumnFamilyDescriptor::new("meta", meta),
-        ];
-        let db = Arc::new(DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| damaged(path, e))?);
+        let cfs = || {
+            vec![
+                ColumnFamilyDescriptor::new("buckets", opts.clone()),
+                ColumnFamilyDescriptor::new("objects", opts.clone()),
+                ColumnFamilyDescriptor::new("blobs", opts.clone()),
+                ColumnFamilyDescriptor::new("dead", opts.clone()),
+                ColumnFamilyDescriptor::new("meta", meta.clone()),
+            ]
+        };
+        let db = Arc::new(open_recovered(&opts, path, cfs)?);
         let mut buckets = HashMap::new();
         for item in db.iterator_cf(db.cf_handle("buckets").expect("created at open"), IteratorMode::Start) {
             let (k, v) = item.map_err(err)?;
@@ -903,19 +1033,29 @@ mod tests {
         std::fs::write(&log, bytes).unwrap();
         let e = RocksCatalog::open(dir.path()).err().expect("a damaged catalog is refused");
         assert!(e.to_string().contains("is damaged") && e.to_string().contains("depot backup"), "{e}");
+        // Refused, it is left as it was: a second start says the same.
+        assert!(RocksCatalog::open(dir.path()).is_err());
     }
 
-    /// A crash in the middle of a write leaves its record cut short, at
-    /// the log's end: the catalog opens without it.
+    /// A crash in the middle of a write leaves its record cut short, or
+    /// torn (whole in length, not in content), at the log's end: the
+    /// catalog opens without it.
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_last_record_cut_short_is_passed_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = closed_with_buckets(dir.path(), &["first", "second", "last-of-three"]).await;
-        let bytes = std::fs::read(&log).unwrap();
-        let at = bytes.windows(13).position(|w| w == b"last-of-three").expect("the record is in the log");
-        std::fs::write(&log, &bytes[..at + 4]).unwrap();
-        let c = RocksCatalog::open(dir.path()).unwrap();
-        assert_eq!(bucket_names(&c).await, ["first", "second"]);
+    async fn a_last_record_cut_short_or_torn_is_passed_over() {
+        for torn in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = closed_with_buckets(dir.path(), &["first", "second", "last-of-three"]).await;
+            let mut bytes = std::fs::read(&log).unwrap();
+            let at = bytes.windows(13).position(|w| w == b"last-of-three").expect("the record is in the log");
+            if torn {
+                bytes[at..].fill(0);
+            } else {
+                bytes.truncate(at + 4);
+            }
+            std::fs::write(&log, &bytes).unwrap();
+            let c = RocksCatalog::open(dir.path()).unwrap();
+            assert_eq!(bucket_names(&c).await, ["first", "second"], "torn: {torn}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]

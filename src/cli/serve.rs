@@ -183,10 +183,12 @@ pub(crate) fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime>
 /// `depot serve`.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let mut settings = Settings::resolve(args)?;
+    // The client commands' secret, exported in this shell, may be meant
+    // for this server too: starting it open would be the wrong guess.
     if settings.credentials.is_empty() && args.secret_key_env.is_some() {
-        tracing::warn!(
-            "DEPOT_SECRET_KEY without an access key is the client commands' secret, not a credential of this \
-             server: give DEPOT_ACCESS_KEY or --access-key too to make it one"
+        anyhow::bail!(
+            "DEPOT_SECRET_KEY is set without an access key, so this server would start without credentials: \
+             give DEPOT_ACCESS_KEY or --access-key to make it one, or unset it to serve without"
         );
     }
     // The memory engine keeps nothing across restarts, so neither does its
