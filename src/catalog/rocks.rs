@@ -64,11 +64,7 @@ fn err(e: impl std::fmt::Display) -> CatalogError {
 /// bytes looking like leftovers to `verify`, which would remove them. So
 /// when the log is not read whole, its records are looked at: whole ones
 /// after the damage mean it is not a torn end, and the catalog is refused.
-fn open_recovered(
-    opts: &rocksdb::Options,
-    path: &Path,
-    cfs: impl Fn() -> Vec<ColumnFamilyDescriptor>,
-) -> Result<DB> {
+fn open_recovered(opts: &rocksdb::Options, path: &Path, cfs: impl Fn() -> Vec<ColumnFamilyDescriptor>) -> Result<DB> {
     use rocksdb::DBRecoveryMode::{PointInTime, TolerateCorruptedTailRecords};
     let with = |mode| {
         let mut opts = opts.clone();

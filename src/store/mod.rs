@@ -327,9 +327,12 @@ pub struct Store {
     maintenance: tokio::sync::Mutex<()>,
     /// The data directory's free bytes as last looked up, and when.
     free_space: parking_lot::Mutex<Option<(Instant, u64)>>,
-    /// Bytes that uploads in progress announced and have not written yet:
+    /// Bytes that uploads in progress claimed and have not written yet:
     /// space they will take, which the file system does not count as used.
     promised: AtomicU64,
+    /// The free space tests pretend the data directory has.
+    #[cfg(test)]
+    fake_free: parking_lot::Mutex<Option<u64>>,
 }
 
 /// How long small uploads go by the free space last looked up (a lookup
@@ -337,34 +340,39 @@ pub struct Store {
 const FREE_SPACE_AGE: Duration = Duration::from_millis(100);
 /// Uploads of more than this, or of unknown length, look it up afresh.
 const FREE_SPACE_FRESH_OVER: u64 = 64 * 1024;
-/// An upload of unknown length looks at the free space again each time
-/// it has written this much.
-const UNKNOWN_LENGTH_RECHECK: u64 = 8 << 20;
+/// How far ahead of what it has written an upload claims free space.
+const CLAIM_WINDOW: u64 = 8 << 20;
 
-/// An upload's claim on the free space ([`Store::claim_space`]): what it
-/// announced and has not written yet, given back as it writes, and the
-/// rest when it ends, whichever way.
+/// An upload's claim on the free space ([`Store::claim_space`]): up to
+/// [`CLAIM_WINDOW`] bytes it will write next, which the file system does
+/// not count as used yet. Settled as it writes, claimed again window by
+/// window, and given back when it ends, whichever way.
 struct SpaceClaim<'a> {
     store: &'a Store,
+    /// Whether claims are counted: a free-space limit on a file system
+    /// that holds the bytes.
+    counted: bool,
+    /// Claimed and not written yet.
     left: u64,
-    /// Of unknown length: the free space is looked at again as it writes.
-    unknown: bool,
-    unchecked: u64,
+    /// Announced and not written yet; `None` when the length is unknown.
+    rest: Option<u64>,
 }
 
 impl SpaceClaim<'_> {
-    /// `n` more bytes written: refused once an upload of unknown length
-    /// would take the space kept free.
+    /// `n` more bytes written: the next window is claimed once this one
+    /// is, and refused if it would take the space kept free.
     fn wrote(&mut self, n: u64) -> Result<()> {
+        if !self.counted {
+            return Ok(());
+        }
         let settled = n.min(self.left);
         self.left -= settled;
         self.store.promised.fetch_sub(settled, Ordering::AcqRel);
-        if self.unknown {
-            self.unchecked += n;
-            if self.unchecked >= UNKNOWN_LENGTH_RECHECK {
-                self.unchecked = 0;
-                self.store.claim_space(None)?;
-            }
+        self.rest = self.rest.map(|r| r.saturating_sub(n));
+        if self.left == 0 && self.rest != Some(0) {
+            let window = self.rest.unwrap_or(CLAIM_WINDOW).min(CLAIM_WINDOW);
+            self.store.claim(window, window, true)?;
+            self.left = window;
         }
         Ok(())
     }
@@ -412,6 +420,8 @@ impl Store {
             maintenance: tokio::sync::Mutex::new(()),
             free_space: parking_lot::Mutex::new(None),
             promised: AtomicU64::new(0),
+            #[cfg(test)]
+            fake_free: parking_lot::Mutex::new(None),
         })
     }
 
@@ -632,56 +642,76 @@ impl Store {
         digests.iter().zip(blobs).map(|(d, b)| b.map(|b| b.blob_ref()).ok_or_else(|| missing(*d))).collect()
     }
 
-    /// Claims the space an upload of `len` bytes will take, refusing it
-    /// if that would leave less than `min_free_space` free on the data
-    /// directory's file system once every upload in progress has written
-    /// what it announced. The body counts where the engine keeps it there;
-    /// an upload of unknown length claims nothing, and looks again as it
-    /// writes ([`SpaceClaim::wrote`]).
+    /// Claims the space an upload of `len` bytes will take next, refusing
+    /// it if the whole of it would leave less than `min_free_space` free on
+    /// the data directory's file system, counting what uploads in progress
+    /// have claimed. The body counts where the engine keeps it there. Only
+    /// a window is claimed at a time ([`SpaceClaim::wrote`]), so an upload
+    /// that trickles in holds little; one of unknown length claims window
+    /// by window.
     fn claim_space(&self, len: Option<u64>) -> Result<SpaceClaim<'_>> {
-        let unclaimed = SpaceClaim { store: self, left: 0, unknown: false, unchecked: 0 };
+        let local = self.config.engine.as_ref().is_some_and(|(kind, _)| kind.is_embedded());
+        let counted = local && self.config.data.is_some() && self.config.min_free_space > 0;
+        let window = match len {
+            _ if !counted => 0,
+            Some(n) => n.min(CLAIM_WINDOW),
+            None => CLAIM_WINDOW,
+        };
+        // Where the bytes are kept elsewhere, the space kept is still
+        // checked: the catalog grows here.
+        let needed = if counted { len.unwrap_or(CLAIM_WINDOW) } else { 0 };
+        self.claim(needed, window, len.is_none_or(|n| n > FREE_SPACE_FRESH_OVER))?;
+        Ok(SpaceClaim { store: self, counted, left: window, rest: len })
+    }
+
+    /// Claims `window` bytes if `needed` fit in the free space less what is
+    /// kept free and what is claimed; `fresh` looks the free space up anew
+    /// rather than trusting a look of the last [`FREE_SPACE_AGE`].
+    fn claim(&self, needed: u64, window: u64, fresh: bool) -> Result<()> {
         let (Some(data), keep) = (&self.config.data, self.config.min_free_space) else {
-            return Ok(unclaimed);
+            return Ok(());
         };
         if keep == 0 {
-            return Ok(unclaimed);
+            return Ok(());
         }
-        let free = {
-            let mut last = self.free_space.lock();
-            match *last {
-                Some((at, free))
-                    if len.is_some_and(|n| n <= FREE_SPACE_FRESH_OVER) && at.elapsed() < FREE_SPACE_AGE =>
-                {
-                    free
-                }
-                _ => {
-                    let Ok(fs) = rustix::fs::statvfs(data) else {
-                        return Ok(unclaimed);
-                    };
-                    let free = fs.f_bavail.saturating_mul(fs.f_frsize);
-                    *last = Some((Instant::now(), free));
-                    free
-                }
-            }
+        let Some(free) = self.free_space(data, fresh) else {
+            return Ok(());
         };
-        let local = self.config.engine.as_ref().is_some_and(|(kind, _)| kind.is_embedded());
-        let wanted = if local { len.unwrap_or(0) } else { 0 };
-        let fits = |promised: u64| free >= keep.saturating_add(promised).saturating_add(wanted);
-        if let Err(promised) =
-            self.promised.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| fits(p).then(|| p + wanted))
-        {
-            let pending = match promised {
-                0 => String::new(),
-                p => format!(" (uploads in progress will take {} of it)", indicatif::HumanBytes(p)),
-            };
-            return Err(StoreError::LowSpace(format!(
-                "not enough space: {} free on the data directory's file system{pending}, and uploads leave {} \
-                 free (--min-free-space) for deletes to go on; delete objects or add space",
-                indicatif::HumanBytes(free),
-                indicatif::HumanBytes(keep)
-            )));
+        let fits = |promised: u64| free >= keep.saturating_add(promised).saturating_add(needed);
+        let Err(promised) =
+            self.promised.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| fits(p).then(|| p + window))
+        else {
+            return Ok(());
+        };
+        let pending = match promised {
+            0 => String::new(),
+            p => format!(" (uploads in progress will take {} of it)", indicatif::HumanBytes(p)),
+        };
+        Err(StoreError::LowSpace(format!(
+            "not enough space: {} free on the data directory's file system{pending}, and uploads leave {} \
+             free (--min-free-space) for deletes to go on; delete objects or add space",
+            indicatif::HumanBytes(free),
+            indicatif::HumanBytes(keep)
+        )))
+    }
+
+    /// The data directory's free bytes, or `None` when the file system
+    /// does not say.
+    fn free_space(&self, data: &std::path::Path, fresh: bool) -> Option<u64> {
+        #[cfg(test)]
+        if let Some(free) = *self.fake_free.lock() {
+            return Some(free);
         }
-        Ok(SpaceClaim { store: self, left: wanted, unknown: local && len.is_none(), unchecked: 0 })
+        let mut last = self.free_space.lock();
+        match *last {
+            Some((at, free)) if !fresh && at.elapsed() < FREE_SPACE_AGE => Some(free),
+            _ => {
+                let fs = rustix::fs::statvfs(data).ok()?;
+                let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+                *last = Some((Instant::now(), free));
+                Some(free)
+            }
+        }
     }
 
     /// Streams a body into a new blob, hashing as it goes; `synced` false
@@ -1294,10 +1324,11 @@ mod tests {
         store.delete("files", "kept", &Default::default()).await.unwrap();
     }
 
-    /// A store over the memory engine that counts uploads as written to
-    /// `dir`'s file system, keeping 1 byte free; and that file system's
-    /// free bytes.
-    async fn counting_space(dir: &std::path::Path) -> (Arc<Store>, u64) {
+    const MIB: u64 = 1 << 20;
+
+    /// A store over the memory engine that counts uploads as written to a
+    /// file system with `free` bytes free, keeping 1 byte free.
+    async fn counting_space(dir: &std::path::Path, free: u64) -> Arc<Store> {
         let catalog = Arc::new(RocksCatalog::open(&dir.join("catalog")).unwrap());
         let config = StoreConfig {
             data: Some(dir.to_path_buf()),
@@ -1306,65 +1337,90 @@ mod tests {
             ..StoreConfig::default()
         };
         let store = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
-        let fs = rustix::fs::statvfs(dir).unwrap();
-        (Arc::new(store), fs.f_bavail * fs.f_frsize)
+        *store.fake_free.lock() = Some(1 + free);
+        Arc::new(store)
     }
 
-    /// An upload that sends `first` and then waits: it holds its claim.
-    fn waiting(first: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + Unpin {
-        body(first).chain(futures::stream::pending())
+    fn sized(n: u64) -> PutOptions {
+        PutOptions { content_length: Some(n), ..PutOptions::default() }
+    }
+
+    /// Starts an upload of `len` bytes that sends one and then waits,
+    /// holding its claim; returns once it holds it.
+    async fn trickling(store: &Arc<Store>, key: &str, len: u64) -> tokio::task::JoinHandle<Result<PutResult>> {
+        let before = store.promised.load(Ordering::Acquire);
+        let upload = tokio::spawn({
+            let (store, key) = (store.clone(), key.to_string());
+            let body = body(b"x").chain(futures::stream::pending());
+            async move { store.put("files", &key, body, sized(len)).await }
+        });
+        let claimed = async {
+            while store.promised.load(Ordering::Acquire) == before {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), claimed).await.expect("the upload claims its space");
+        upload
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn uploads_in_progress_count_against_the_free_space() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, free) = counting_space(dir.path()).await;
-        let sized = |n: u64| PutOptions { content_length: Some(n), ..PutOptions::default() };
-        // Each fits alone; two at once would take more than there is.
-        let (half, more) = (free / 2, free / 2 + free / 8);
-        let first = tokio::spawn({
-            let store = store.clone();
-            async move { store.put("files", "first", waiting(b"x"), sized(half)).await }
-        });
-        while store.promised.load(Ordering::Acquire) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let r = store.put("files", "second", body(b"x"), sized(more)).await;
+        let store = counting_space(dir.path(), 20 * MIB).await;
+        let r = store.put("files", "huge", body(b"x"), sized(100 * MIB)).await;
+        assert!(matches!(&r, Err(StoreError::LowSpace(m)) if !m.contains("in progress")), "{r:?}");
+        // An upload under way holds a window of what it will write...
+        let first = trickling(&store, "first", 12 * MIB).await;
+        assert!((8 * MIB - 1..=8 * MIB).contains(&store.promised.load(Ordering::Acquire)));
+        let r = store.put("files", "second", body(b"x"), sized(16 * MIB)).await;
         assert!(matches!(&r, Err(StoreError::LowSpace(m)) if m.contains("in progress")), "{r:?}");
-        // The first upload, cut off, gives its claim back.
+        let r = store.put("files", "second", body(b"x"), sized(12 * MIB)).await;
+        assert!(matches!(r, Err(StoreError::IncompleteBody { .. })), "{r:?}");
+        // ...and gives it back when it is cut off.
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
         assert_eq!(store.promised.load(Ordering::Acquire), 0);
-        let r = store.put("files", "second", body(b"x"), sized(more)).await;
+        let r = store.put("files", "second", body(b"x"), sized(16 * MIB)).await;
         assert!(matches!(r, Err(StoreError::IncompleteBody { .. })), "{r:?}");
+    }
+
+    /// A large upload trickling in holds one window, not all it announced.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_slow_upload_holds_a_window_of_the_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = counting_space(dir.path(), 2048 * MIB).await;
+        let slow = trickling(&store, "slow", 1024 * MIB).await;
+        let r = store.put("files", "other", body(b"x"), sized(1536 * MIB)).await;
+        assert!(matches!(r, Err(StoreError::IncompleteBody { .. })), "{r:?}");
+        slow.abort();
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn an_upload_of_unknown_length_stops_at_the_space_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, _) = counting_space(dir.path()).await;
         use futures::SinkExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let store = counting_space(dir.path(), 20 * MIB).await;
         // A channel that takes a chunk only once the last one was read.
         let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(0);
         let upload = tokio::spawn({
             let store = store.clone();
             async move { store.put("files", "streamed", rx, PutOptions::default()).await }
         });
-        let chunk = Bytes::from(vec![7u8; 1 << 20]);
+        let chunk = Bytes::from(vec![7u8; MIB as usize]);
         for _ in 0..2 {
             tx.send(Ok(chunk.clone())).await.unwrap();
         }
-        // The upload is under way; meanwhile other uploads claim more than
-        // any disk has.
-        let beyond = u64::MAX / 4;
-        store.promised.fetch_add(beyond, Ordering::AcqRel);
-        for _ in 0..UNKNOWN_LENGTH_RECHECK >> 20 {
+        // The upload is under way, in its first window; meanwhile the disk
+        // fills, leaving less than a window.
+        assert!((6 * MIB..=7 * MIB).contains(&store.promised.load(Ordering::Acquire)));
+        *store.fake_free.lock() = Some(1 + 4 * MIB);
+        for _ in 0..CLAIM_WINDOW / MIB {
             // Refused, the upload stops reading.
             let _ = tx.send(Ok(chunk.clone())).await;
         }
         let r = tokio::time::timeout(Duration::from_secs(10), upload).await.expect("refused as it writes").unwrap();
         assert!(matches!(&r, Err(StoreError::LowSpace(_))), "{r:?}");
-        store.promised.fetch_sub(beyond, Ordering::AcqRel);
+        assert_eq!(store.promised.load(Ordering::Acquire), 0);
         assert!(matches!(store.head("files", "streamed").await, Err(StoreError::NoSuchKey(_))));
     }
 
