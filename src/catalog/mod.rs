@@ -204,7 +204,9 @@ impl Precondition {
         let holds = match (&self.if_match, current) {
             (Some(_), None) => false,
             (Some(tags), Some(obj)) => tags.iter().any(|t| t == "*" || *t == obj.etag),
-            (None, Some(obj)) => self.if_unmodified_since.is_none_or(|since| obj.modified / 1000 <= since / 1000),
+            (None, Some(obj)) => {
+                self.if_unmodified_since.is_none_or(|since| obj.shown_modified() / 1000 <= since / 1000)
+            }
             (None, None) => true,
         };
         holds && !current.is_some_and(|obj| self.if_none_match.contains(&obj.etag))

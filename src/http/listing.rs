@@ -105,7 +105,7 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
                 key: &o.key,
                 size: o.size,
                 etag: &o.etag,
-                modified: rfc3339(o.modified),
+                modified: rfc3339(o.shown_modified()),
                 content_type: &o.content_type,
             })
             .collect();
@@ -136,7 +136,7 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
             link(&o.key),
             escape(&o.key[prefix.len()..]),
             o.size,
-            rfc3339(o.modified)
+            rfc3339(o.shown_modified())
         ));
     }
     if let Some(next) = &page_of.next {

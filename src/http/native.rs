@@ -252,7 +252,8 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     }
     // A GET of a key ending in `/` lists the folder: such a key holds an
     // empty folder marker, or bytes no native GET could give back.
-    if key.ends_with('/') && super::limits::has_body(headers) {
+    let folder = key.ends_with('/');
+    if folder && content_length(headers).is_some_and(|n| n > 0) {
         return Err(ApiError::bad_request(format!(
             "{key:?} ends in /, which makes it a folder: its marker is empty (the S3 API stores bytes there)"
         )));
@@ -293,7 +294,8 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         ),
     };
     let opts = PutOptions {
-        content_length: content_length(headers),
+        // A folder's marker sent chunked must be empty too.
+        content_length: if folder { Some(0) } else { content_length(headers) },
         content_type: match headers.get(header::CONTENT_TYPE) {
             None => None,
             Some(v) => {
