@@ -94,8 +94,9 @@ fn open_recovered(opts: &rocksdb::Options, path: &Path, cfs: impl Fn() -> Vec<Co
             path.display()
         )));
     }
+    let db = DB::open_cf_descriptors(&with(PointInTime), path, cfs()).map_err(err)?;
     tracing::warn!("the catalog's log ended in a record a crash cut short, never acknowledged: {first}");
-    DB::open_cf_descriptors(&with(PointInTime), path, cfs()).map_err(err)
+    Ok(db)
 }
 
 /// RocksDB's write-ahead log format, read only to tell a torn end from
