@@ -972,6 +972,15 @@ def area_listing(s3, buckets):
         or "LastModified" not in o
     ]
     expect(not wrong, "ListObjectsV2: each entry's Size, ETag and LastModified", short(wrong))
+    first = r["Contents"][0]
+    expect_equal(
+        first["LastModified"],
+        s3.head_object(Bucket=bucket, Key=first["Key"])["LastModified"],
+        "ListObjectsV2 gives LastModified in whole seconds, as HeadObject does",
+    )
+    expect_equal(
+        s3.get_bucket_versioning(Bucket=bucket).get("Status"), None, "GetBucketVersioning: an unversioned bucket"
+    )
     me = {"ID": ACCESS_KEY, "DisplayName": ACCESS_KEY}
     expect(all("Owner" not in o for o in r["Contents"]), "ListObjectsV2 names no Owner unless asked", short(r))
     r = s3.list_objects_v2(Bucket=bucket, FetchOwner=True)
@@ -1471,6 +1480,14 @@ def area_presign(s3, buckets):
         "a SigV2 request signed in 2015 is RequestTimeTooSkewed",
         f"status {status}: {got[:300]!r}",
     )
+    # Dates as s3cmd (+0000) and rclone (UTC) send them are HTTP dates too.
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for date in (now.strftime("%a, %d %b %Y %H:%M:%S +0000"), now.strftime("%a, %d %b %Y %H:%M:%S UTC")):
+        v2_signature = base64.b64encode(
+            hmac.new(SECRET_KEY.encode(), f"GET\n\n\n{date}\n{path}".encode(), hashlib.sha1).digest()
+        ).decode()
+        status, _, got = http_get(ENDPOINT + path, {"Date": date, "Authorization": f"AWS {ACCESS_KEY}:{v2_signature}"})
+        expect(status == 200 and got == body, f"a SigV2 request dated {date[-5:]!r} works", f"status {status}")
 
     # A browser's form upload under a POST policy (SigV4 with s3v4).
     conditions = [{"Content-Type": "text/plain"}, ["content-length-range", 1, 1000]]
@@ -1631,6 +1648,30 @@ def area_auth(s3, buckets):
         "AccessDenied",
         403,
         lambda: anon.get_object(Bucket=private, Key="obj"),
+    )
+    # The documents GetBucketAcl gives, sent back as s3cmd's setacl sends
+    # them, set the same access.
+    public_policy = {k: v for k, v in s3.get_bucket_acl(Bucket=public).items() if k in ("Grants", "Owner")}
+    private_policy = {k: v for k, v in s3.get_bucket_acl(Bucket=private).items() if k in ("Grants", "Owner")}
+    s3.put_bucket_acl(Bucket=private, AccessControlPolicy=public_policy)
+    expect_equal(
+        body_of(anon.get_object(Bucket=private, Key="obj")),
+        b"private bytes",
+        "PutBucketAcl with a public-read document makes the bucket public",
+    )
+    s3.put_bucket_acl(Bucket=private, AccessControlPolicy=private_policy)
+    expect_error(
+        "... and with the private one, private again",
+        "AccessDenied",
+        403,
+        lambda: anon.get_object(Bucket=private, Key="obj"),
+    )
+    other = {**private_policy, "Grants": private_policy["Grants"] + [{"Grantee": {"Type": "CanonicalUser", "ID": "someone"}, "Permission": "READ"}]}
+    expect_error(
+        "a document granting anything else is NotImplemented",
+        "NotImplemented",
+        501,
+        lambda: s3.put_bucket_acl(Bucket=private, AccessControlPolicy=other),
     )
 
 

@@ -125,13 +125,22 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
     if auth.starts_with("AWS ") {
         let date = ["x-amz-date", "date"].iter().find_map(|h| req.headers().get(*h)?.to_str().ok());
         let skew = date
-            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .and_then(sigv2_date)
             .map(|t| t.duration_since(now).or_else(|_| now.duration_since(t)).unwrap_or_default().as_secs());
-        if skew.is_none_or(|s| s > MAX_SKEW) {
-            return Some(S3Error::with_message(
-                S3ErrorCode::RequestTimeTooSkewed,
-                "a SigV2 request needs a Date within 15 minutes of the server's time",
-            ));
+        match skew {
+            None => {
+                return Some(S3Error::with_message(
+                    S3ErrorCode::AccessDenied,
+                    "AWS authentication requires a valid Date or x-amz-date header",
+                ));
+            }
+            Some(s) if s > MAX_SKEW => {
+                return Some(S3Error::with_message(
+                    S3ErrorCode::RequestTimeTooSkewed,
+                    "a SigV2 request needs a Date within 15 minutes of the server's time",
+                ));
+            }
+            Some(_) => {}
         }
     }
     if param("Signature").is_some() && param("AWSAccessKeyId").is_some() {
@@ -459,8 +468,46 @@ fn api_to_s3(e: ApiError) -> S3Error {
     err
 }
 
+/// A SigV2 request's date: an HTTP date, as RFC 2822 allows it to end
+/// too, in a numeric offset (`+0000`, as s3cmd sends it) or `UTC` (Go's
+/// RFC 1123, as rclone sends it).
+fn sigv2_date(value: &str) -> Option<std::time::SystemTime> {
+    if let Ok(t) = httpdate::parse_http_date(value) {
+        return Some(t);
+    }
+    let (stamp, zone) = value.trim().rsplit_once(' ')?;
+    let east = match zone {
+        "UTC" | "UT" => 0,
+        _ => {
+            let (sign, digits) = zone.split_at_checked(1)?;
+            let sign = match sign {
+                "+" => 1,
+                "-" => -1,
+                _ => return None,
+            };
+            let hhmm: i64 = digits.parse().ok().filter(|_| digits.len() == 4)?;
+            sign * (hhmm / 100 * 3600 + hhmm % 100 * 60)
+        }
+    };
+    let local = httpdate::parse_http_date(&format!("{stamp} GMT")).ok()?;
+    let offset = std::time::Duration::from_secs(east.unsigned_abs());
+    if east >= 0 { local.checked_sub(offset) } else { local.checked_add(offset) }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sigv2_dates_may_end_in_an_offset_or_utc() {
+        let gmt = sigv2_date("Fri, 27 Nov 2026 12:59:19 GMT").unwrap();
+        assert_eq!(sigv2_date("Fri, 27 Nov 2026 12:59:19 +0000"), Some(gmt));
+        assert_eq!(sigv2_date("Fri, 27 Nov 2026 12:59:19 UTC"), Some(gmt));
+        assert_eq!(sigv2_date("Fri, 27 Nov 2026 13:59:19 +0100"), Some(gmt));
+        assert_eq!(sigv2_date("Fri, 27 Nov 2026 07:29:19 -0530"), Some(gmt));
+        for bad in ["Fri, 27 Nov 2026 12:59:19 +01", "Fri, 27 Nov 2026 12:59:19 CET", "yesterday", ""] {
+            assert_eq!(sigv2_date(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -45,8 +45,12 @@ fn etag(record: &ObjectRecord) -> ETag {
     ETag::Strong(record.etag.clone())
 }
 
+/// When an object was last modified, in whole seconds as S3 gives it:
+/// Last-Modified has no milliseconds, and a listing that had them would
+/// never equal the time a client took from a GET (`aws s3 sync
+/// --exact-timestamps` would fetch every object every time).
 fn modified(record: &ObjectRecord) -> Timestamp {
-    Timestamp::from(from_millis(record.shown_modified()))
+    Timestamp::from(from_millis(record.shown_modified() / 1000 * 1000))
 }
 
 fn metadata(record: &ObjectRecord) -> Option<Metadata> {
@@ -446,6 +450,27 @@ fn public_acl(acl: Option<&BucketCannedACL>) -> S3Result<Option<bool>> {
     }
 }
 
+/// Whether an ACL document is one of the canned ACLs depot keeps, as
+/// s3cmd's `setacl` sends them: the owner's full control, and anyone's
+/// read for public-read. `None` for any other.
+fn canned_policy(policy: &AccessControlPolicy, owner: &str) -> Option<bool> {
+    const ALL_USERS: &str = "http://acs.amazonaws.com/groups/global/AllUsers";
+    let (mut owner_controls, mut public) = (false, false);
+    for grant in policy.grants.iter().flatten() {
+        let (Some(grantee), Some(permission)) = (&grant.grantee, &grant.permission) else {
+            return None;
+        };
+        match (grantee.type_.as_str(), permission.as_str()) {
+            (Type::CANONICAL_USER, Permission::FULL_CONTROL) if grantee.id.as_deref() == Some(owner) => {
+                owner_controls = true
+            }
+            (Type::GROUP, Permission::READ) if grantee.uri.as_deref() == Some(ALL_USERS) => public = true,
+            _ => return None,
+        }
+    }
+    owner_controls.then_some(public)
+}
+
 /// What a write may ask that depot does not do, refused rather than
 /// dropped, so no client believes an object tagged, encrypted, locked,
 /// granted to others or archived when it is not. PutObject, CopyObject and
@@ -588,14 +613,32 @@ impl S3 for DepotS3 {
     }
 
     async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
-        let Some(public) = public_acl(req.input.acl.as_ref())? else {
+        let canned = match (public_acl(req.input.acl.as_ref())?, &req.input.access_control_policy) {
+            (Some(public), _) => Some(public),
+            (None, Some(policy)) => {
+                canned_policy(policy, &self.store.bucket(&req.input.bucket).await.map_err(to_s3)?.owner)
+            }
+            (None, None) => None,
+        };
+        let Some(public) = canned else {
             return Err(s3_error!(
                 NotImplemented,
-                "only canned ACLs (x-amz-acl: private or public-read) are supported"
+                "only canned ACLs (x-amz-acl: private or public-read, or the documents GetBucketAcl gives for \
+                 them) are supported"
             ));
         };
         self.store.set_bucket_public(&req.input.bucket, public).await.map_err(to_s3)?;
         ok(PutBucketAclOutput::default())
+    }
+
+    /// Buckets are unversioned, which S3 answers with an empty
+    /// configuration (tools ask before they delete).
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        self.store.bucket(&req.input.bucket).await.map_err(to_s3)?;
+        ok(GetBucketVersioningOutput::default())
     }
 
     async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
