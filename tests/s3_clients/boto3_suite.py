@@ -311,12 +311,14 @@ def area_buckets(s3, buckets):
     )
     invalid = f"Depot-T-{RUN}-Upper"
     buckets.adopt(s3, invalid)  # removed at the end should it be created
-    expect_error(
+    refused = expect_error(
         "CreateBucket with an uppercase name is InvalidBucketName",
         "InvalidBucketName",
         400,
         lambda: s3.create_bucket(Bucket=invalid),
     )
+    message = refused.response.get("Error", {}).get("Message", "")
+    expect("lowercase" in message, "... with a message saying what a bucket name is", short(refused.response))
 
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     expect_error(

@@ -285,9 +285,10 @@ fn finish_xml(mut response: http::Response<s3s::Body>, request_id: &str, resourc
         }
         text.insert_str(end, &more);
         if !text.contains("<Message>")
-            && let Some(code_end) = text.find("<Code>SignatureDoesNotMatch</Code>").map(|at| at + 34)
+            && let Some(message) = between(&text, "<Code>", "</Code>").and_then(missing_message)
+            && let Some(code_end) = text.find("</Code>").map(|at| at + "</Code>".len())
         {
-            text.insert_str(code_end, SIGNATURE_MESSAGE);
+            text.insert_str(code_end, &format!("<Message>{message}</Message>"));
         }
     }
     *response.body_mut() = s3s::Body::from(text);
@@ -301,8 +302,21 @@ fn between<'t>(text: &'t str, open: &str, close: &str) -> Option<&'t str> {
 }
 
 /// What S3 says when a request's signature does not match.
-const SIGNATURE_MESSAGE: &str = "<Message>The request signature we calculated does not match the signature you \
-                                 provided. Check your key and signing method.</Message>";
+/// The messages of errors the protocol layer gives without one, as S3
+/// words them, so that clients do not print "Unknown".
+fn missing_message(code: &str) -> Option<&'static str> {
+    match code {
+        "SignatureDoesNotMatch" => Some(
+            "The request signature we calculated does not match the signature you provided. Check your key and \
+             signing method.",
+        ),
+        "InvalidBucketName" => Some(
+            "The specified bucket is not valid: a bucket name is 3 to 63 lowercase letters, digits, dots and \
+             hyphens, and starts and ends with a letter or digit",
+        ),
+        _ => None,
+    }
+}
 
 /// Answers one S3 request.
 pub async fn handle(service: &S3Service, req: Request, request_id: &str) -> Response {
@@ -528,13 +542,16 @@ mod tests {
         );
         let named = "<Error><Code>X</Code><Resource>/r</Resource><RequestId>given</RequestId></Error>";
         assert_eq!(text(finish_xml(answer(400, named), "id3", "/b")), named);
-        let signature = finish_xml(answer(403, "<Error><Code>SignatureDoesNotMatch</Code></Error>"), "id4", "/b");
-        assert_eq!(
-            text(signature),
-            format!(
-                "<Error><Code>SignatureDoesNotMatch</Code>{SIGNATURE_MESSAGE}<Resource>/b</Resource>\
-                 <RequestId>id4</RequestId></Error>"
-            )
-        );
+        for code in ["SignatureDoesNotMatch", "InvalidBucketName"] {
+            let bare = finish_xml(answer(403, &format!("<Error><Code>{code}</Code></Error>")), "id4", "/b");
+            let message = missing_message(code).unwrap();
+            assert_eq!(
+                text(bare),
+                format!(
+                    "<Error><Code>{code}</Code><Message>{message}</Message><Resource>/b</Resource>\
+                     <RequestId>id4</RequestId></Error>"
+                )
+            );
+        }
     }
 }
