@@ -85,7 +85,8 @@ fn open_recovered(opts: &rocksdb::Options, path: &Path, cfs: impl Fn() -> Vec<Co
     for (i, log) in logs.iter().enumerate() {
         let bytes = std::fs::read(log).map_err(err)?;
         // Damage in any log but the newest is followed by the newer ones.
-        damaged_within |= wal::damaged_within(&bytes) || (i + 1 < logs.len() && wal::first_damage(&bytes).is_some());
+        damaged_within |=
+            wal::first_damage(&bytes).is_some_and(|bad| i + 1 < logs.len() || wal::whole_record_after(&bytes, bad));
     }
     if damaged_within {
         return Err(CatalogError::Internal(format!(
@@ -150,10 +151,15 @@ mod wal {
         None
     }
 
-    /// Whether a whole record follows the log's first damage: a crash
-    /// leaves a torn end, with nothing whole after it.
-    pub fn damaged_within(log: &[u8]) -> bool {
-        first_damage(log).is_some_and(|bad| (bad + 1..log.len()).any(|at| record_at(log, at).is_some()))
+    /// Whether a whole record follows the damage at `bad`: a crash leaves
+    /// a torn end, with nothing whole after it.
+    pub fn whole_record_after(log: &[u8], bad: usize) -> bool {
+        (bad + 1..log.len()).any(|at| record_at(log, at).is_some())
+    }
+
+    #[cfg(test)]
+    fn damaged_within(log: &[u8]) -> bool {
+        first_damage(log).is_some_and(|bad| whole_record_after(log, bad))
     }
 
     #[cfg(test)]

@@ -1939,7 +1939,8 @@ def multipart_checksums(s3, bucket):
 
     # Parts copied from another object get a checksum in the upload's
     # algorithm too, as s3transfer's managed copy reads them back.
-    source = b"".join(parts)
+    # The same parts, copied out of "composite".
+    source, pieces = b"".join(parts), parts
     upload = s3.create_multipart_upload(Bucket=bucket, Key="copied", ChecksumAlgorithm="CRC32")["UploadId"]
     copied = [
         s3.upload_part_copy(
@@ -1948,11 +1949,10 @@ def multipart_checksums(s3, bucket):
             UploadId=upload,
             PartNumber=i + 1,
             CopySource={"Bucket": bucket, "Key": "composite"},
-            CopySourceRange=f"bytes={start}-{end - 1}",
+            CopySourceRange=f"bytes={start}-{start + len(p) - 1}",
         )["CopyPartResult"]
-        for i, (start, end) in enumerate([(0, 5 * MiB), (5 * MiB, len(source))])
+        for i, (start, p) in enumerate([(0, parts[0]), (len(parts[0]), parts[1])])
     ]
-    pieces = [source[: 5 * MiB], source[5 * MiB :]]
     expect_equal(
         [c.get("ChecksumCRC32") for c in copied],
         [crc32_b64(p) for p in pieces],
