@@ -214,6 +214,23 @@ fn malformed_request_heads_get_400_and_a_closed_connection() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// Any token is a method to HTTP: made-up ones are counted together, not
+/// each kept for ever as a counter of its own.
+#[test]
+fn made_up_methods_are_counted_as_one() {
+    let mut s = Server::start(&[]);
+    let methods: Vec<String> = (0..200).map(|i| format!("MADEUP{i}{}", "X".repeat(1000))).collect();
+    for method in &methods {
+        let a = exchange(&s, format!("{method} /files/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+        assert!((400..500).contains(&a.status()) || a.status() == 501, "{}", a.text());
+    }
+    let metrics = String::from_utf8(get(&s, "/_/metrics", "").body()).unwrap();
+    assert!(!metrics.contains("MADEUP"), "a made-up method became a counter");
+    let other = metrics.lines().filter(|l| l.starts_with("depot_http_requests_total{method=\"other\""));
+    assert_eq!(other.map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum::<u64>(), 200, "{metrics}");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn oversized_or_too_many_headers_get_431_and_memory_stays_bounded() {
     let mut s = Server::start(&[]);

@@ -1107,7 +1107,8 @@ async fn a_folder_takes_an_empty_marker_only() {
         let stream = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(bytes))]);
         client().put(s.object_url(B, "docs/")).body(reqwest::Body::wrap_stream(stream)).send()
     };
-    assert_eq!(chunked(b"more bytes").await.unwrap().status(), 400);
+    let refused = error_body(chunked(b"more bytes").await.unwrap(), 400).await;
+    assert!(refused["message"].as_str().is_some_and(|m| m.contains("makes it a folder")), "{refused}");
     assert_eq!(chunked(b"").await.unwrap().status(), 201);
     assert_eq!(put(&s, "docs/", b"", &[]).await.status(), 200);
     let entries = list(&s, "docs/", "").await["entries"].clone();

@@ -233,3 +233,82 @@ async fn pages_of_other_origins_cannot_change_the_store() {
     let r = http.post(&batch).body(body).send().await.unwrap();
     assert!(r.status().is_success(), "clients that send no Origin may");
 }
+
+/// A page of another site can point its own name at 127.0.0.1 (DNS
+/// rebinding) and then send its visitors' requests to a server on their
+/// machine as its own, Origin and Host both its name. A server without
+/// credentials on loopback answers only the names such a page cannot
+/// have; one with credentials or the S3 domain's names are not affected.
+#[test]
+fn a_server_without_credentials_answers_only_to_local_names() {
+    let port_of = |s: &Server| s.addr.rsplit(':').next().unwrap().to_string();
+    let ask = |s: &Server, host: &str| {
+        let request = format!("GET /_/health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        raw(&s.addr, request.as_bytes(), std::time::Duration::from_secs(5))
+    };
+    let open = Server::start(&["--s3-domain", "s3.depot.test"]);
+    let port = port_of(&open);
+    for host in [
+        format!("rebind.attacker.example:{port}"),
+        "attacker.example".to_string(),
+        format!("depot.s3.depot.test.attacker.example:{port}"),
+    ] {
+        let answer = ask(&open, &host);
+        assert_eq!(status_of(&answer), 403, "{host}: {answer}");
+        assert!(answer.contains("loopback"), "{answer}");
+    }
+    for host in [
+        format!("localhost:{port}"),
+        "localhost.".to_string(),
+        format!("app.localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "depot".to_string(),
+        format!("s3.depot.test:{port}"),
+        format!("files.s3.depot.test:{port}"),
+    ] {
+        assert_eq!(status_of(&ask(&open, &host)), 200, "{host}");
+    }
+    let guarded = Server::start(&["--access-key", "k", "--secret-key", "a-secret-of-some-length"]);
+    let answer = ask(&guarded, &format!("rebind.attacker.example:{}", port_of(&guarded)));
+    assert_eq!(status_of(&answer), 200, "credentials guard that server: {answer}");
+}
+
+/// The web UI may not be shown in another site's frame, where that site
+/// could lay its page over the UI's buttons.
+#[tokio::test]
+async fn the_web_ui_refuses_to_be_framed() {
+    let server = Server::start(&[]);
+    let r = client().get(format!("{}/", server.url)).header("accept", "text/html").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-frame-options"], "DENY");
+    assert_eq!(r.headers()["content-security-policy"], "frame-ancestors 'none'");
+}
+
+/// Requests that could never be allowed are refused before their bodies
+/// are read: an unsigned form upload, or a DeleteObjects document, from
+/// someone without credentials. Each declares far more than it sends, so
+/// a server that read the body first would still be waiting when the
+/// client stops listening.
+#[test]
+fn anonymous_requests_are_refused_before_their_bodies_are_read() {
+    let server = Server::start(&["--access-key", "k", "--secret-key", "a-secret-of-some-length"]);
+    let quiet = std::time::Duration::from_secs(5);
+    let declared = 100 << 20;
+    let document = format!(
+        "POST /files?delete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/xml\r\n\
+         Content-Length: {declared}\r\n\r\n<Delete><Object><Key>a</Key></Object>"
+    );
+    let form = format!(
+        "POST /files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n\
+         Content-Length: {declared}\r\n\r\n\
+         --XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nposted\r\n\
+         --XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n{}",
+        "x".repeat(4096)
+    );
+    for (what, request) in [("a DeleteObjects document", document), ("an unsigned form", form)] {
+        let answer = raw(&server.addr, request.as_bytes(), quiet);
+        assert_eq!(status_of(&answer), 403, "{what}: {answer:?}");
+        assert!(answer.contains("AccessDenied"), "{what}: {answer}");
+    }
+}

@@ -17,23 +17,28 @@ const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 #[derive(Default)]
 pub struct Metrics {
     /// Count by method, then by status.
-    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
+    requests: Mutex<BTreeMap<&'static str, BTreeMap<u16, u64>>>,
     latency: [AtomicU64; BUCKETS.len() + 1],
     latency_sum_us: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
 }
 
+/// The method's label: the methods of RFC 9110 and WebDAV's by name, any
+/// other as `other`. A client may send any token as a method, and each
+/// would otherwise be a counter kept for ever.
+fn label(method: &http::Method) -> &'static str {
+    const KNOWN: [&str; 13] = [
+        "GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "COPY", "MOVE", "MKCOL",
+        "PROPFIND",
+    ];
+    KNOWN.into_iter().find(|m| *m == method.as_str()).unwrap_or("other")
+}
+
 impl Metrics {
     /// Counts one answered request; `elapsed` runs to the response head.
     pub fn record(&self, method: &http::Method, status: u16, elapsed: Duration, bytes_in: u64, bytes_out: u64) {
-        let mut requests = self.requests.lock();
-        // The method's name is copied once, when first seen.
-        let by_status = match requests.get_mut(method.as_str()) {
-            Some(m) => m,
-            None => requests.entry(method.as_str().to_string()).or_default(),
-        };
-        *by_status.entry(status).or_default() += 1;
+        *self.requests.lock().entry(label(method)).or_default().entry(status).or_default() += 1;
         let secs = elapsed.as_secs_f64();
         let slot = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
         self.latency[slot].fetch_add(1, Ordering::Relaxed);

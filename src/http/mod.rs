@@ -74,21 +74,29 @@ pub struct App {
     s3: s3s::service::S3Service,
     /// One permit per request body being read: `limits.max_uploads`.
     uploads: Arc<tokio::sync::Semaphore>,
+    /// On a server without credentials that listens on a loopback address:
+    /// the names requests may address it by besides loopback ones (see
+    /// [`foreign_host`]).
+    local_names: Option<Vec<String>>,
 }
 
 impl App {
-    /// `s3_domain` enables virtual-host style S3 requests.
+    /// `s3_domain` enables virtual-host style S3 requests; `listen` is the
+    /// address the server listens on.
     pub fn new(
         store: Store,
         limits: Limits,
         credentials: &[Credential],
         s3_domain: Option<&str>,
+        listen: std::net::SocketAddr,
     ) -> anyhow::Result<App> {
         let store = Arc::new(store);
         let s3 = s3::service(store.clone(), credentials, s3_domain)?;
+        let local_names = (credentials.is_empty() && listen.ip().is_loopback())
+            .then(|| s3_domain.map(str::to_ascii_lowercase).into_iter().collect());
         let credentials = credentials.to_vec();
         let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
-        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads })
+        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names })
     }
 
     /// Whether requests need a secret or a signature.
@@ -207,6 +215,16 @@ impl App {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
+        if let Some(names) = &self.local_names
+            && let Some(host) = foreign_host(&req, names)
+        {
+            return error_response(&ApiError::access_denied(format!(
+                "this server has no credentials and listens on a loopback address, so it answers requests \
+                 addressed to localhost, a loopback address or a name without dots, not to {host:?} (a page of \
+                 another site that points its name at this machine could use the store); give the server \
+                 credentials to serve it under other names"
+            )));
+        }
         // RFC 9112 section 6.1: a transfer coding other than chunked is one
         // the server cannot undo; storing the coded bytes as the body would
         // be wrong, so it is a 501 and the body stays unread.
@@ -270,7 +288,7 @@ impl App {
         };
         if s3 {
             // Boxed, as the native routes are (below).
-            Box::pin(s3::handle(&self.s3, req, id)).await
+            Box::pin(s3::handle(&self.s3, req, anonymous, id)).await
         } else {
             // A future holds the future it awaits, at about twice its size,
             // and is moved whole when it starts: a route's kilobytes of
@@ -361,6 +379,33 @@ fn cross_origin_change<B>(req: &http::Request<B>) -> Option<String> {
         (Some(a), Some(h)) if a.eq_ignore_ascii_case(h) => None,
         _ => Some(String::from_utf8_lossy(origin.as_bytes()).into_owned()),
     }
+}
+
+/// The name a request addresses the server by when it is none a server
+/// without credentials on a loopback address should answer to. A page of
+/// another site can point its own name at 127.0.0.1 (DNS rebinding): the
+/// browser then sends the user's requests here as that page's own, with
+/// its name in Host and as the Origin, so neither the loopback address nor
+/// the Origin check stops them. Such a name is a registered one, with a
+/// dot; so are not localhost and its subdomains, IP addresses, names
+/// without a dot (set in a hosts file or a search domain, not by a
+/// stranger) and `names` (the S3 domain and its buckets' names).
+fn foreign_host<B>(req: &http::Request<B>, names: &[String]) -> Option<String> {
+    let host = req.headers().get(header::HOST)?;
+    let text = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
+    let name = match text.strip_prefix('[') {
+        Some(v6) => {
+            let address = v6.split(']').next().unwrap_or_default();
+            return address.parse::<std::net::Ipv6Addr>().is_err().then_some(text);
+        }
+        None => text.rsplit_once(':').map_or(text.as_str(), |(name, _)| name).trim_end_matches('.'),
+    };
+    let allowed = name.parse::<std::net::Ipv4Addr>().is_ok()
+        || !name.contains('.')
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || names.iter().any(|n| name == n || name.strip_suffix(n.as_str()).is_some_and(|sub| sub.ends_with('.')));
+    (!allowed).then_some(text)
 }
 
 /// Headers for a stored object's answer, on either API. Uploaded pages

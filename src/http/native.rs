@@ -253,10 +253,13 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     // A GET of a key ending in `/` lists the folder: such a key holds an
     // empty folder marker, or bytes no native GET could give back.
     let folder = key.ends_with('/');
-    if folder && content_length(headers).is_some_and(|n| n > 0) {
-        return Err(ApiError::bad_request(format!(
+    let not_empty = || {
+        ApiError::bad_request(format!(
             "{key:?} ends in /, which makes it a folder: its marker is empty (the S3 API stores bytes there)"
-        )));
+        ))
+    };
+    if folder && content_length(headers).is_some_and(|n| n > 0) {
+        return Err(not_empty());
     }
     let expected_sha256 = match one(headers, "x-depot-sha256")? {
         None => None,
@@ -311,7 +314,10 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
         ..PutOptions::default()
     };
     let body = req.into_body().into_data_stream();
-    let put = app.store.put(bucket, key, body, opts).await?;
+    let put = match app.store.put(bucket, key, body, opts).await {
+        Err(StoreError::IncompleteBody { .. }) if folder => return Err(not_empty()),
+        put => put?,
+    };
     let r = &put.record;
     let status = if put.replaced { StatusCode::OK } else { StatusCode::CREATED };
     let mut answer = json!({

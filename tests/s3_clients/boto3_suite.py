@@ -1449,6 +1449,34 @@ def area_presign(s3, buckets):
         f"status {status}: {answer[:300]!r}",
     )
     expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4put"))
+    # ... nor with an Authorization header beside it, which the signature
+    # in the query does not cover either.
+    status, answer = http_put(put_v4, b"", "application/octet-stream", {**copy, "Authorization": "AWS4-x"})
+    expect(
+        status == 400 and error_code(answer) == "AuthorizationQueryParametersError",
+        "a presigned URL sent with an Authorization header too is refused",
+        f"status {status}: {answer[:300]!r}",
+    )
+    expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4put"))
+    # A signed request's header names the headers it signed: one added
+    # after signing cannot be named in the algorithm's place, nor hidden
+    # behind another algorithm's name.
+    now = datetime.datetime.now(datetime.timezone.utc)
+    path = f"/{bucket}/pre/v4header"
+    *_, signed = signed_put(path, b"", hashlib.sha256(b"").hexdigest(), now)
+    for forged in (
+        signed["authorization"].replace("AWS4-HMAC-SHA256 ", "AWS4-HMAC-SHA256,SignedHeaders=x-amz-copy-source; ", 1),
+        signed["authorization"].replace("AWS4-HMAC-SHA256 ", "X ", 1),
+    ):
+        status, answer = send_put(path, b"", {**signed, **copy, "authorization": forged})
+        expect(
+            status == 400 and error_code(answer) == "AuthorizationHeaderMalformed",
+            f"an Authorization header beginning {forged[:30]!r} is AuthorizationHeaderMalformed",
+            f"status {status}: {answer[:300]!r}",
+        )
+    expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4header"))
+    status, answer = send_put(path, b"", signed)
+    expect(status == 200, "the signed request as signed works", f"status {status}: {answer[:300]!r}")
     status, answer = http_put(put_v4, b"signed body", "application/octet-stream")
     expect(status == 200, "the same URL without the header works", f"status {status}: {answer[:300]!r}")
 
@@ -1506,6 +1534,17 @@ def area_presign(s3, buckets):
     expect(
         status == 400 and error_code(answer) == "EntityTooLarge",
         "a POST policy upload over its content-length-range is EntityTooLarge",
+        f"status {status}: {answer[:300]!r}",
+    )
+    # The protocol layer reads a form's file whole before it stores it:
+    # forms take files of 64 MiB at most, whatever their policy allows.
+    roomy = v4.generate_presigned_post(
+        bucket, "pre/large", Conditions=[["content-length-range", 1, 1 << 30]], ExpiresIn=300
+    )
+    status, answer = form_post(roomy, b"x" * ((64 << 20) + 1))
+    expect(
+        status == 400 and error_code(answer) == "EntityTooLarge",
+        "a form upload of a file over 64 MiB is EntityTooLarge",
         f"status {status}: {answer[:300]!r}",
     )
     status, answer = form_post({**post, "fields": {**post["fields"], "Content-Type": "text/html"}}, b"<script>")

@@ -97,6 +97,99 @@ pub fn check_document(headers: &HeaderMap, body: &[u8], checksums: bool) -> S3Re
     }
 }
 
+/// Where a [`Document`] leaves the S3 error it failed with, for the answer.
+pub(super) type Refusal = Arc<Mutex<Option<S3Error>>>;
+
+/// A document sent whole (the XML of DeleteObjects or
+/// CompleteMultipartUpload) as the protocol layer reads it: kept as it
+/// comes, up to `max` bytes, and checked at its end ([`check_document`]):
+/// with its last byte by its Content-Length, since the protocol layer
+/// stops reading there (it checks the SHA-256 the signature covers itself,
+/// but answers a mismatch as its own failure).
+/// The protocol layer reads a document only once the request's signature
+/// and the caller's access are checked, so no one without them makes the
+/// server hold one. A document that fails the check ends with an error and
+/// leaves the S3 error in its [`Refusal`], which the answer then is.
+pub(super) struct Document<B> {
+    inner: B,
+    headers: HeaderMap,
+    checksums: bool,
+    max: usize,
+    read: Vec<u8>,
+    /// Checked already: the declared length came.
+    checked: bool,
+    refusal: Refusal,
+}
+
+impl<B> Document<B> {
+    /// `checksums`: as [`check_document`]'s.
+    pub(super) fn new(inner: B, headers: HeaderMap, checksums: bool, max: usize) -> (Document<B>, Refusal) {
+        let refusal = Refusal::default();
+        let document =
+            Document { inner, headers, checksums, max, read: Vec::new(), checked: false, refusal: refusal.clone() };
+        (document, refusal)
+    }
+
+    /// Checks the document once: `None` when it passes.
+    fn check(&mut self) -> Option<S3Error> {
+        if std::mem::replace(&mut self.checked, true) {
+            return None;
+        }
+        check_document(&self.headers, &self.read, self.checksums).err()
+    }
+
+    fn refuse(&self, e: S3Error) -> Poll<Option<Result<http_body::Frame<Bytes>, StdError>>> {
+        let message = e.message().unwrap_or("the document was refused").to_string();
+        *self.refusal.lock().expect("not poisoned") = Some(e);
+        Poll::Ready(Some(Err(message.into())))
+    }
+}
+
+impl<B> http_body::Body for Document<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<StdError>,
+{
+    type Data = Bytes;
+    type Error = StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, StdError>>> {
+        let this = &mut *self;
+        match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if this.read.len() + data.len() > this.max {
+                        return this.refuse(s3_error!(
+                            MaxMessageLengthExceeded,
+                            "the document is over {} bytes",
+                            this.max
+                        ));
+                    }
+                    this.read.extend_from_slice(data);
+                    if crate::http::content_length(&this.headers) == Some(this.read.len() as u64)
+                        && let Some(e) = this.check()
+                    {
+                        return this.refuse(e);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+            None => match this.check() {
+                None => Poll::Ready(None),
+                Some(e) => this.refuse(e),
+            },
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// As S3: a request declares at most one checksum.
 fn one_algorithm(declared: usize) -> S3Result<()> {
     match declared {

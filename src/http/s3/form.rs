@@ -37,12 +37,14 @@ pub(super) fn boundary(headers: &http::HeaderMap) -> Option<String> {
 }
 
 /// The form `body` (with `boundary`), its key's `${filename}` replaced by
-/// the file's name; `length` is its Content-Length, changed to match.
+/// the file's name; `length` is its Content-Length, changed to match. And
+/// whether the form is signed: whether a signature field comes before its
+/// file.
 pub(super) async fn with_filename(
     mut body: RequestBody,
     boundary: &str,
     length: &mut Option<u64>,
-) -> Result<s3s::Body, s3s::StdError> {
+) -> Result<(s3s::Body, bool), s3s::StdError> {
     let mut head = BytesMut::new();
     let (mut ended, mut looks) = (false, 0);
     // The form is looked through again only when a part's headers may have
@@ -63,6 +65,7 @@ pub(super) async fn with_filename(
             }
         }
     }
+    let signed = signed(&head, boundary);
     let head = match rewrite(&head, boundary) {
         Some(rewritten) => {
             *length = length.map(|n| (n + rewritten.len() as u64).saturating_sub(head.len() as u64));
@@ -72,10 +75,18 @@ pub(super) async fn with_filename(
     };
     let first = futures::stream::once(async move { Ok::<_, s3s::StdError>(Frame::data(head)) });
     if ended {
-        return Ok(s3s::Body::http_body(StreamBody::new(first)));
+        return Ok((s3s::Body::http_body(StreamBody::new(first)), signed));
     }
     let rest = body.into_data_stream().map(|d| d.map(Frame::data).map_err(s3s::StdError::from));
-    Ok(s3s::Body::http_body(StreamBody::new(first.chain(rest))))
+    Ok((s3s::Body::http_body(StreamBody::new(first.chain(rest))), signed))
+}
+
+/// Whether a SigV4 or SigV2 signature field comes before the form's file.
+fn signed(form: &[u8], boundary: &str) -> bool {
+    parts(form, boundary)
+        .iter()
+        .take_while(|p| !p.name.eq_ignore_ascii_case("file"))
+        .any(|p| p.name.eq_ignore_ascii_case("x-amz-signature") || p.name.eq_ignore_ascii_case("signature"))
 }
 
 /// A part of a form whose headers have all come.
@@ -179,6 +190,20 @@ mod tests {
         let file_at = find(&whole, b"name=\"file\"").unwrap();
         assert_eq!(rewrite(&whole[..file_at], "XyZ"), None, "the file's headers have not all come");
         assert_eq!(rewrite(&whole, "other"), None);
+    }
+
+    #[test]
+    fn a_form_is_signed_by_a_signature_field_before_its_file() {
+        let unsigned = form("k", "photo.jpg");
+        assert!(!signed(&unsigned, "XyZ"));
+        let field = |name: &str| format!("--XyZ\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\nab12\r\n");
+        for name in ["x-amz-signature", "X-Amz-Signature", "signature"] {
+            let signed_form = [field(name).as_bytes(), &unsigned].concat();
+            assert!(signed(&signed_form, "XyZ"), "{name}");
+        }
+        let after_the_file =
+            [&unsigned[..unsigned.len() - 9], field("x-amz-signature").as_bytes(), b"--XyZ--\r\n"].concat();
+        assert!(!signed(&after_the_file, "XyZ"), "a field after the file is the file's bytes");
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub fn service(store: Arc<Store>, credentials: &[Credential], domain: Option<&st
     let keys = credentials.iter().map(|c| (c.access_key.clone(), SecretKey::from(c.secret_key.clone()))).collect();
     builder.set_auth(Keys(keys));
     builder.set_access(Policy { store });
+    let mut config = s3s::config::S3Config::default();
+    config.post_object_max_file_size = MAX_FORM_FILE;
+    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(config))));
     if let Some(domain) = domain {
         if domain.is_empty() || domain.contains([':', '/']) {
             anyhow::bail!("--s3-domain {domain:?} must be a bare domain name, like s3.example.com");
@@ -78,6 +81,29 @@ const MAX_SKEW: u64 = 15 * 60;
 /// The algorithm of SigV4a, S3's signatures for several regions at once.
 const SIGV4A: &str = "AWS4-ECDSA-P256-SHA256";
 
+/// The headers a SigV4 `Authorization` header signs, read as strictly as
+/// the protocol layer reads the header: the algorithm, then exactly the
+/// credential, the signed headers and the signature. `None` when it is not
+/// such a header; reading it more loosely than the protocol layer (say,
+/// `SignedHeaders=` hidden in the algorithm) would let a header through
+/// that the signature does not cover.
+fn sigv4_signed_headers(auth: &str) -> Option<&str> {
+    let (algorithm, rest) = auth.split_once(|c: char| c.is_ascii_whitespace())?;
+    if algorithm != "AWS4-HMAC-SHA256" {
+        return None;
+    }
+    let mut parts = rest.split(',').map(str::trim);
+    let (Some(credential), Some(signed), Some(signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    if !credential.starts_with("Credential=") || !signature.starts_with("Signature=") {
+        return None;
+    }
+    signed.strip_prefix("SignedHeaders=")
+}
+
 /// What S3 refuses about a request's signing and the protocol layer lets
 /// through, checked before it; the authorization and the query are read
 /// once for all of it:
@@ -85,7 +111,10 @@ const SIGV4A: &str = "AWS4-ECDSA-P256-SHA256";
 /// - a SigV4 request carrying an `x-amz-*` header it did not sign ("There
 ///   were headers present in the request which were not signed"): added to
 ///   a presigned URL or a signed request, one could turn a PUT into a copy
-///   of the signer's private object, or a new bucket public;
+///   of the signer's private object, or a new bucket public; so also a
+///   request signed both in its query and in an Authorization header, and
+///   an Authorization header that names another algorithm than SigV4's or
+///   is not laid out as SigV4's is;
 /// - a SigV2 request signed more than 15 minutes from now, or a SigV2
 ///   presigned URL valid for longer than 7 days: either could be replayed
 ///   for ever;
@@ -105,9 +134,31 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
     {
         return refuse("X-Amz-Expires must be between 1 and 604800 seconds (7 days)");
     }
-    let signed = match auth.starts_with("AWS4-") {
-        true => auth.split(',').find_map(|part| part.trim().strip_prefix("SignedHeaders=")),
-        false => param("X-Amz-SignedHeaders"),
+    // The signature the protocol layer checks, found as it finds it: a
+    // SigV2 one first (it signs every `x-amz-*` header sent), then a SigV4
+    // presigned URL's, then the Authorization header's.
+    let presigned = param("Signature").is_some() || param("X-Amz-Signature").is_some();
+    if presigned && !auth.is_empty() {
+        return refuse("a request is signed either in its query or in its Authorization header, not in both");
+    }
+    let sigv2 = param("Signature").is_some() || auth.strip_prefix("AWS ").is_some_and(|a| a.contains(':'));
+    let signed = if sigv2 {
+        None
+    } else if param("X-Amz-Signature").is_some() {
+        Some(param("X-Amz-SignedHeaders").unwrap_or(""))
+    } else if auth.is_empty() {
+        None
+    } else {
+        match sigv4_signed_headers(auth) {
+            Some(signed) => Some(signed),
+            None => {
+                return Some(bad_request(
+                    "AuthorizationHeaderMalformed",
+                    "the Authorization header is not `AWS4-HMAC-SHA256 Credential=..., SignedHeaders=..., \
+                     Signature=...`",
+                ));
+            }
+        }
     };
     if let Some(signed) = signed {
         let unsigned: Vec<&str> = req
@@ -166,7 +217,13 @@ const PRESIGNING: &[&str] = &[
 
 /// Largest document read whole to check it: a DeleteObjects of 1,000
 /// keys of 1,024 bytes, escaped, stays well below.
-const MAX_DOCUMENT: u64 = 16 << 20;
+const MAX_DOCUMENT: usize = 16 << 20;
+
+/// Largest file a form upload takes. The protocol layer reads a form's
+/// file whole into memory before it checks the policy's conditions and
+/// stores it, so this bounds the memory each form holds; larger files go
+/// by PUT or multipart upload, which stream.
+pub const MAX_FORM_FILE: u64 = 64 << 20;
 
 /// Makes a request what the S3 service should see:
 /// - the other `x-amz-*` parameters of a presigned URL become headers, as
@@ -174,8 +231,13 @@ const MAX_DOCUMENT: u64 = 16 << 20;
 ///   the signature covers them);
 /// - the XML document of DeleteObjects or CompleteMultipartUpload is read
 ///   and checked against its declared digests ([`body::check_document`]);
-/// - a form upload's key gets its file's name ([`form`]).
-async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
+/// - a form upload's key gets its file's name ([`form`]); an unsigned one
+///   from an `anonymous` caller (on a server with credentials) is refused
+///   before its file is read, since the protocol layer reads the file
+///   before it checks access.
+///
+/// With a document, also the [`body::Refusal`] its check leaves.
+async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::Body>, Option<body::Refusal>)> {
     let (mut parts, body) = req.into_parts();
     let query: Vec<(String, String)> =
         form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned().collect();
@@ -199,33 +261,37 @@ async fn prepare(req: Request) -> S3Result<http::Request<s3s::Body>> {
         && let Some(boundary) = form::boundary(&parts.headers)
     {
         let mut length = super::content_length(&parts.headers);
-        let body = form::with_filename(body, &boundary, &mut length)
+        let (body, signed) = form::with_filename(body, &boundary, &mut length)
             .await
             .map_err(|e| s3_error!(InvalidRequest, "reading the form failed: {e}"))?;
+        if anonymous && !signed {
+            return Err(S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                "a form upload to this server needs a policy signed with one of its credentials",
+            ));
+        }
         if let Some(length) = length {
             parts.headers.insert(http::header::CONTENT_LENGTH, length.into());
         }
-        return Ok(http::Request::from_parts(parts, body));
+        return Ok((http::Request::from_parts(parts, body), None));
     }
     let delete = query.iter().any(|(n, _)| n == "delete");
     let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
     let payload = parts.headers.get("x-amz-content-sha256").map(http::HeaderValue::as_bytes).unwrap_or_default();
     if payload.starts_with(b"STREAMING-") {
         let unsigned = payload == b"STREAMING-UNSIGNED-PAYLOAD-TRAILER";
-        return Ok(http::Request::from_parts(parts, s3s::Body::http_body(framing::Checked::new(body, unsigned))));
+        return Ok((
+            http::Request::from_parts(parts, s3s::Body::http_body(framing::Checked::new(body, unsigned))),
+            None,
+        ));
     }
     if !document {
-        return Ok(http::Request::from_parts(parts, s3s::Body::http_body(body)));
+        return Ok((http::Request::from_parts(parts, s3s::Body::http_body(body)), None));
     }
-    let bytes = http_body_util::Limited::new(body, MAX_DOCUMENT as usize)
-        .collect()
-        .await
-        .map_err(|e| s3_error!(InvalidRequest, "reading the request's document failed: {e}"))?
-        .to_bytes();
     // CompleteMultipartUpload's x-amz-checksum-* are the object's, checked
     // as it completes (`completion`).
-    body::check_document(&parts.headers, &bytes, delete)?;
-    Ok(http::Request::from_parts(parts, s3s::Body::from(bytes)))
+    let (body, refusal) = body::Document::new(body, parts.headers.clone(), delete, MAX_DOCUMENT);
+    Ok((http::Request::from_parts(parts, s3s::Body::http_body(body)), Some(refusal)))
 }
 
 /// Makes a list header given on several lines one line, as RFC 9110
@@ -318,17 +384,24 @@ fn missing_message(code: &str) -> Option<&'static str> {
     }
 }
 
-/// Answers one S3 request.
-pub async fn handle(service: &S3Service, req: Request, request_id: &str) -> Response {
+/// Answers one S3 request; `anonymous`: from a caller without a Bearer
+/// token on a server with credentials (a signature is checked later).
+pub async fn handle(service: &S3Service, req: Request, anonymous: bool, request_id: &str) -> Response {
     let head = req.method() == http::Method::HEAD;
     let resource = req.uri().path().to_string();
     let prepared = match refused_signing(&req) {
         Some(e) => Err(e),
-        None => prepare(req).await,
+        None => prepare(req, anonymous).await,
     };
     let answer = match prepared {
         Err(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
-        Ok(req) => service.call(req).await,
+        Ok((req, refusal)) => {
+            let answer = service.call(req).await;
+            match refusal.and_then(|r| r.lock().expect("not poisoned").take()) {
+                Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
+                None => answer,
+            }
+        }
     };
     let mut response = match answer {
         Ok(r) => r,

@@ -44,8 +44,17 @@ pub(super) async fn answer(app: &Arc<App>, req: &Request, anonymous: bool) -> Op
             _ => config(app).await,
         });
     }
-    let page = || super::listing::negotiated(asset(req, "text/html; charset=utf-8", INDEX_HTML));
-    (read && is_page(req, anonymous)).then(page)
+    (read && is_page(req, anonymous)).then(|| page(req))
+}
+
+/// The page. No other site may show it in a frame: it could lay its own
+/// page over the UI's buttons and have the user click Delete unawares.
+fn page(req: &Request) -> Response {
+    let mut r = super::listing::negotiated(asset(req, "text/html; charset=utf-8", INDEX_HTML));
+    let h = r.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("frame-ancestors 'none'"));
+    r
 }
 
 /// A browser navigating to the buckets or to a folder: it accepts HTML,
