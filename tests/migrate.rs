@@ -6,8 +6,15 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use common::{BIN, Server, files_under, pattern, sha256_hex};
+use depot::engine::{BlobEngineExt, DynEngine, EngineConfig, EngineKind, s3};
+use futures::StreamExt;
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::spec::BinarySubtype;
+use mongodb::bson::{Binary, Document, doc};
+use object_store::{ObjectStore, ObjectStoreExt};
 
 fn migrate(data: &Path, args: &[&str]) -> Output {
     Command::new(BIN).arg("migrate").arg("--data").arg(data).args(args).output().unwrap()
@@ -239,4 +246,296 @@ async fn an_engine_database_another_store_uses_is_refused() {
     fresh.stop();
     let server = Server::start_in(&c, &[]);
     check(&server).await;
+}
+
+/// A server's engine a migration moves to or from, with the means to look
+/// past what the engine lists: rows, documents and objects it staged.
+enum Place {
+    Postgres(String),
+    Gridfs(String),
+    S3 { endpoint: String, config: depot::engine::S3Config },
+}
+
+impl Place {
+    async fn fresh(kind: EngineKind) -> Place {
+        match kind {
+            EngineKind::Postgres => Place::Postgres(depot::pg::fresh_test_database().await),
+            EngineKind::Gridfs => Place::Gridfs(depot::engine::gridfs::fresh_test_url()),
+            EngineKind::S3 => {
+                let (endpoint, config) = s3::test_server(&s3::fresh_test_bucket().await);
+                Place::S3 { endpoint, config }
+            }
+            other => panic!("{other:?} has no server"),
+        }
+    }
+
+    fn kind(&self) -> EngineKind {
+        match self {
+            Place::Postgres(_) => EngineKind::Postgres,
+            Place::Gridfs(_) => EngineKind::Gridfs,
+            Place::S3 { .. } => EngineKind::S3,
+        }
+    }
+
+    /// The flags naming it, as the source (`prefix` "") or the target ("to-").
+    fn args(&self, prefix: &str) -> Vec<String> {
+        let flag = |name: &str| format!("--{prefix}{name}");
+        let mut args = vec![flag("engine"), self.kind().name().to_string()];
+        match self {
+            Place::Postgres(url) | Place::Gridfs(url) => args.extend([flag("engine-url"), url.clone()]),
+            Place::S3 { endpoint, config } => args.extend([
+                flag("engine-url"),
+                endpoint.clone(),
+                flag("s3-bucket"),
+                config.bucket.clone().unwrap(),
+                flag("s3-access-key"),
+                config.access_key.clone().unwrap(),
+                flag("s3-secret-key"),
+                config.secret_key.clone().unwrap(),
+            ]),
+        }
+        args
+    }
+
+    async fn engine(&self) -> DynEngine {
+        let config = match self {
+            Place::Postgres(url) | Place::Gridfs(url) => EngineConfig { url: Some(url.clone()), ..Default::default() },
+            Place::S3 { endpoint, config } => {
+                EngineConfig { url: Some(endpoint.clone()), s3: config.clone(), ..Default::default() }
+            }
+        };
+        depot::engine::open(self.kind(), Path::new("/nonexistent"), &config).await.unwrap()
+    }
+
+    /// Leaves what a writer killed mid-upload leaves behind, just now: the
+    /// staged parts of a blob that was never finished.
+    async fn stage_unfinished(&self) {
+        match self {
+            Place::Postgres(url) => {
+                let client = pg_client(url).await;
+                client
+                    .batch_execute(
+                        "INSERT INTO depot_engine_pending VALUES (900001, now());
+                         INSERT INTO depot_engine_chunks VALUES (900001, 0, 'staged'), (900001, 1, 'parts');",
+                    )
+                    .await
+                    .unwrap();
+            }
+            Place::Gridfs(url) => {
+                let chunks = mongo_db(url).await.collection::<Document>("fs.chunks");
+                let file = ObjectId::new();
+                let data = |b: &[u8]| Binary { subtype: BinarySubtype::Generic, bytes: b.to_vec() };
+                chunks
+                    .insert_many([
+                        doc! { "files_id": file, "n": 0, "data": data(b"staged") },
+                        doc! { "files_id": file, "n": 1, "data": data(b"parts") },
+                    ])
+                    .await
+                    .unwrap();
+            }
+            Place::S3 { endpoint, config } => {
+                let store = s3::builder(Some(endpoint), config).build().unwrap();
+                store.put(&object_store::path::Path::from("tmp/cut-short"), b"staged".to_vec().into()).await.unwrap();
+            }
+        }
+    }
+
+    /// Everything stored: blobs, chunks, pending writes, staged objects.
+    async fn leftovers(&self) -> u64 {
+        match self {
+            Place::Postgres(url) => {
+                let client = pg_client(url).await;
+                let row = client
+                    .query_one(
+                        "SELECT (SELECT count(*) FROM depot_engine_blobs) + (SELECT count(*) FROM depot_engine_chunks) \
+                         + (SELECT count(*) FROM depot_engine_pending)",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                u64::try_from(row.get::<_, i64>(0)).unwrap()
+            }
+            Place::Gridfs(url) => {
+                let db = mongo_db(url).await;
+                let files = db.collection::<Document>("fs.files").count_documents(doc! {}).await.unwrap();
+                let chunks = db.collection::<Document>("fs.chunks").count_documents(doc! {}).await.unwrap();
+                files + chunks
+            }
+            Place::S3 { endpoint, config } => {
+                let store = s3::builder(Some(endpoint), config).build().unwrap();
+                store.list(None).count().await as u64
+            }
+        }
+    }
+}
+
+async fn pg_client(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+async fn mongo_db(url: &str) -> mongodb::Database {
+    mongodb::Client::with_uri_str(url).await.unwrap().default_database().unwrap()
+}
+
+fn journaled(data: &Path) -> usize {
+    std::fs::read_to_string(data.join("migrate.journal")).unwrap_or_default().lines().count()
+}
+
+fn strings(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// A run killed mid-copy leaves copies in the new engine that it finished
+/// but had not journaled yet, and the staged parts of those it was still
+/// writing. `--cancel` removes them all, so the migration can start again
+/// (it used to delete the journaled copies only, and the next migration was
+/// refused for the blobs left).
+async fn cancel_leaves_nothing_in(kind: EngineKind) {
+    let place = Place::fresh(kind).await;
+    let to = place.args("to-");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &[]);
+    fill(&server).await;
+    server.stop();
+    let said = ok(&migrate(&data, &[&strings(&to)[..], &["--max-blobs", "2"]].concat()));
+    assert!(said.contains("copied 2 blobs"), "{said}");
+
+    // The killed run: every blob copied, two of them journaled; and one
+    // upload cut short.
+    let target = place.engine().await;
+    for (_, bytes) in objects() {
+        target.put_bytes(bytes.into()).await.unwrap();
+    }
+    place.stage_unfinished().await;
+    assert_eq!(journaled(&data), 2);
+    assert_eq!(target.list().await.unwrap().len(), 4, "two copies the journal does not name");
+    drop(target);
+
+    let said = ok(&migrate(&data, &[&strings(&to)[..], &["--cancel"]].concat()));
+    assert_eq!(place.leftovers().await, 0, "nothing of the cancelled migration is left in the {kind:?} engine");
+    assert!(said.contains("removed 4 copies") && said.contains("cancelled"), "{said}");
+    assert!(!data.join("MIGRATING").exists() && !data.join("migrate.journal").exists());
+
+    let said = ok(&migrate(&data, &strings(&to)));
+    assert!(said.contains("copied 4 blobs") && said.contains("now lives in"), "{said}");
+    let mut server = Server::start_in(&data, &strings(&place.args("")));
+    check(&server).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_removes_unjournaled_copies_and_staged_parts_from_postgres() {
+    cancel_leaves_nothing_in(EngineKind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_removes_unjournaled_copies_and_staged_parts_from_gridfs() {
+    cancel_leaves_nothing_in(EngineKind::Gridfs).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_removes_unjournaled_copies_and_staged_parts_from_s3() {
+    cancel_leaves_nothing_in(EngineKind::S3).await;
+}
+
+/// The staged parts of uploads that crashed, or that a migration into this
+/// engine lost when interrupted, are younger than the engine's cleanup age,
+/// and an engine migrated away from is never opened again to remove them:
+/// the migration removes them with the blobs.
+async fn migrating_away_leaves_nothing_in(kind: EngineKind) {
+    let place = Place::fresh(kind).await;
+    let from = place.args("");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &strings(&from));
+    fill(&server).await;
+    server.stop();
+    place.stage_unfinished().await;
+    let before = place.leftovers().await;
+    let blobs = place.engine().await.list().await.unwrap().len() as u64;
+    assert!(before > blobs, "staged parts beside the {blobs} blobs: {before}");
+
+    let said = ok(&migrate(&data, &[&strings(&from)[..], &["--to-engine", "fs"]].concat()));
+    assert!(said.contains("now lives in the fs engine"), "{said}");
+    assert_eq!(place.leftovers().await, 0, "nothing is left in the {kind:?} engine migrated away from");
+    let mut server = Server::start_in(&data, &["--engine", "fs"]);
+    check(&server).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrating_away_from_postgres_removes_staged_chunks() {
+    migrating_away_leaves_nothing_in(EngineKind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrating_away_from_gridfs_removes_orphan_chunks() {
+    migrating_away_leaves_nothing_in(EngineKind::Gridfs).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrating_away_from_s3_removes_staging_objects() {
+    migrating_away_leaves_nothing_in(EngineKind::S3).await;
+}
+
+/// Ctrl-C while blobs are copied lets the copies under way finish and
+/// journals them: the new engine then holds the journaled copies and
+/// nothing else, not even staged chunks, and the run says how to go on. (It
+/// used to die mid-copy as from a kill, leaving copies the journal did not
+/// name.)
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_stops_a_migration_with_every_copy_journaled() {
+    const BLOBS: usize = 400;
+    let place = Place::fresh(EngineKind::Postgres).await;
+    // Four chunks a blob: each copy stages chunks under a pending row.
+    let to = [place.args("to-"), vec!["--to-chunk-size".into(), "16384".into()]].concat();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &[]);
+    let http = common::client();
+    let puts = futures::stream::iter(0..BLOBS)
+        .map(|i| {
+            let (http, url) = (&http, server.object_url("files", &format!("k{i}")));
+            async move { http.put(url).body(pattern(64 * 1024, i as u64)).send().await.unwrap().status() }
+        })
+        .buffer_unordered(8);
+    assert!(puts.all(|status| async move { status.is_success() }).await);
+    server.stop();
+
+    let child = Command::new(BIN)
+        .args(["migrate", "--data"])
+        .arg(&data)
+        .args(&to)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while journaled(&data) == 0 {
+        assert!(Instant::now() < deadline, "no copy journaled within a minute");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code().is_some(), "Ctrl-C killed the run instead of stopping it: {err}");
+    assert!(!out.status.success() && err.contains("interrupted") && err.contains("the same command again"), "{err}");
+    let copied = journaled(&data);
+    assert!(copied < BLOBS, "the run stopped before the end: {copied}");
+
+    let target = place.engine().await;
+    assert_eq!(target.list().await.unwrap().len(), copied, "every copy in the new engine is journaled");
+    let Place::Postgres(url) = &place else { unreachable!() };
+    let row = pg_client(url).await.query_one("SELECT count(*) FROM depot_engine_pending", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0, "no copy was left half written");
+    drop(target);
+
+    let said = ok(&migrate(&data, &strings(&to)));
+    assert!(said.contains(&format!("{copied} were there already")) && said.contains("now lives in"), "{said}");
+    let verify = Command::new(BIN).args(["verify", "--data"]).arg(&data).args(place.args("")).output().unwrap();
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
 }

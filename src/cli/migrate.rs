@@ -16,17 +16,24 @@
 //!    Until that ends, the catalog points into both engines: no server,
 //!    collector or check opens the store (see [`refuse_while_switching`]),
 //!    and a run again finishes the switch.
-//! 3. `cleanup`: the old engine's blobs are deleted, then the state files.
+//! 3. `cleanup`: the old engine's blobs are deleted, and what its writers
+//!    left staged, then the state files.
 //!
 //! Until the last run switches, the store can be served from the old engine
 //! between runs: what changes meanwhile is picked up by the next run. Stop
 //! every server before the run that finishes (with a PostgreSQL catalog,
 //! every node). `--cancel` abandons a migration that has not switched.
+//!
+//! A run may be killed at any point; the next one goes on from the journal.
+//! Ctrl-C during the copy step is gentler: the copies under way finish and
+//! are journaled before the run stops.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
@@ -36,6 +43,9 @@ use super::serve::{check_no_live_nodes, open_catalog, record_engine, runtime};
 use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
+use crate::engine::gridfs::{self, GridfsEngine};
+use crate::engine::postgres::{self, PostgresEngine};
+use crate::engine::s3::{self, S3Engine};
 use crate::engine::{self, BlobRef, Digest, DynEngine, ENGINE_MARKER, EngineConfig, EngineKind, Locator, S3Config};
 use crate::store::maintenance::copy_blob;
 
@@ -191,6 +201,75 @@ fn engine_root(data: &Path, kind: EngineKind) -> PathBuf {
     data.join(kind.name())
 }
 
+/// Opens an engine that no server uses, as [`engine::open`] does, except
+/// that everything its writers left staged counts as abandoned, however
+/// young: an engine otherwise keeps what is younger than its cleanup age
+/// (an hour, a day), since another node may still be writing it, and an
+/// engine migrated away from is never opened again to remove it later.
+/// With [`BlobEngine::remove_abandoned`](engine::BlobEngine::remove_abandoned),
+/// the handle removes it all again: call it once no writer of this process
+/// runs either.
+async fn open_alone(kind: EngineKind, root: &Path, config: &EngineConfig) -> engine::Result<DynEngine> {
+    Ok(match (kind, config.url.as_deref()) {
+        (EngineKind::Postgres, Some(url)) => Arc::new(
+            PostgresEngine::connect_with(url, config.chunk_size.unwrap_or(postgres::DEFAULT_CHUNK), Duration::ZERO)
+                .await?,
+        ),
+        (EngineKind::Gridfs, Some(url)) => Arc::new(
+            GridfsEngine::connect_with(
+                url,
+                config.gridfs_bucket.as_deref().unwrap_or(gridfs::DEFAULT_BUCKET),
+                config.chunk_size.unwrap_or(gridfs::DEFAULT_CHUNK),
+                Duration::ZERO,
+            )
+            .await?,
+        ),
+        (EngineKind::S3, url) => {
+            let tuning = s3::Tuning { stale_after: Duration::ZERO, ..s3::Tuning::default() };
+            Arc::new(S3Engine::connect_tuned(url, &config.s3, tuning).await?)
+        }
+        // An embedded engine's staged files go with its directory, which a
+        // migration removes whole; a server's engine without a URL is
+        // refused by `engine::open`, in its words.
+        _ => engine::open(kind, root, config).await?,
+    })
+}
+
+/// Ctrl-C while blobs are copied stops the run cleanly: no new copy
+/// starts, and those under way finish and are journaled, so nothing is
+/// left in the new engine that the journal does not name. A second Ctrl-C,
+/// or one during any other step, ends the process at once, as a kill
+/// would: every step is made to survive that.
+#[derive(Default)]
+struct Interrupt {
+    copying: AtomicBool,
+    requested: AtomicBool,
+}
+
+impl Interrupt {
+    /// Handles Ctrl-C from now on, for the life of the process: the
+    /// handler is in place when this returns, not when the task first runs.
+    fn watch() -> anyhow::Result<Arc<Interrupt>> {
+        let mut signals =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).context("handling Ctrl-C")?;
+        let interrupt = Arc::new(Interrupt::default());
+        let watcher = Arc::clone(&interrupt);
+        tokio::spawn(async move {
+            while signals.recv().await.is_some() {
+                if !watcher.copying.load(Ordering::SeqCst) || watcher.requested.swap(true, Ordering::SeqCst) {
+                    std::process::exit(130);
+                }
+                eprintln!("stopping: the copies under way finish first (Ctrl-C again to stop at once)");
+            }
+        });
+        Ok(interrupt)
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(Ordering::SeqCst)
+    }
+}
+
 /// `depot migrate`.
 pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args.from)?;
@@ -220,24 +299,25 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     // holding the store refuses the migration before anything is written.
     let (state, new) = match State::read(&data)? {
         Some(s) if args.cancel && s.phase == Phase::Copy => {
-            // The copies made so far go with an embedded engine's directory;
-            // in a server's engine, which held nothing when the migration
-            // began, the journaled ones are deleted.
+            // The copies made so far go with an embedded engine's directory.
+            // A server's engine held nothing when the migration began, so
+            // all it holds now is this migration's: the journaled copies,
+            // those a killed run finished but had not journaled yet, and
+            // the staged parts of those it was still writing.
             let copies = engine_root(&data, s.to);
             if s.to.is_embedded() && s.to != s.from {
                 std::fs::remove_dir_all(&copies).or_else(ignore_missing)?;
             } else if !s.to.is_embedded() {
                 let config = target_config(args, &settings.engine_config);
-                let journaled = read_journal(&data.join(JOURNAL))?;
-                runtime(2)?
+                let removed = runtime(2)?
                     .block_on(async {
-                        let target = engine::open(s.to, &copies, &config).await?;
-                        for (digest, locator) in journaled {
-                            target.delete(&BlobRef { digest, size: 0, locator }).await?;
-                        }
-                        anyhow::Ok(())
+                        let target = open_alone(s.to, &copies, &config).await?;
+                        let removed = delete_all(&target, "removing the copies").await?;
+                        target.remove_abandoned().await?;
+                        anyhow::Ok(removed)
                     })
                     .context("removing the copies made in the new engine (give the same --to-* settings)")?;
+                println!("removed {removed} copies from the {} engine", s.to.name());
             }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
@@ -277,8 +357,16 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
         {
             bail!("the catalog's store keeps its bytes in {}: migrate from there", engine::describe_marker(claimed));
         }
-        let source = engine::open(from, &engine_root(&data, from), &settings.engine_config).await?;
-        let target = engine::open(to, &engine_root(&data, to), &to_config).await?;
+        // No server holds the store now (the catalog is open, and no node
+        // is live), so neither engine has a writer but this run.
+        let source = open_alone(from, &engine_root(&data, from), &settings.engine_config).await?;
+        // A new migration's target may yet turn out to be another store's,
+        // whose writers may be at work: it is opened as any node would.
+        let target = if new {
+            engine::open(to, &engine_root(&data, to), &to_config).await?
+        } else {
+            open_alone(to, &engine_root(&data, to), &to_config).await?
+        };
         if new {
             // Copies already there would be taken as this store's without
             // being read (an engine keeps the first copy of a content), and
@@ -297,7 +385,8 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
         let mut state = state;
         if state.phase != Phase::Cleanup {
             let journal = data.join(JOURNAL);
-            if !copy(&*catalog, &source, &target, &journal, args).await? {
+            let interrupt = Interrupt::watch()?;
+            if !copy(&*catalog, &source, &target, &journal, args, &interrupt).await? {
                 return Ok(());
             }
             state.phase = Phase::Switch;
@@ -354,6 +443,7 @@ async fn copy(
     target: &DynEngine,
     journal: &Path,
     args: &MigrateArgs,
+    interrupt: &Interrupt,
 ) -> anyhow::Result<bool> {
     let done = read_journal(journal)?;
     let stats = catalog.stats().await?;
@@ -362,7 +452,8 @@ async fn copy(
     let (mut copied, mut copied_bytes, mut failed, mut left) = (0u64, 0u64, 0u64, 0u64);
     let budget = args.max_blobs.unwrap_or(u64::MAX);
     let mut after = None;
-    loop {
+    interrupt.copying.store(true, Ordering::SeqCst);
+    while !interrupt.requested() {
         let page = catalog.list_blobs(after, 1000).await?;
         let Some(last) = page.last() else { break };
         after = Some(last.digest);
@@ -372,6 +463,7 @@ async fn copy(
         let room = budget.saturating_sub(copied + failed) as usize;
         left += todo.len().saturating_sub(room) as u64;
         let mut results = futures::stream::iter(todo.into_iter().take(room))
+            .take_while(|_| futures::future::ready(!interrupt.requested()))
             .map(|blob| {
                 let progress = &progress;
                 async move {
@@ -396,6 +488,7 @@ async fn copy(
         }
     }
     out.sync_all()?;
+    interrupt.copying.store(false, Ordering::SeqCst);
     progress.finish_and_clear();
     println!(
         "copied {copied} blobs ({}) to the {} engine; {} were there already",
@@ -403,6 +496,12 @@ async fn copy(
         target.name(),
         done.len()
     );
+    if interrupt.requested() {
+        bail!(
+            "interrupted: nothing was switched, and the copies made are kept. Run the same command again to go \
+             on, or with --cancel to abandon the migration"
+        );
+    }
     if failed > 0 {
         bail!("{failed} blobs could not be copied (see above); nothing was switched. Fix the cause and run again");
     }
@@ -504,16 +603,23 @@ async fn switch(catalog: &dyn Catalog, target: &DynEngine, journal: &Path) -> an
     Ok(())
 }
 
-/// Deletes everything the old engine holds.
+/// Deletes everything the old engine holds, opened by [`open_alone`]: its
+/// blobs, then whatever its writers left staged (uploads a crash or a
+/// migration's own interruptions cut short, and parts of blobs whose
+/// deletion a killed run did not finish), which nothing would remove later.
 async fn cleanup(source: &DynEngine) -> anyhow::Result<()> {
-    let blobs = source.list().await?;
-    let progress = progress_bar(blobs.len() as u64, "removing old copies [{bar:30}] {pos}/{len}");
-    let source = Arc::clone(source);
+    delete_all(source, "removing old copies").await?;
+    source.remove_abandoned().await?;
+    Ok(())
+}
+
+/// Deletes every blob an engine lists; returns how many.
+async fn delete_all(engine: &DynEngine, what: &str) -> anyhow::Result<u64> {
+    let blobs = engine.list().await?;
+    let count = blobs.len() as u64;
+    let progress = progress_bar(count, &format!("{what} [{{bar:30}}] {{pos}}/{{len}}"));
     futures::stream::iter(blobs)
-        .map(|b| {
-            let source = &source;
-            async move { source.delete(&b.blob_ref()).await }
-        })
+        .map(|b| async move { engine.delete(&b.blob_ref()).await })
         .buffer_unordered(8)
         .try_for_each(|()| {
             progress.inc(1);
@@ -521,5 +627,5 @@ async fn cleanup(source: &DynEngine) -> anyhow::Result<()> {
         })
         .await?;
     progress.finish_and_clear();
-    Ok(())
+    Ok(count)
 }

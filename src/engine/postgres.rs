@@ -87,7 +87,7 @@ const POOL_SIZE: usize = 16;
 /// Longest wait for a scan of a whole table (listing blobs, measuring).
 const LISTING_WITHIN: Duration = Duration::from_secs(600);
 /// Age after which a pending write is taken for abandoned by a crash.
-pub const STALE_AFTER: &str = "1 hour";
+pub const STALE_AFTER: Duration = Duration::from_secs(3600);
 /// How often a writer refreshes the age of its pending row; far below
 /// [`STALE_AFTER`].
 const TOUCH_EVERY: Duration = Duration::from_secs(5 * 60);
@@ -123,6 +123,8 @@ pub struct PostgresEngine {
 struct Inner {
     pool: Pool,
     chunk: usize,
+    /// Age after which a pending write is taken for abandoned.
+    stale_after: Duration,
 }
 
 impl std::fmt::Debug for PostgresEngine {
@@ -155,6 +157,14 @@ impl PostgresEngine {
     /// missing, and removes chunks that crashed writers left long ago.
     /// New blobs are stored in chunks of `chunk` bytes.
     pub async fn connect(url: &str, chunk: usize) -> Result<PostgresEngine> {
+        PostgresEngine::connect_with(url, chunk, STALE_AFTER).await
+    }
+
+    /// [`connect`](PostgresEngine::connect), taking a pending write for
+    /// abandoned once its row is `stale_after` old. `Duration::ZERO` takes
+    /// every pending write for abandoned: only for a process that knows no
+    /// other one writes to the database, such as `depot migrate`.
+    pub async fn connect_with(url: &str, chunk: usize, stale_after: Duration) -> Result<PostgresEngine> {
         if !CHUNK_LIMITS.contains(&chunk) {
             return Err(EngineError::other(
                 NAME,
@@ -163,7 +173,7 @@ impl PostgresEngine {
         }
         let pool = pg::pool(url, POOL_SIZE).map_err(pg_err)?;
         pg::reach(&pool, url).await.map_err(pg_err)?;
-        let engine = PostgresEngine { inner: Arc::new(Inner { pool, chunk }) };
+        let engine = PostgresEngine { inner: Arc::new(Inner { pool, chunk, stale_after }) };
         engine.migrate().await?;
         engine.remove_abandoned().await?;
         Ok(engine)
@@ -513,16 +523,24 @@ impl BlobEngine for PostgresEngine {
         NAME
     }
 
-    /// Deletes the chunks of writes pending for longer than [`STALE_AFTER`]:
-    /// their writer crashed, or lost its connection for good.
+    /// Deletes the chunks of writes pending for longer than the engine's
+    /// cleanup age ([`STALE_AFTER`] unless connected otherwise): their
+    /// writer crashed, or lost its connection for good.
     async fn remove_abandoned(&self) -> Result<()> {
         let pool = &self.inner.pool;
+        let age = self.inner.stale_after.as_secs_f64();
         let removed = pg::retry(pool, "removing abandoned uploads", || async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
-            let sql =
-                format!("DELETE FROM depot_engine_pending WHERE since < now() - interval '{STALE_AFTER}' RETURNING id");
-            let ids = tx.query(&sql, &[]).await?.iter().map(|r| col::<i64>(r, 0)).collect::<Result<Vec<_>, _>>()?;
+            let ids = tx
+                .query(
+                    "DELETE FROM depot_engine_pending WHERE since <= now() - make_interval(secs => $1) RETURNING id",
+                    &[&age],
+                )
+                .await?
+                .iter()
+                .map(|r| col::<i64>(r, 0))
+                .collect::<Result<Vec<_>, _>>()?;
             if !ids.is_empty() {
                 // A separate statement: it sees chunks that inserts waiting
                 // on the pending rows' locks committed meanwhile.
