@@ -9,7 +9,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Server, client, depot, files_under, pattern, sha256_hex, sqlite_count};
+use common::{Server, Tmpfs, client, depot, files_under, pattern, sha256_hex, sqlite_count};
 use futures::StreamExt;
 
 fn generated_body(len: u64, seed: u64) -> reqwest::Body {
@@ -208,27 +208,6 @@ async fn the_memory_engine_forgets_everything_at_a_restart() {
     assert_eq!(r.status(), 404);
     let listing = client().get(format!("{}/files/?format=json", again.url)).send().await.unwrap();
     assert!(!listing.text().await.unwrap().contains("\"k\""));
-}
-
-/// A device of its own, mounted for one test and unmounted after it.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    /// None where mounting is not allowed (not root, no CAP_SYS_ADMIN).
-    fn mount(at: &std::path::Path, size: &str) -> Option<Tmpfs> {
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| Tmpfs(at.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 /// Filling the device answers 507 (or, once the catalog cannot write its

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Server, client, depot, files_under, pattern, sha256_hex};
+use common::{Server, Tmpfs, client, depot, files_under, pattern, sha256_hex};
 
 fn text(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
@@ -307,4 +307,170 @@ async fn leftover_bytes_are_named_but_do_not_fail_verify() {
     assert!(text(&out).contains("0 problem(s); 1 leftover blob(s)"), "{}", text(&out));
     let out = depot(&["verify", "--data", d, "--engine", "fs", "--repair"]);
     assert!(out.status.success() && !at.exists(), "{}", text(&out));
+}
+
+/// The RocksDB blob files (`*.blob`) of a hybrid store's small-blob tier,
+/// by name.
+fn rocksdb_blob_files(data: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = files_under(&data.join("hybrid/rocksdb"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Puts `objects` through a new server on `data`, then stops it and runs
+/// `depot verify`, which must find the store sound. Opening the store
+/// flushes RocksDB's memtable: the small blobs written here land in one
+/// new blob file, whose path is returned.
+async fn put_and_flush(data: &std::path::Path, objects: &[(String, Vec<u8>)]) -> std::path::PathBuf {
+    let before = rocksdb_blob_files(data);
+    let mut server = Server::start_in(data, &["--engine", "hybrid"]);
+    for (key, body) in objects {
+        put(&server, key, body.clone()).await;
+    }
+    server.stop();
+    let clean = depot(&["verify", "--data", data.to_str().unwrap(), "--engine", "hybrid"]);
+    assert!(clean.status.success(), "{}", text(&clean));
+    let new: Vec<_> = rocksdb_blob_files(data).into_iter().filter(|f| !before.contains(f)).collect();
+    // Fewer than 16 MiB of small blobs fill no memtable while the server
+    // runs: one flush, one blob file, and no compaction (which would read
+    // the blob files) before the test damages them.
+    assert_eq!(new.len(), 1, "one new blob file: {new:?}");
+    new.into_iter().next().unwrap()
+}
+
+/// Damage inside the hybrid engine's RocksDB tier (bytes overwritten in a
+/// blob file, a blob file deleted) is named blob by blob, as damage to
+/// files is. `verify` used to stop at the first such blob with "internal
+/// error: rocksdb engine: Corruption: Blob CRC mismatch", naming neither
+/// the blob nor its object, and `--repair` did the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_to_rocksdb_blob_files_is_named_and_repair_clears_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Small blobs (to RocksDB's blob files), a tiny one (carried in the
+    // catalog's record) and large ones (files), in two rounds: two blob files.
+    let round = |name: &str, seed: u64| -> Vec<(String, Vec<u8>)> {
+        let mut objects: Vec<_> =
+            (0..50).map(|i| (format!("{name}/small{i}"), pattern(150_000 + i * 1000, seed + i as u64))).collect();
+        objects.push((format!("{name}/tiny"), pattern(100, seed + 100)));
+        objects.push((format!("{name}/large"), pattern(400_000, seed + 101)));
+        objects
+    };
+    let (first, second) = (round("first", 1000), round("second", 2000));
+    let overwritten = put_and_flush(&data, &first).await;
+    let deleted = put_and_flush(&data, &second).await;
+    let len = std::fs::metadata(&overwritten).unwrap().len();
+    let mut file = std::fs::OpenOptions::new().write(true).open(&overwritten).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(len / 2)).unwrap();
+    std::io::Write::write_all(&mut file, &[0, 1, 2]).unwrap();
+    drop(file);
+    std::fs::remove_file(&deleted).unwrap();
+
+    let d = data.to_str().unwrap();
+    let found = depot(&["verify", "--data", d, "--engine", "hybrid"]);
+    let report = text(&found);
+    assert_eq!(found.status.code(), Some(1), "{report}");
+    assert!(!report.contains("internal error"), "{report}");
+    let damaged: Vec<&str> = report.lines().filter_map(|l| l.strip_prefix("lost or damaged: files/")).collect();
+    let damaged: Vec<&str> = damaged.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    // Every small blob of the deleted file, and the one (or two) the
+    // overwritten bytes fell in; nothing of the other tiers.
+    for (key, body) in second.iter().filter(|(k, _)| k.contains("small")) {
+        let line =
+            format!("blob {}: rocksdb engine: damaged blob: the blob file that held it is gone", sha256_hex(body));
+        assert!(report.contains(&line), "{key}: {report}");
+        assert!(damaged.contains(&key.as_str()), "{key}: {report}");
+    }
+    let hit: Vec<&str> = damaged.iter().copied().filter(|k| k.starts_with("first/")).collect();
+    assert!(matches!(hit.len(), 1 | 2) && hit.iter().all(|k| k.contains("small")), "{hit:?}: {report}");
+    assert!(report.contains("rocksdb engine: damaged blob: Corruption"), "{report}");
+    assert_eq!(damaged.len(), 50 + hit.len(), "{report}");
+
+    // The server answers 500 for a damaged object, saying so, and serves
+    // the rest.
+    let mut server = Server::start_in(&data, &["--engine", "hybrid"]);
+    let r = client().get(server.object_url("files", hit[0])).send().await.unwrap();
+    assert_eq!(r.status(), 500);
+    assert!(r.text().await.unwrap().contains("damaged blob"));
+    for (key, body) in first.iter().filter(|(k, _)| !hit.contains(&k.as_str())) {
+        let r = client().get(server.object_url("files", key)).send().await.unwrap();
+        assert!(r.status() == 200 && r.bytes().await.unwrap() == *body, "{key}");
+    }
+    server.stop();
+    server.assert_no_panic();
+
+    // --repair removes the damaged bytes (RocksDB keeps the first copy of
+    // a content, so an upload would not replace them); the objects then
+    // stored again, the store verifies clean.
+    let repair = depot(&["verify", "--data", d, "--engine", "hybrid", "--repair"]);
+    assert_eq!(repair.status.code(), Some(1), "{}", text(&repair));
+    let cleared = format!("the damaged bytes of {} blob(s)", damaged.len());
+    assert!(text(&repair).contains(&cleared), "{}", text(&repair));
+    let server = Server::start_in(&data, &["--engine", "hybrid"]);
+    for (key, body) in first.iter().chain(&second).filter(|(k, _)| damaged.contains(&k.as_str())) {
+        put(&server, key, body.clone()).await;
+    }
+    drop(server);
+    let after = depot(&["verify", "--data", d, "--engine", "hybrid"]);
+    assert!(after.status.success(), "{}", text(&after));
+}
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+/// A backup that fails, here on a device too small for it, removes what
+/// it wrote (and the directory, when it made it), so that trying again on
+/// the same directory is not refused as "not empty", and a copy cut short
+/// is not left to be mistaken for a backup. The message says that the
+/// backup's directory is full, not the store's. Through a running server
+/// (`POST /_/backup`) and without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_that_fills_its_device_leaves_nothing_and_says_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let small = dir.path().join("small");
+    let Some(_device) = Tmpfs::mount(&small, "4m") else { return };
+    let mut server = Server::start_in(&data, &[]);
+    for i in 0..20u64 {
+        put(&server, &format!("large{i}"), pattern(500_000, i)).await;
+        put(&server, &format!("small{i}"), pattern(50_000, 100 + i)).await;
+    }
+    let d = data.to_str().unwrap();
+    let target = small.join("bk");
+    let t = target.to_str().unwrap();
+    let full = format!("no space left on the device of the backup directory {t}, not the store's");
+
+    let asked = depot(&["backup", "--data", d, "--listen", &server.addr, t]);
+    assert!(!asked.status.success(), "{}", text(&asked));
+    assert!(text(&asked).contains("asking it at") && text(&asked).contains("507"), "{}", text(&asked));
+    assert!(text(&asked).contains(&full), "{}", text(&asked));
+    assert_eq!(entries(&small), Vec::<String>::new(), "the backup left {:?}", files_under(&small));
+    server.stop();
+    server.assert_no_panic();
+
+    // Again without a server, on the same directory: the same answer,
+    // not "is not empty".
+    let again = depot(&["backup", "--data", d, t]);
+    assert!(!again.status.success(), "{}", text(&again));
+    assert!(text(&again).contains(&full), "{}", text(&again));
+    assert!(!target.exists(), "{:?}", files_under(&small));
+
+    // A directory that was there before stays, empty.
+    let made = small.join("made-before");
+    std::fs::create_dir(&made).unwrap();
+    let into_made = depot(&["backup", "--data", d, made.to_str().unwrap()]);
+    assert!(text(&into_made).contains("no space left on the device of the backup directory"), "{}", text(&into_made));
+    assert_eq!(entries(&small), ["made-before"]);
+    assert_eq!(entries(&made), Vec::<String>::new());
+
+    // The store itself is untouched, and backs up where there is room.
+    let verify = depot(&["verify", "--data", d]);
+    assert!(verify.status.success(), "{}", text(&verify));
+    let roomy = dir.path().join("roomy");
+    let out = depot(&["backup", "--data", d, roomy.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
 }

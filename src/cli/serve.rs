@@ -322,11 +322,12 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         for problem in &report.problems {
             println!("{problem}");
         }
-        // Engines that keep a blob under its digest take a new upload's
-        // bytes in place of damaged ones; the others keep the first copy of
-        // a content, until `--repair` removes the damaged bytes.
+        // The fs engine takes a new upload's bytes in place of damaged
+        // ones; the others (the hybrid engine's small blobs, in RocksDB,
+        // among them) keep the first copy of a content, until `--repair`
+        // removes the damaged bytes.
         let remedy = match settings.engine {
-            EngineKind::Fs | EngineKind::Hybrid => "upload it again",
+            EngineKind::Fs => "upload it again",
             _ if repair => "its damaged bytes are removed: upload it again",
             _ => "run `depot verify --repair`, which removes damaged bytes, then upload it again",
         };

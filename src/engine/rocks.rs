@@ -18,6 +18,7 @@
 //! chunks stream leaves a `p` marker; opening the database removes those
 //! chunks.
 
+use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -72,7 +73,56 @@ pub(crate) fn table_options() -> BlockBasedOptions {
 
 fn db_err(e: rocksdb::Error) -> EngineError {
     // RocksDB reports a full device only in its message.
-    if e.as_ref().contains("No space left on device") { EngineError::NoSpace } else { EngineError::other(NAME, e) }
+    if e.as_ref().contains("No space left on device") {
+        EngineError::NoSpace
+    } else if e.kind() == rocksdb::ErrorKind::Corruption {
+        // Outside a read of one blob, damage is most often what a
+        // compaction met: RocksDB then refuses every write until the
+        // database is opened again, and the message alone would not say
+        // where to look.
+        EngineError::other(
+            NAME,
+            format!(
+                "{e} (damaged data: once a compaction meets it, RocksDB takes no writes until it is opened \
+                 again; `depot verify` names the damaged blobs)"
+            ),
+        )
+    } else {
+        EngineError::other(NAME, e)
+    }
+}
+
+/// An error from reading one blob's head or chunks in the database at
+/// `dir`: that blob is damaged when what failed is its own stored bytes,
+/// and anything else is the database's trouble, as [`db_err`] says.
+///
+/// Two kinds of error name the blob's own bytes. `Corruption` is what
+/// RocksDB answers when a checksum of the block or blob-file record it
+/// read for this key does not match, or the record does not parse: the
+/// bytes it has for this key are wrong, while those of other keys are
+/// still checked on their own reads. (Damage to the database's structure,
+/// its manifest or log, is found when it opens, not on a read.) An
+/// `IO error` is damage only when the file missing is a blob file, which
+/// holds values and nothing the database needs to find its other keys,
+/// and only while the directory still holds the database (its `CURRENT`
+/// file): a directory removed or unmounted under a running database would
+/// otherwise make every blob look lost, and `verify --repair` would then
+/// delete every blob's record of bytes. Every other error, a failing disk
+/// (`EIO`), too many open files, a permission, stays the database's: it
+/// says nothing about this blob, and may pass.
+fn read_err(dir: &Path, e: rocksdb::Error) -> EngineError {
+    let message = e.as_ref();
+    let missing_blob_file = e.kind() == rocksdb::ErrorKind::IOError
+        && message.contains("No such file or directory")
+        && message.contains(".blob")
+        && dir.join("CURRENT").is_file();
+    if missing_blob_file {
+        EngineError::damaged(NAME, format!("the blob file that held it is gone ({e})"))
+    } else if e.kind() == rocksdb::ErrorKind::Corruption {
+        EngineError::damaged(NAME, e)
+    } else {
+        db_err(e)
+    }
 }
 
 fn synced() -> WriteOptions {
@@ -130,7 +180,7 @@ impl Head {
 
     /// The head and, when the blob lives in it, its bytes.
     fn decode(v: &[u8]) -> Result<(Head, Option<&[u8]>)> {
-        let (fixed, rest) = v.split_at_checked(HEAD).ok_or_else(|| EngineError::other(NAME, "corrupt blob head"))?;
+        let (fixed, rest) = v.split_at_checked(HEAD).ok_or_else(|| EngineError::damaged(NAME, "corrupt blob head"))?;
         let head = Head {
             id: fixed[..16].try_into().expect("16 bytes"),
             size: u64::from_be_bytes(fixed[16..24].try_into().expect("8 bytes")),
@@ -140,7 +190,7 @@ impl Head {
         match rest.len() as u64 {
             0 => Ok((head, (head.size == 0).then_some(rest))),
             n if n == head.size => Ok((head, Some(rest))),
-            _ => Err(EngineError::other(NAME, "corrupt blob head")),
+            _ => Err(EngineError::damaged(NAME, "corrupt blob head")),
         }
     }
 }
@@ -190,6 +240,11 @@ impl RocksEngine {
 }
 
 impl Inner {
+    /// [`read_err`] for this database.
+    fn read_err(&self, e: rocksdb::Error) -> EngineError {
+        read_err(self.db.path(), e)
+    }
+
     /// Waits until every write so far is durable.
     async fn durable(&self) -> Result<()> {
         self.group.durable().await.map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))
@@ -239,6 +294,16 @@ fn delete_chunks(batch: &mut WriteBatch, id: &[u8; 16], count: u32) {
     for n in 0..count {
         batch.delete(chunk_key(id, n));
     }
+}
+
+/// A blob whose head names chunk `n`, which is not there.
+fn chunk_missing(n: impl fmt::Display) -> EngineError {
+    EngineError::damaged(NAME, format!("chunk {n} of the blob is missing"))
+}
+
+/// A blob whose chunk `n` holds fewer bytes than its head says.
+fn chunk_short(n: impl fmt::Display) -> EngineError {
+    EngineError::damaged(NAME, format!("chunk {n} of the blob is shorter than its head says"))
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -335,11 +400,16 @@ impl BlobEngine for RocksEngine {
         let digest = blob.digest;
         // The head is a few bytes (or a small blob whole): read on this thread.
         let head = {
-            let v = self.inner.db.get_pinned(head_key(&digest)).map_err(db_err)?;
+            let v = self.inner.db.get_pinned(head_key(&digest)).map_err(|e| self.inner.read_err(e))?;
             let v = v.ok_or(EngineError::NotFound(digest))?;
             let (head, inline) = Head::decode(&v)?;
             if range.end > head.size {
-                return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+                // Ranges are resolved against the catalog's record of the
+                // blob's size: a shorter blob here lost bytes.
+                return Err(EngineError::damaged(
+                    NAME,
+                    format!("{} bytes stored, fewer than the {} recorded", head.size, range.end),
+                ));
             }
             if let Some(bytes) = inline {
                 let bytes = Bytes::copy_from_slice(&bytes[range.start as usize..range.end as usize]);
@@ -355,23 +425,21 @@ impl BlobEngine for RocksEngine {
         if first == last {
             // One value (at most a chunk): read it on this thread, where a
             // cached read costs less than a hand-off to the blocking pool.
-            let v = self.inner.db.get_pinned(chunk_key(&head.id, first)).map_err(db_err)?;
-            let v = v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?;
+            let v = self.inner.db.get_pinned(chunk_key(&head.id, first)).map_err(|e| self.inner.read_err(e))?;
+            let v = v.ok_or_else(|| chunk_missing(first))?;
             let at = (range.start % CHUNK as u64) as usize;
-            let bytes = v
-                .get(at..at + range.len() as usize)
-                .map(Bytes::copy_from_slice)
-                .ok_or_else(|| EngineError::other(NAME, "blob chunk short"))?;
+            let bytes =
+                v.get(at..at + range.len() as usize).map(Bytes::copy_from_slice).ok_or_else(|| chunk_short(first))?;
             return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
         }
         let inner = self.inner.clone();
         Ok(super::read_blocking(first..=last, move |n| {
             let chunk_start = n as u64 * CHUNK as u64;
-            let v = inner.db.get_pinned(chunk_key(&head.id, n)).map_err(db_err)?;
-            let v = v.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?;
+            let v = inner.db.get_pinned(chunk_key(&head.id, n)).map_err(|e| inner.read_err(e))?;
+            let v = v.ok_or_else(|| chunk_missing(n))?;
             let from = range.start.saturating_sub(chunk_start) as usize;
             let to = ((range.end - chunk_start) as usize).min(v.len());
-            v.get(from..to).map(Bytes::copy_from_slice).ok_or_else(|| EngineError::other(NAME, "blob chunk short"))
+            v.get(from..to).map(Bytes::copy_from_slice).ok_or_else(|| chunk_short(n))
         }))
     }
 
@@ -398,7 +466,7 @@ impl BlobEngine for RocksEngine {
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
         let inner = self.inner.clone();
         let digest = blob.digest;
-        blocking(move || match inner.db.get_pinned(head_key(&digest)).map_err(db_err)? {
+        blocking(move || match inner.db.get_pinned(head_key(&digest)).map_err(|e| inner.read_err(e))? {
             Some(v) => Ok(Some(Head::decode(&v)?.0.size)),
             None => Ok(None),
         })
@@ -439,7 +507,7 @@ impl BlobEngine for RocksEngine {
             let mut out = Vec::with_capacity(digests.len());
             let mut chunked = Vec::new();
             for (i, (digest, head)) in digests.iter().zip(heads).enumerate() {
-                let v = head.map_err(db_err)?.ok_or(EngineError::NotFound(*digest))?;
+                let v = head.map_err(|e| inner.read_err(e))?.ok_or(EngineError::NotFound(*digest))?;
                 let (head, inline) = Head::decode(&v)?;
                 out.push(inline.map(Bytes::copy_from_slice).unwrap_or_default());
                 if inline.is_none() {
@@ -451,10 +519,8 @@ impl BlobEngine for RocksEngine {
             let mut values = values.into_iter();
             for (i, keys) in &chunked {
                 let mut blob = BytesMut::new();
-                for value in values.by_ref().take(keys.len()) {
-                    blob.extend_from_slice(
-                        &value.map_err(db_err)?.ok_or_else(|| EngineError::other(NAME, "blob chunk missing"))?,
-                    );
+                for (n, value) in values.by_ref().take(keys.len()).enumerate() {
+                    blob.extend_from_slice(&value.map_err(|e| inner.read_err(e))?.ok_or_else(|| chunk_missing(n))?);
                 }
                 out[*i] = blob.freeze();
             }
@@ -546,6 +612,49 @@ mod tests {
         assert_eq!(engine.read_small(std::slice::from_ref(&blob)).await.unwrap(), vec![data]);
         engine.delete(&blob).await.unwrap();
         assert_eq!(chunk_count(&engine), 0);
+    }
+
+    /// The blob files in the database's directory.
+    fn blob_files(dir: &Path) -> Vec<std::path::PathBuf> {
+        let files = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());
+        files.filter(|p| p.extension().is_some_and(|e| e == "blob")).collect()
+    }
+
+    /// A blob whose bytes RocksDB finds damaged, or whose blob file is
+    /// gone, is a damaged blob (which `verify` names and carries on); a
+    /// blob file gone with the whole database is not.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn unreadable_blob_files_are_damaged_blobs() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (corrupt, gone) = (RocksEngine::open(one.path()).unwrap(), RocksEngine::open(two.path()).unwrap());
+        let data = conformance::pattern(100_000, 5);
+        let (a, b) = (corrupt.put_bytes(data.clone()).await.unwrap(), gone.put_bytes(data).await.unwrap());
+        corrupt.inner.db.flush().unwrap();
+        gone.inner.db.flush().unwrap();
+        let (corrupt_file, gone_file) = (blob_files(one.path()), blob_files(two.path()));
+        assert_eq!((corrupt_file.len(), gone_file.len()), (1, 1), "the chunk is in a blob file");
+
+        let mut bytes = std::fs::read(&corrupt_file[0]).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&corrupt_file[0], bytes).unwrap();
+        let read = corrupt.read_to_vec(&a, ByteRange::full(a.size)).await;
+        assert!(
+            matches!(&read, Err(EngineError::Damaged { message, .. }) if message.contains("Corruption")),
+            "{read:?}"
+        );
+
+        std::fs::remove_file(&gone_file[0]).unwrap();
+        let read = gone.read_to_vec(&b, ByteRange::full(b.size)).await;
+        assert!(matches!(&read, Err(EngineError::Damaged { message, .. }) if message.contains("is gone")), "{read:?}");
+        // With its CURRENT file gone too, the directory no longer holds
+        // the database (removed, or unmounted): that is no blob's damage.
+        std::fs::remove_file(two.path().join("CURRENT")).unwrap();
+        let read = gone.read_to_vec(&b, ByteRange::full(b.size)).await;
+        assert!(
+            matches!(&read, Err(EngineError::Other { message, .. }) if message.contains("No such file")),
+            "{read:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

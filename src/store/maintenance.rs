@@ -280,7 +280,11 @@ impl Store {
                         if actual != blob.digest || size != blob.size {
                             report.problems.push(Problem::CorruptBytes { digest: blob.digest, actual, size });
                             scan.damaged.push(blob.blob_ref());
-                        } else if let Some(stored) = self.engine.stat(&blob.blob_ref()).await?
+                        } else if let Some(stored) = self
+                            .engine
+                            .stat(&blob.blob_ref())
+                            .await
+                            .map_err(|e| naming_blob("reading", &blob.digest, e))?
                             && stored != blob.size
                         {
                             let reason = format!("{stored} bytes stored where {} were written", blob.size);
@@ -295,7 +299,10 @@ impl Store {
                         report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason: e.to_string() });
                         scan.damaged.push(blob.blob_ref());
                     }
-                    Err(e) => return Err(e.into()),
+                    // Trouble of the engine as a whole (a failing disk, a
+                    // server gone) says nothing about this blob: the scan
+                    // stops, rather than calling every blob after it lost.
+                    Err(e) => return Err(naming_blob("reading", &blob.digest, e)),
                 }
                 counted_totals.blobs += 1;
                 counted_totals.blob_bytes += blob.size as i64;
@@ -429,7 +436,10 @@ impl Store {
         // where engines that keep the first copy of a content (sqlite,
         // postgres, gridfs, s3) would keep the damaged one.
         for blob in scan.damaged.iter().filter(|b| !dropped(&b.digest)) {
-            self.engine.delete(blob).await?;
+            self.engine
+                .delete(blob)
+                .await
+                .map_err(|e| naming_blob("removing the damaged bytes of", &blob.digest, e))?;
             report.cleared += 1;
         }
         let fixed = report.problems.iter().filter(|p| match p {
@@ -448,7 +458,9 @@ impl Store {
     /// catalog, then every blob it points at copied into a new engine of
     /// the same kind. Writers go on meanwhile; what they write after the
     /// checkpoint is not in the copy. Only stores with the embedded
-    /// catalog and an embedded engine can be copied this way.
+    /// catalog and an embedded engine can be copied this way. A backup
+    /// that fails removes what it wrote, and `dir` if it made it, so that
+    /// it can be tried again on the same directory.
     pub async fn backup(&self, dir: &Path, progress: &ProgressBar) -> Result<BackupReport> {
         let Some((kind, config)) = self.config.engine.clone() else {
             return Err(StoreError::Internal("this store does not know how its engine was opened".into()));
@@ -487,9 +499,24 @@ impl Store {
         }
 
         let _maintenance = self.maintenance.lock().await;
+        match self.copy_into(dir, kind, &config, progress).await {
+            Ok(report) => Ok(report),
+            Err(e) => Err(self.backup_failed(dir, kind, created, e).await),
+        }
+    }
+
+    /// The work of [`Store::backup`], into `dir`, which exists and is
+    /// empty (the caller holds the maintenance lock).
+    async fn copy_into(
+        &self,
+        dir: &Path,
+        kind: engine::EngineKind,
+        config: &engine::EngineConfig,
+        progress: &ProgressBar,
+    ) -> Result<BackupReport> {
         self.catalog.checkpoint(&dir.join("catalog")).await?;
         let copy: Arc<dyn Catalog> = Arc::new(RocksCatalog::open(&dir.join("catalog"))?);
-        let target = engine::open(kind, &dir.join(kind.name()), &config).await?;
+        let target = engine::open(kind, &dir.join(kind.name()), config).await?;
         let totals = copy.stats().await?;
         let mut report = BackupReport { objects: totals.objects, ..BackupReport::default() };
         progress.set_length(totals.blob_bytes.max(0) as u64);
@@ -514,14 +541,88 @@ impl Store {
                     Err(EngineError::NotFound(_)) if blob.refs == 0 => {
                         copy.remove_dead_blob(&blob.digest, u64::MAX).await?;
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(naming_blob("copying", &blob.digest, e)),
                 }
             }
             copy.set_locators(&moved).await?;
         }
-        engine::write_engine_marker(dir, &engine::marker(kind, &config))
-            .map_err(|e| StoreError::Internal(format!("writing the engine marker: {e}")))?;
+        engine::write_engine_marker(dir, &engine::marker(kind, config)).map_err(|e| {
+            if e.raw_os_error() == Some(28) || e.kind() == std::io::ErrorKind::StorageFull {
+                StoreError::NoSpace
+            } else {
+                StoreError::Internal(format!("writing the engine marker: {e}"))
+            }
+        })?;
         Ok(report)
+    }
+
+    /// Removes what a failed backup wrote into `dir`, and `dir` itself when
+    /// the backup `created` it, and says why it failed. Only the entries a
+    /// backup writes are removed, by name: `dir` was empty when the backup
+    /// began, but whatever else is there now is not the backup's to delete.
+    async fn backup_failed(&self, dir: &Path, kind: engine::EngineKind, created: bool, e: StoreError) -> StoreError {
+        // A full disk is checked before the partial copy goes and frees it.
+        // Only the copy writes anything: the engine's `NoSpace` is the
+        // target's (reading the store takes no space), and a RocksDB error
+        // names the file it failed on, the copy's or the store's (a
+        // checkpoint flushes the store's catalog first).
+        let full = match &e {
+            StoreError::NoSpace => true,
+            StoreError::Internal(m) => m.contains("No space left on device") && m.contains(&*dir.to_string_lossy()),
+            _ => false,
+        };
+        let mut left = Vec::new();
+        for name in ["catalog", kind.name(), engine::ENGINE_MARKER] {
+            let path = dir.join(name);
+            let removed = match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
+                Ok(_) => std::fs::remove_file(&path),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = removed {
+                left.push(format!("{}: {e}", path.display()));
+            }
+        }
+        if created
+            && left.is_empty()
+            && let Err(e) = std::fs::remove_dir(dir)
+        {
+            left.push(format!("{}: {e}", dir.display()));
+        }
+        let cleanup = if left.is_empty() {
+            "; what it wrote was removed".to_string()
+        } else {
+            format!("; removing what it wrote failed ({}): remove it before trying again", left.join("; "))
+        };
+        if full {
+            let needs = match self.catalog.stats().await {
+                Ok(totals) => {
+                    format!(" (the store's blobs take {})", indicatif::HumanBytes(totals.blob_bytes.max(0) as u64))
+                }
+                Err(_) => String::new(),
+            };
+            return StoreError::LowSpace(format!(
+                "no space left on the device of the backup directory {}, not the store's{needs}: \
+                 the backup stopped{cleanup}; free space there or back up elsewhere",
+                dir.display()
+            ));
+        }
+        match e {
+            StoreError::Internal(m) => {
+                StoreError::Internal(format!("the backup into {} failed: {m}{cleanup}", dir.display()))
+            }
+            e => e,
+        }
+    }
+}
+
+/// An engine error that stops a whole-store pass, naming the blob it was
+/// `doing` (reading, removing…) when the message would not say.
+fn naming_blob(doing: &str, digest: &Digest, e: EngineError) -> StoreError {
+    match StoreError::from(e) {
+        StoreError::Internal(m) => StoreError::Internal(format!("{doing} blob {digest}: {m}")),
+        e => e,
     }
 }
 
@@ -683,5 +784,34 @@ mod tests {
         assert!(matches!(copy.head("files", "later").await, Err(StoreError::NoSuchKey(_))));
         assert_eq!(copy.verify(false, &hidden()).await.unwrap().problems, vec![]);
         assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "hybrid\n");
+    }
+
+    /// A backup that fails midway (here on a blob whose bytes are lost)
+    /// removes what it wrote: the directory when it made it, the entries
+    /// it wrote when the directory was there before. The error names the
+    /// blob.
+    #[tokio::test]
+    async fn a_failed_backup_removes_what_it_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine::open(EngineKind::Fs, &dir.path().join("fs"), &EngineConfig::default()).await.unwrap();
+        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+        let store_config =
+            StoreConfig { engine: Some((EngineKind::Fs, EngineConfig::default())), ..StoreConfig::default() };
+        let store = Store::open(catalog, engine.clone(), store_config).await.unwrap();
+        put(&store, "kept", b"kept").await;
+        let lost = put(&store, "lost", b"bytes lost from the engine").await;
+        engine.delete(&store.catalog.get_blob(&lost).await.unwrap().unwrap().blob_ref()).await.unwrap();
+
+        let made = dir.path().join("made");
+        let failed = store.backup(&made, &hidden()).await;
+        assert!(
+            matches!(&failed, Err(StoreError::Internal(m)) if m.contains(&format!("copying blob {lost}"))),
+            "{failed:?}"
+        );
+        assert!(!made.exists(), "the directory the backup made is left");
+        let there = dir.path().join("there");
+        std::fs::create_dir(&there).unwrap();
+        assert!(store.backup(&there, &hidden()).await.is_err());
+        assert_eq!(std::fs::read_dir(&there).unwrap().count(), 0, "the backup left entries in {}", there.display());
     }
 }

@@ -87,7 +87,9 @@ pub enum StoreError {
     InvalidArgument(String),
     #[error("no space left on the storage device")]
     NoSpace,
-    /// Less free space than `--min-free-space` keeps for the catalog.
+    /// Too little space: less than `--min-free-space` keeps for the
+    /// catalog, or none left where a backup writes (507, as `NoSpace`, but
+    /// with a message saying where).
     #[error("{0}")]
     LowSpace(String),
     #[error("writes are disabled until restart: {0}")]

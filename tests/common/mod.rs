@@ -294,3 +294,37 @@ pub fn sqlite_count(db: &Path, query: &str) -> i64 {
     let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     c.query_row(query, [], |r| r.get(0)).unwrap()
 }
+
+/// A device of its own for one test (a tmpfs of `size`), unmounted when
+/// dropped, however the test ends.
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts it at `at`. Where that is not allowed (not root, no
+    /// CAP_SYS_ADMIN) the test fails saying so, unless
+    /// DEPOT_TEST_NO_MOUNT is set: then `None`, and the test is skipped.
+    pub fn mount(at: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .expect("running mount");
+        if out.status.success() {
+            return Some(Tmpfs(at.to_path_buf()));
+        }
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            std::env::var_os("DEPOT_TEST_NO_MOUNT").is_some(),
+            "this test fills a tmpfs and must mount one (run as root), or set DEPOT_TEST_NO_MOUNT=1 to skip it: {why}"
+        );
+        eprintln!("skipped (DEPOT_TEST_NO_MOUNT): cannot mount a tmpfs here: {why}");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
