@@ -230,6 +230,58 @@ async fn a_node_with_another_engine_is_refused_by_the_shared_catalog() {
     assert_eq!(r.text().await.unwrap(), "kept");
 }
 
+/// While the shared catalog is empty, a node may tie it to another engine
+/// than the one a stopped node left named; but not while another node
+/// serves it, writing where the catalog says: each would then send its
+/// readers where the other's bytes are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_empty_shared_catalog_keeps_the_engine_its_nodes_serve() {
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Server::start_in(
+        &dir.path().join("node-a"),
+        &["--catalog", &url, "--engine", "postgres", "--engine-url", &url],
+    );
+    let data = dir.path().join("node-b");
+    let other = ["--catalog", &url, "--engine", "fs"];
+    let said = refused_start(&data, &other);
+    assert!(said.contains("1 node(s) serve it") && said.contains(&a.url["http://".len()..]), "{said}");
+    assert!(a.stop().success());
+    let b = Server::start_in(&data, &other);
+    let r = client().put(b.object_url("files", "k")).body("kept").send().await.unwrap();
+    assert_eq!(r.status(), 201, "once no node serves the empty store, it may take another engine");
+}
+
+/// While maintenance that needs the store to itself runs, it is noted in
+/// the catalog's list of nodes, and a node starting then refuses to serve,
+/// saying what runs; the note goes when the maintenance ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_does_not_start_while_maintenance_runs() {
+    use depot::catalog::Catalog;
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("shared");
+    let args = ["--catalog", url.as_str(), "--engine", "fs"];
+    let catalog = depot::catalog::postgres::PostgresCatalog::connect(&url).await.unwrap();
+    let note = "maintenance: verifying on elsewhere (pid 1)";
+    catalog.node_seen(note).await.unwrap();
+    let said = refused_start(&data, &args);
+    assert!(said.contains(note) && said.contains("once it has ended"), "{said}");
+    assert_eq!(catalog.live_nodes(depot::catalog::NODE_LIFE).await.unwrap(), [note], "the refused node left no note");
+    catalog.node_gone(note).await.unwrap();
+
+    let data_arg = data.to_str().unwrap();
+    let verify = common::depot(&[&["verify", "--data", data_arg][..], &args].concat());
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stderr));
+    assert_eq!(
+        catalog.live_nodes(depot::catalog::NODE_LIFE).await.unwrap(),
+        Vec::<String>::new(),
+        "verify left its note"
+    );
+    let node = Server::start_in(&data, &args);
+    assert!(client().get(format!("{}/_/health", node.url)).send().await.unwrap().status().is_success());
+}
+
 /// What `depot serve` said when it refused to start on `data` with `args`.
 fn refused_start(data: &std::path::Path, args: &[&str]) -> String {
     let serve = ["serve", "--data", data.to_str().unwrap(), "--listen", "127.0.0.1:0"];
@@ -263,4 +315,111 @@ async fn a_migrated_shared_store_names_its_new_engine_to_every_node() {
     let moved = Server::start_in(&other, &["--catalog", &url, "--engine", "postgres", "--engine-url", &url]);
     let r = client().get(moved.object_url("files", "k")).send().await.unwrap();
     assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&body));
+}
+
+/// A proxy in front of PostgreSQL that, once armed with a piece of SQL,
+/// forwards the COMMIT of the next transaction that sends it, then drops
+/// the connection before the server's answer reaches the client: the
+/// commit is applied, and the client cannot know.
+struct CommitCutter {
+    addr: std::net::SocketAddr,
+    armed: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+}
+
+impl CommitCutter {
+    fn start(upstream: std::net::SocketAddr) -> CommitCutter {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let armed: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>> = Default::default();
+        let shared = armed.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let server = std::net::TcpStream::connect(upstream).unwrap();
+                let cut = std::sync::Arc::new(AtomicBool::new(false));
+                let (mut from_client, mut to_server) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (armed, cut_up) = (shared.clone(), cut.clone());
+                std::thread::spawn(move || {
+                    let (mut buf, mut saw) = ([0u8; 65536], false);
+                    while let Ok(n) = from_client.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        let chunk = &buf[..n];
+                        let mut armed = armed.lock().unwrap();
+                        if let Some(sql) = armed.as_ref() {
+                            saw |= chunk.windows(sql.len()).any(|w| w == sql.as_slice());
+                            if saw && chunk.windows(6).any(|w| w == b"COMMIT") {
+                                *armed = None;
+                                cut_up.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        drop(armed);
+                        if to_server.write_all(chunk).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_server.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut from_server, mut to_client) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = from_server.read(&mut buf) {
+                        if n == 0 || cut.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        if to_client.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_client.shutdown(std::net::Shutdown::Both);
+                    let _ = from_server.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        CommitCutter { addr, armed }
+    }
+
+    fn arm(&self, sql: &str) {
+        *self.armed.lock().unwrap() = Some(sql.as_bytes().to_vec());
+    }
+
+    fn disarmed(&self) -> bool {
+        self.armed.lock().unwrap().is_none()
+    }
+}
+
+/// A write whose COMMIT was applied but whose answer was lost is replayed;
+/// the replay then finds the first attempt's work (its `If-None-Match: *`
+/// no longer holds, its key is gone) and answers 503, outcome unknown,
+/// not the 412 or 404 it would be for another client's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_whose_commit_answer_was_lost_is_not_answered_as_refused() {
+    let url = depot::pg::fresh_test_database().await;
+    let (head, database) = url.rsplit_once('/').unwrap();
+    let (_, upstream) = head.rsplit_once('@').unwrap();
+    let cutter = CommitCutter::start(upstream.parse().unwrap());
+    let proxied = format!("{}@{}/{database}", head.rsplit_once('@').unwrap().0, cutter.addr);
+    let server = Server::start(&["--catalog", &proxied, "--engine", "fs"]);
+    let http = client();
+
+    cutter.arm("INSERT INTO depot_catalog_objects");
+    let r =
+        http.put(server.object_url("files", "new")).header("if-none-match", "*").body("first").send().await.unwrap();
+    assert!(cutter.disarmed(), "no COMMIT was cut");
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    let r = http.get(server.object_url("files", "new")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "first", "the first attempt's commit was applied");
+
+    cutter.arm("DELETE FROM depot_catalog_objects");
+    let r = http.delete(server.object_url("files", "new")).send().await.unwrap();
+    assert!(cutter.disarmed(), "no COMMIT was cut");
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    let r = http.get(server.object_url("files", "new")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "the first attempt's delete was applied");
+
+    let r = http.put(server.object_url("files", "plain")).body("x").send().await.unwrap();
+    assert_eq!(r.status(), 201, "unarmed, writes go on");
 }

@@ -24,7 +24,9 @@
 //! connection, a serialization failure or a deadlock is retried from the
 //! start with bounded backoff ([`crate::pg::retry`]); replaying a put is
 //! harmless, because putting the same record again nets out to no change in
-//! reference counts.
+//! reference counts. A replay after a COMMIT whose answer was lost that finds
+//! its condition failed, or its key gone, may be finding its own first
+//! attempt's work: it answers that the outcome is unknown ([`unsure`]).
 //!
 //! Writers and collectors on different nodes keep apart through the claims
 //! and the deletes in progress, each changed under a transaction-scoped
@@ -52,11 +54,15 @@ use crate::pg::{self, PgError};
 /// Runs the block in a transaction (`$txn` names it), committing on
 /// success; the whole of it is retried on transient failures.
 macro_rules! in_txn {
-    ($pool:expr, $what:expr, |$txn:ident| $body:block) => {
-        in_txn!($pool, $what, within pg::ANSWER_WITHIN, |$txn| $body)
+    ($pool:expr, $what:expr, |$txn:ident $(, $replay:ident)?| $body:block) => {
+        in_txn!($pool, $what, within pg::ANSWER_WITHIN, |$txn $(, $replay)?| $body)
     };
-    ($pool:expr, $what:expr, within $limit:expr, |$txn:ident| $body:block) => {{
+    ($pool:expr, $what:expr, within $limit:expr, |$txn:ident $(, $replay:ident)?| $body:block) => {{
+        // A COMMIT whose answer was lost may have been applied: the body
+        // may ask (`$replay`) whether it runs again after one.
+        let unsure = std::sync::atomic::AtomicBool::new(false);
         let outcome = pg::retry_within(&$pool, $what, $limit, || async {
+            $(let $replay = unsure.load(std::sync::atomic::Ordering::Relaxed);)?
             let mut client = $pool.get().await?;
             let transaction = client.transaction().await?;
             let result = {
@@ -65,7 +71,10 @@ macro_rules! in_txn {
             };
             match result {
                 Ok(v) => {
-                    transaction.commit().await?;
+                    if let Err(e) = transaction.commit().await {
+                        unsure.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return Err(e.into());
+                    }
                     Ok(Ok(v))
                 }
                 Err(TxnError::Pg(e)) => Err(e),
@@ -75,6 +84,20 @@ macro_rules! in_txn {
         .await?;
         outcome
     }};
+}
+
+/// What a write answers when it runs again after a COMMIT whose answer was
+/// lost, and finds what that COMMIT would have left: a precondition that
+/// no longer holds, a key already gone. Replaying a write is harmless, but
+/// the replay cannot tell whether it was the first attempt that changed
+/// the record, and a 412 or 404 for a write that was applied would be a
+/// wrong answer, where this one (503) says the outcome is unknown.
+fn unsure() -> CatalogError {
+    CatalogError::Unavailable(
+        "the catalog's server did not confirm the write, which may have been applied: read the object before \
+         writing it again"
+            .into(),
+    )
 }
 
 const STATS_SHARDS: i32 = 16;
@@ -400,7 +423,7 @@ impl Catalog for PostgresCatalog {
 
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
         let puts = &puts;
-        in_txn!(self.pool, "writing objects", |txn| {
+        in_txn!(self.pool, "writing objects", |txn, replay| {
             let now = now_millis();
             let ids: Vec<(&str, &str)> = puts.iter().map(|p| (p.bucket.as_str(), p.record.key.as_str())).collect();
             lock_keys(txn, &ids).await?;
@@ -420,7 +443,7 @@ impl Catalog for PostgresCatalog {
                     None => read_object(txn, id.0, id.1).await?,
                 };
                 if !put.precondition.check(current.as_ref()) {
-                    return Err(CatalogError::PreconditionFailed.into());
+                    return Err(if replay { unsure() } else { CatalogError::PreconditionFailed }.into());
                 }
                 for part in &put.record.parts {
                     let stored = put.blobs.iter().find(|b| b.digest == part.digest).cloned();
@@ -486,7 +509,7 @@ impl Catalog for PostgresCatalog {
         keys: &[String],
         precondition: &Precondition,
     ) -> Result<Vec<Option<ObjectRecord>>> {
-        in_txn!(self.pool, "deleting objects", |txn| {
+        in_txn!(self.pool, "deleting objects", |txn, replay| {
             if !bucket_exists(txn, bucket, "FOR SHARE").await? {
                 return Err(CatalogError::NoSuchBucket(bucket.to_string()).into());
             }
@@ -500,9 +523,12 @@ impl Catalog for PostgresCatalog {
             let mut gone = std::collections::HashSet::new();
             for key in keys {
                 let current = if gone.contains(key) { None } else { read_object(txn, bucket, key).await? };
+                if replay && current.is_none() && !gone.contains(key) {
+                    return Err(unsure().into());
+                }
                 if let Some(c) = &current {
                     if !precondition.check(Some(c)) {
-                        return Err(CatalogError::PreconditionFailed.into());
+                        return Err(if replay { unsure() } else { CatalogError::PreconditionFailed }.into());
                     }
                     stats.objects -= counted;
                     stats.logical_bytes -= counted * to_i64(c.size);

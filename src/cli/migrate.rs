@@ -39,7 +39,7 @@ use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::HumanBytes;
 
-use super::serve::{check_no_live_nodes, open_catalog, record_engine, runtime};
+use super::serve::{alone, open_catalog, record_engine, runtime};
 use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
@@ -348,69 +348,74 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let to_config = target_config(args, &settings.engine_config);
     runtime(2)?.block_on(async {
         let catalog = open_catalog(&settings).await?;
-        check_no_live_nodes(catalog.as_ref(), "migrating").await?;
-        // A shared catalog names the engine for every node.
-        let claimed = catalog.engine_marker().await?;
-        if let Some(claimed) = &claimed
-            && new
-            && engine::marker_mismatch(&data, claimed, &engine::marker(from, &settings.engine_config)).is_some()
-        {
-            bail!("the catalog's store keeps its bytes in {}: migrate from there", engine::describe_marker(claimed));
-        }
-        // No server holds the store now (the catalog is open, and no node
-        // is live), so neither engine has a writer but this run.
-        let source = open_alone(from, &engine_root(&data, from), &settings.engine_config).await?;
-        // A new migration's target may yet turn out to be another store's,
-        // whose writers may be at work: it is opened as any node would.
-        let target = if new {
-            engine::open(to, &engine_root(&data, to), &to_config).await?
-        } else {
-            open_alone(to, &engine_root(&data, to), &to_config).await?
-        };
-        if new {
-            // Copies already there would be taken as this store's without
-            // being read (an engine keeps the first copy of a content), and
-            // another store's collector would delete the ones it does not
-            // know once they are this store's only copies.
-            let held = target.list().await?.len();
-            if held > 0 {
+        alone(catalog.as_ref(), "migrating", async {
+            // A shared catalog names the engine for every node.
+            let claimed = catalog.engine_marker().await?;
+            if let Some(claimed) = &claimed
+                && new
+                && engine::marker_mismatch(&data, claimed, &engine::marker(from, &settings.engine_config)).is_some()
+            {
                 bail!(
-                    "the {} engine to migrate to holds {held} blob(s) already: another store's, or copies a \
-                     migration left? Migrate into an empty database, bucket or directory",
-                    to.name()
+                    "the catalog's store keeps its bytes in {}: migrate from there",
+                    engine::describe_marker(claimed)
                 );
             }
-            state.write(&data)?;
-        }
-        let mut state = state;
-        if state.phase != Phase::Cleanup {
-            let journal = data.join(JOURNAL);
-            let interrupt = Interrupt::watch()?;
-            if !copy(&*catalog, &source, &target, &journal, args, &interrupt).await? {
-                return Ok(());
+            // No server holds the store now (the catalog is open, and no node
+            // is live), so neither engine has a writer but this run.
+            let source = open_alone(from, &engine_root(&data, from), &settings.engine_config).await?;
+            // A new migration's target may yet turn out to be another store's,
+            // whose writers may be at work: it is opened as any node would.
+            let target = if new {
+                engine::open(to, &engine_root(&data, to), &to_config).await?
+            } else {
+                open_alone(to, &engine_root(&data, to), &to_config).await?
+            };
+            if new {
+                // Copies already there would be taken as this store's without
+                // being read (an engine keeps the first copy of a content), and
+                // another store's collector would delete the ones it does not
+                // know once they are this store's only copies.
+                let held = target.list().await?.len();
+                if held > 0 {
+                    bail!(
+                        "the {} engine to migrate to holds {held} blob(s) already: another store's, or copies a \
+                     migration left? Migrate into an empty database, bucket or directory",
+                        to.name()
+                    );
+                }
+                state.write(&data)?;
             }
-            state.phase = Phase::Switch;
-            state.write(&data)?;
-            switch(&*catalog, &target, &journal).await?;
-            let moved = engine::marker(to, &to_config);
-            write_durably(&data, ENGINE_MARKER, &moved)?;
-            if claimed.as_ref() != Some(&moved) {
-                record_engine(catalog.as_ref(), claimed.as_deref(), &moved).await?;
+            let mut state = state;
+            if state.phase != Phase::Cleanup {
+                let journal = data.join(JOURNAL);
+                let interrupt = Interrupt::watch()?;
+                if !copy(&*catalog, &source, &target, &journal, args, &interrupt).await? {
+                    return Ok(());
+                }
+                state.phase = Phase::Switch;
+                state.write(&data)?;
+                switch(&*catalog, &target, &journal).await?;
+                let moved = engine::marker(to, &to_config);
+                write_durably(&data, ENGINE_MARKER, &moved)?;
+                if claimed.as_ref() != Some(&moved) {
+                    record_engine(catalog.as_ref(), claimed.as_deref(), &moved).await?;
+                }
+                state.phase = Phase::Cleanup;
+                state.write(&data)?;
             }
-            state.phase = Phase::Cleanup;
-            state.write(&data)?;
-        }
-        cleanup(&source).await?;
-        if from.is_embedded() {
-            // Emptied, an engine's files keep their space (SQLite's pages,
-            // RocksDB's tables until compaction): its directory goes.
-            drop(source);
-            std::fs::remove_dir_all(engine_root(&data, from)).or_else(ignore_missing)?;
-        }
-        std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
-        std::fs::remove_file(data.join(STATE))?;
-        println!("the store now lives in the {} engine: start it with --engine {}", to.name(), to.name());
-        Ok(())
+            cleanup(&source).await?;
+            if from.is_embedded() {
+                // Emptied, an engine's files keep their space (SQLite's pages,
+                // RocksDB's tables until compaction): its directory goes.
+                drop(source);
+                std::fs::remove_dir_all(engine_root(&data, from)).or_else(ignore_missing)?;
+            }
+            std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
+            std::fs::remove_file(data.join(STATE))?;
+            println!("the store now lives in the {} engine: start it with --engine {}", to.name(), to.name());
+            Ok(())
+        })
+        .await
     })
 }
 

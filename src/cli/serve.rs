@@ -124,8 +124,24 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
                         None => bail!(why),
                     }
                 }
-                // A store that holds nothing may take any engine (a first
-                // start that failed leaves such a store).
+                // Nor while other nodes serve it, writing into the engine
+                // the catalog names: tied to another, the catalog would
+                // send each node's readers where the other's bytes are not.
+                if let (Some(catalog), Some(_)) = (&catalog, &claimed) {
+                    let live = catalog.live_nodes(NODE_LIFE).await?;
+                    if !live.is_empty() {
+                        bail!(
+                            "the catalog's store keeps its bytes in {}, not in {}, and {} node(s) serve it ({}): \
+                             start every node with the same --engine and engine settings",
+                            engine::describe_marker(marker),
+                            engine::describe_marker(&wanted),
+                            live.len(),
+                            live.join("; ")
+                        );
+                    }
+                }
+                // A store that holds nothing may otherwise take any engine
+                // (a first start that failed leaves such a store).
                 true
             }
         },
@@ -223,6 +239,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let node = node_name(addr);
     if matches!(settings.catalog, CatalogKind::Postgres(_)) {
         app.store.catalog().node_seen(&node).await.context("noting this node in the catalog")?;
+        refuse_during_maintenance(app.store.catalog(), &node).await?;
         let (app, node) = (app.clone(), node.clone());
         tokio::spawn(async move {
             loop {
@@ -266,19 +283,67 @@ fn node_name(addr: std::net::SocketAddr) -> String {
     format!("{} {addr} (pid {})", host.trim(), std::process::id())
 }
 
-/// Refuses maintenance that needs the store to itself while any node
-/// serves a shared catalog: counts it reads could change under it.
-pub(crate) async fn check_no_live_nodes(catalog: &dyn Catalog, what: &str) -> anyhow::Result<()> {
-    let live = catalog.live_nodes(NODE_LIFE).await?;
-    if !live.is_empty() {
-        bail!(
+/// How the note of maintenance in a shared catalog's list of nodes begins
+/// (see [`alone`]).
+const MAINTENANCE: &str = "maintenance: ";
+
+/// Runs `work`, maintenance that needs the store to itself (`what`:
+/// "verifying", "migrating"), only while no node serves a shared catalog:
+/// counts it reads, and bytes it deletes as no record's, could change
+/// under it. It notes itself in the catalog's list of nodes for as long
+/// as it runs, so that a node starting meanwhile refuses to (see
+/// [`run`]); each notes itself before it looks for the other, so of two
+/// starting at once at least one sees the other.
+pub(crate) async fn alone<T>(
+    catalog: &dyn Catalog,
+    what: &str,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let note = format!("{MAINTENANCE}{what} on {} (pid {})", host.trim(), std::process::id());
+    catalog.node_seen(&note).await.context("noting the maintenance in the catalog")?;
+    let live: Vec<String> = catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| *n != note).collect();
+    let out = if live.is_empty() {
+        let heartbeat = async {
+            loop {
+                tokio::time::sleep(NODE_HEARTBEAT).await;
+                if let Err(e) = catalog.node_seen(&note).await {
+                    tracing::warn!("could not note the maintenance in the catalog: {e}");
+                }
+            }
+        };
+        tokio::select! {
+            out = work => out,
+            never = heartbeat => never,
+        }
+    } else {
+        Err(anyhow::anyhow!(
             "{} node(s) serve this catalog ({}, heard from in the last {} s): stop them before {what}",
             live.len(),
             live.join("; "),
             NODE_LIFE.as_secs()
-        );
+        ))
+    };
+    if let Err(e) = catalog.node_gone(&note).await {
+        tracing::warn!("could not note in the catalog that the maintenance ended (it lapses by itself): {e}");
     }
-    Ok(())
+    out
+}
+
+/// Refuses to serve while maintenance that needs the store to itself
+/// runs on the shared catalog (see [`alone`]), once this node is noted.
+async fn refuse_during_maintenance(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
+    let running: Vec<String> =
+        catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| n.starts_with(MAINTENANCE)).collect();
+    if running.is_empty() {
+        return Ok(());
+    }
+    let _ = catalog.node_gone(node).await;
+    bail!(
+        "{} (heard from in the last {} s): start this node once it has ended",
+        running.join("; "),
+        NODE_LIFE.as_secs()
+    )
 }
 
 async fn shutdown_signal() {
@@ -313,12 +378,15 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
     let settings = Settings::resolve(args)?;
     runtime(1)?.block_on(async {
         let store = open_existing_store(&settings).await?;
-        check_no_live_nodes(store.catalog(), "verifying").await?;
-        let total = store.stats().await?.blob_bytes.max(0) as u64;
-        let progress = super::progress_bar(total, super::BYTES_BAR);
-        progress.set_message("verifying");
-        let report = store.verify(repair, &progress).await?;
-        progress.finish_and_clear();
+        let report = alone(store.catalog(), "verifying", async {
+            let total = store.stats().await?.blob_bytes.max(0) as u64;
+            let progress = super::progress_bar(total, super::BYTES_BAR);
+            progress.set_message("verifying");
+            let report = store.verify(repair, &progress).await?;
+            progress.finish_and_clear();
+            Ok(report)
+        })
+        .await?;
         for problem in &report.problems {
             println!("{problem}");
         }
