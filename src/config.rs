@@ -364,6 +364,7 @@ impl Settings {
                     access_key: args.s3_access_key.clone().or(file.s3_access_key),
                     secret_key: args.s3_secret_key.clone().or(file.s3_secret_key),
                 },
+                without_compactions: false,
             },
             catalog: args
                 .catalog

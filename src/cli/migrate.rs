@@ -181,6 +181,7 @@ fn target_config(args: &MigrateArgs, from: &EngineConfig) -> EngineConfig {
             access_key: args.to_s3_access_key.clone(),
             secret_key: args.to_s3_secret_key.clone(),
         },
+        without_compactions: false,
     }
 }
 

@@ -375,7 +375,8 @@ pub fn gc(args: &ServeArgs) -> anyhow::Result<()> {
 
 /// `depot verify`: checks a data directory the server is not using.
 pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
-    let settings = Settings::resolve(args)?;
+    let mut settings = Settings::resolve(args)?;
+    settings.engine_config.without_compactions = true;
     runtime(1)?.block_on(async {
         let store = open_existing_store(&settings).await?;
         let report = alone(store.catalog(), "verifying", async {

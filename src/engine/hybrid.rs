@@ -48,8 +48,14 @@ pub struct HybridEngine {
 impl HybridEngine {
     /// Opens the tiers under `root`: `root/rocksdb` and `root/files`.
     pub fn open(root: &Path, threshold: u64) -> Result<HybridEngine> {
+        HybridEngine::open_with(root, threshold, true)
+    }
+
+    /// [`HybridEngine::open`], with or without RocksDB's own compactions
+    /// (see [`RocksEngine::open_with`]).
+    pub fn open_with(root: &Path, threshold: u64, compactions: bool) -> Result<HybridEngine> {
         Ok(HybridEngine {
-            small: RocksEngine::open(&root.join("rocksdb"))?,
+            small: RocksEngine::open_with(&root.join("rocksdb"), compactions)?,
             large: FsEngine::open(&root.join("files"))?,
             threshold,
         })

@@ -520,6 +520,12 @@ pub struct EngineConfig {
     /// The GridFS bucket (collection prefix); `None`: `fs`.
     pub gridfs_bucket: Option<String>,
     pub s3: S3Config,
+    /// RocksDB (the rocksdb engine, the hybrid engine's small blobs) opened
+    /// without compactions of its own, for `verify`: a compaction that
+    /// meets a damaged blob file stops the database's writes until it is
+    /// opened again, and `--repair` would then fail to remove the damaged
+    /// blobs it found.
+    pub without_compactions: bool,
 }
 
 /// Where the `s3` engine keeps blobs and how it signs in. Fields left
@@ -547,8 +553,10 @@ impl fmt::Debug for S3Config {
 pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfig) -> Result<DynEngine> {
     Ok(match kind {
         EngineKind::Fs => Arc::new(fs::FsEngine::open(root)?),
-        EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open(root)?),
-        EngineKind::Hybrid => Arc::new(hybrid::HybridEngine::open(root, config.inline_threshold)?),
+        EngineKind::Rocksdb => Arc::new(rocks::RocksEngine::open_with(root, !config.without_compactions)?),
+        EngineKind::Hybrid => {
+            Arc::new(hybrid::HybridEngine::open_with(root, config.inline_threshold, !config.without_compactions)?)
+        }
         EngineKind::Memory => Arc::new(memory::MemoryEngine::new()),
         EngineKind::Sqlite => Arc::new(sqlite::SqliteEngine::open(
             &root.join("blobs.sqlite"),

@@ -215,7 +215,15 @@ impl RocksEngine {
     /// Opens (creating if needed) the database at `path` and removes chunks
     /// of blobs whose writing a crash interrupted.
     pub fn open(path: &Path) -> Result<RocksEngine> {
+        RocksEngine::open_with(path, true)
+    }
+
+    /// [`RocksEngine::open`]; without `compactions`, RocksDB compacts
+    /// nothing by itself (for `verify`: see
+    /// [`EngineConfig::without_compactions`](super::EngineConfig)).
+    pub fn open_with(path: &Path, compactions: bool) -> Result<RocksEngine> {
         let mut opts = base_options();
+        opts.set_disable_auto_compactions(!compactions);
         opts.set_enable_blob_files(true);
         opts.set_min_blob_size(4096);
         opts.set_enable_blob_gc(true);
@@ -655,6 +663,47 @@ mod tests {
             matches!(&read, Err(EngineError::Other { message, .. }) if message.contains("No such file")),
             "{read:?}"
         );
+    }
+
+    /// A compaction that meets a damaged blob file stops RocksDB's writes
+    /// until it is opened again; opened without compactions (as `verify`
+    /// opens it), the damaged blob can still be removed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn without_compactions_a_damaged_blob_file_stops_no_write() {
+        for compactions in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let engine = RocksEngine::open_with(dir.path(), compactions).unwrap();
+            let damaged = engine.put_bytes(conformance::pattern(100_000, 1)).await.unwrap();
+            engine.inner.db.flush().unwrap();
+            let file = blob_files(dir.path()).pop().unwrap();
+            let mut bytes = std::fs::read(&file).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xff;
+            std::fs::write(&file, bytes).unwrap();
+            // Enough tables on the first level for RocksDB to compact
+            // them, collecting the oldest blob files' live values.
+            let mut removed = Ok(());
+            for seed in 2..8 {
+                if removed.is_ok() {
+                    removed = engine.put_bytes(conformance::pattern(100_000, seed)).await.map(|_| ());
+                    let _ = engine.inner.db.flush();
+                }
+            }
+            if removed.is_ok() {
+                removed = engine.delete(&damaged).await;
+            }
+            for _ in 0..50 {
+                if removed.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                removed = engine.put_bytes(Bytes::from_static(&[7; 5000])).await.map(|_| ());
+            }
+            match compactions {
+                true => assert!(removed.is_err(), "the compaction did not stop the writes"),
+                false => removed.unwrap(),
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]
