@@ -391,21 +391,32 @@ fn cross_origin_change<B>(req: &http::Request<B>) -> Option<String> {
 /// without a dot (set in a hosts file or a search domain, not by a
 /// stranger) and `names` (the S3 domain and its buckets' names).
 fn foreign_host<B>(req: &http::Request<B>, names: &[String]) -> Option<String> {
-    let host = req.headers().get(header::HOST)?;
-    let text = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
-    let name = match text.strip_prefix('[') {
-        Some(v6) => {
-            let address = v6.split(']').next().unwrap_or_default();
-            return address.parse::<std::net::Ipv6Addr>().is_err().then_some(text);
-        }
-        None => text.rsplit_once(':').map_or(text.as_str(), |(name, _)| name).trim_end_matches('.'),
+    // Read in place, without a lowered copy: this is on every request of
+    // such a server.
+    let host = req.headers().get(header::HOST)?.as_bytes();
+    let refused = || Some(String::from_utf8_lossy(host).into_owned());
+    if let Some(v6) = host.strip_prefix(b"[") {
+        let address = v6.split(|b| *b == b']').next().and_then(|a| std::str::from_utf8(a).ok());
+        return match address.is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok()) {
+            true => None,
+            false => refused(),
+        };
+    }
+    let name = host.iter().rposition(|b| *b == b':').map_or(host, |colon| &host[..colon]);
+    let name = name.strip_suffix(b".").unwrap_or(name);
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    // `name` is `n` or a name under it.
+    let under = |n: &[u8]| {
+        is(n)
+            || (name.len() > n.len()
+                && name[name.len() - n.len() - 1] == b'.'
+                && name[name.len() - n.len()..].eq_ignore_ascii_case(n))
     };
-    let allowed = name.parse::<std::net::Ipv4Addr>().is_ok()
-        || !name.contains('.')
-        || name == "localhost"
-        || name.ends_with(".localhost")
-        || names.iter().any(|n| name == n || name.strip_suffix(n.as_str()).is_some_and(|sub| sub.ends_with('.')));
-    (!allowed).then_some(text)
+    let allowed = !name.contains(&b'.')
+        || under(b"localhost")
+        || std::str::from_utf8(name).is_ok_and(|n| n.parse::<std::net::Ipv4Addr>().is_ok())
+        || names.iter().any(|n| under(n.as_bytes()));
+    if allowed { None } else { refused() }
 }
 
 /// Headers for a stored object's answer, on either API. Uploaded pages
