@@ -412,6 +412,16 @@ async fn cancel_leaves_nothing_in(kind: EngineKind) {
     place.stage_unfinished().await;
     assert_eq!(journaled(&data), 2);
     assert_eq!(target.list().await.unwrap().len(), 4, "two copies the journal does not name");
+
+    // Given another database or bucket, `--cancel` (which deletes all it
+    // holds) and a run that would go on are both refused.
+    let elsewhere = Place::fresh(kind).await.args("to-");
+    for extra in [&["--cancel"][..], &[]] {
+        let out = migrate(&data, &[&strings(&elsewhere)[..], extra].concat());
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("give the --to-* settings it began with"), "{said}");
+    }
+    assert_eq!(target.list().await.unwrap().len(), 4, "a refused cancel deleted copies");
     drop(target);
 
     let said = ok(&migrate(&data, &[&strings(&to)[..], &["--cancel"]].concat()));

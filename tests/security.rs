@@ -299,14 +299,24 @@ fn anonymous_requests_are_refused_before_their_bodies_are_read() {
         "POST /files?delete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/xml\r\n\
          Content-Length: {declared}\r\n\r\n<Delete><Object><Key>a</Key></Object>"
     );
-    let form = format!(
-        "POST /files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n\
-         Content-Length: {declared}\r\n\r\n\
-         --XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nposted\r\n\
-         --XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n{}",
-        "x".repeat(4096)
-    );
-    for (what, request) in [("a DeleteObjects document", document), ("an unsigned form", form)] {
+    let form = |target: &str, file_headers: &str| {
+        format!(
+            "POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n\
+             Content-Length: {declared}\r\n\r\n\
+             --XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nposted\r\n\
+             --XyZ\r\n{file_headers}\r\n\r\n{}",
+            "x".repeat(4096)
+        )
+    };
+    let file = "Content-Disposition: form-data; name=\"file\"; filename=\"f\"";
+    // The protocol layer reads a part's last Content-Disposition.
+    let hidden = format!("Content-Disposition: form-data; name=\"signature\"\r\n{file}");
+    for (what, request) in [
+        ("a DeleteObjects document", document),
+        ("an unsigned form", form("/files", file)),
+        ("an unsigned form with a query", form("/files?x", file)),
+        ("a form whose file part is first named a signature", form("/files", &hidden)),
+    ] {
         let answer = raw(&server.addr, request.as_bytes(), quiet);
         assert_eq!(status_of(&answer), 403, "{what}: {answer:?}");
         assert!(answer.contains("AccessDenied"), "{what}: {answer}");

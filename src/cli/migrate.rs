@@ -115,6 +115,11 @@ struct State {
     phase: Phase,
     from: EngineKind,
     to: EngineKind,
+    /// Which database or bucket the copies go to (the new engine's marker,
+    /// see [`engine::marker`]): a run that goes on, or a `--cancel` that
+    /// deletes what is there, must be given the same. Empty in the state of
+    /// a migration begun before it was recorded.
+    target: String,
 }
 
 impl State {
@@ -124,7 +129,8 @@ impl State {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).context("reading the migration state"),
         };
-        let words: Vec<&str> = text.split_whitespace().collect();
+        let (first, target) = text.split_once('\n').unwrap_or((&text, ""));
+        let words: Vec<&str> = first.split_whitespace().collect();
         let [phase, from, to] = words[..] else { bail!("{} is damaged: {text:?}", data.join(STATE).display()) };
         let phase = match phase {
             "copy" => Phase::Copy,
@@ -136,11 +142,27 @@ impl State {
             phase,
             from: from.parse().map_err(anyhow::Error::msg)?,
             to: to.parse().map_err(anyhow::Error::msg)?,
+            target: target.to_string(),
         }))
     }
 
     fn write(&self, data: &Path) -> anyhow::Result<()> {
-        write_durably(data, STATE, &format!("{} {} {}\n", self.phase.name(), self.from.name(), self.to.name()))
+        let line = format!("{} {} {}\n", self.phase.name(), self.from.name(), self.to.name());
+        write_durably(data, STATE, &(line + &self.target))
+    }
+
+    /// Refuses new-engine settings (`config`) that name another database
+    /// or bucket than the migration's.
+    fn check_target(&self, config: &EngineConfig) -> anyhow::Result<()> {
+        let given = engine::marker(self.to, config);
+        if !self.target.is_empty() && given != self.target {
+            bail!(
+                "this migration goes to {}, not {}: give the --to-* settings it began with",
+                engine::describe_marker(&self.target),
+                engine::describe_marker(&given)
+            );
+        }
+        Ok(())
     }
 }
 
@@ -310,6 +332,17 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 std::fs::remove_dir_all(&copies).or_else(ignore_missing)?;
             } else if !s.to.is_embedded() {
                 let config = target_config(args, &settings.engine_config);
+                // Everything there is deleted: it must be the migration's.
+                if s.target.is_empty() || same_place(s.from, &settings.engine_config, s.to, &config) {
+                    bail!(
+                        "cannot tell that the {} engine given is the one this migration copied into: remove the \
+                         copies there by hand, then {} and {}",
+                        s.to.name(),
+                        data.join(STATE).display(),
+                        data.join(JOURNAL).display()
+                    );
+                }
+                s.check_target(&config)?;
                 let removed = runtime(2)?
                     .block_on(async {
                         let target = open_alone(s.to, &copies, &config).await?;
@@ -335,7 +368,10 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             s.from.name(),
             s.to.name()
         ),
-        Some(s) => (s, false),
+        Some(s) => {
+            s.check_target(&target_config(args, &settings.engine_config))?;
+            (s, false)
+        }
         None => {
             if let Some(why) = engine::marker_mismatch(&data, &marker, &engine::marker(from, &settings.engine_config)) {
                 bail!(why);
@@ -343,7 +379,8 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             if same_place(from, &settings.engine_config, to, &target_config(args, &settings.engine_config)) {
                 bail!("the store is in that {} engine already", from.name());
             }
-            (State { phase: Phase::Copy, from, to }, true)
+            let target = engine::marker(to, &target_config(args, &settings.engine_config));
+            (State { phase: Phase::Copy, from, to, target }, true)
         }
     };
     let to_config = target_config(args, &settings.engine_config);
@@ -390,7 +427,10 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             if state.phase != Phase::Cleanup {
                 let journal = data.join(JOURNAL);
                 let interrupt = Interrupt::watch()?;
-                if !copy(&*catalog, &source, &target, &journal, args, &interrupt).await? {
+                let copied = copy(&*catalog, &source, &target, &journal, args, &interrupt).await;
+                // However the copy ended: a Ctrl-C from now on ends the run.
+                interrupt.copying.store(false, Ordering::SeqCst);
+                if !copied? {
                     return Ok(());
                 }
                 state.phase = Phase::Switch;

@@ -28,9 +28,23 @@ pub struct Metrics {
 /// other as `other`. A client may send any token as a method, and each
 /// would otherwise be a counter kept for ever.
 fn label(method: &http::Method) -> &'static str {
-    const KNOWN: [&str; 13] = [
-        "GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "COPY", "MOVE", "MKCOL",
+    const KNOWN: [&str; 16] = [
+        "GET",
+        "HEAD",
+        "PUT",
+        "POST",
+        "DELETE",
+        "OPTIONS",
+        "PATCH",
+        "TRACE",
+        "CONNECT",
+        "COPY",
+        "MOVE",
+        "MKCOL",
         "PROPFIND",
+        "PROPPATCH",
+        "LOCK",
+        "UNLOCK",
     ];
     KNOWN.into_iter().find(|m| *m == method.as_str()).unwrap_or("other")
 }

@@ -1474,6 +1474,20 @@ def area_presign(s3, buckets):
             f"an Authorization header beginning {forged[:30]!r} is AuthorizationHeaderMalformed",
             f"status {status}: {answer[:300]!r}",
         )
+    # Nor by an Authorization header the protocol layer reads and this
+    # check could not: one not ASCII, or a second one.
+    forged = signed["authorization"].replace("AWS4-HMAC-SHA256 ", "AWS4-HMAC-SHA256\u00e9 ", 1).encode()
+    others = [(name, value) for name, value in signed.items() if name != "authorization"] + list(copy.items())
+    for what, authorizations in (
+        ("an Authorization header that is not ASCII", [forged]),
+        ("a second Authorization header", [b"\xff", signed["authorization"]]),
+    ):
+        status, answer = send_headers(path, others + [("authorization", a) for a in authorizations])
+        expect(
+            status == 400 and error_code(answer) == "AuthorizationHeaderMalformed",
+            f"{what} is AuthorizationHeaderMalformed",
+            f"status {status}: {answer[:300]!r}",
+        )
     expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4header"))
     status, answer = send_put(path, b"", signed)
     expect(status == 200, "the signed request as signed works", f"status {status}: {answer[:300]!r}")
@@ -2168,6 +2182,23 @@ def send_put(path, body, headers, method="PUT", query=""):
     try:
         target = urllib.parse.quote(path, safe="/~") + (f"?{query}" if query else "")
         conn.request(method, target, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def send_headers(path, headers):
+    """An empty PUT to `path` with `headers`, a list of (name, value) pairs
+    sent as given: a name may repeat, a value may be bytes."""
+    parts = urllib.parse.urlsplit(ENDPOINT)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.putrequest("PUT", urllib.parse.quote(path, safe="/~"), skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.putheader("content-length", "0")
+        conn.endheaders()
         response = conn.getresponse()
         return response.status, response.read()
     finally:

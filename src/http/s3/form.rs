@@ -110,8 +110,9 @@ fn parts(form: &[u8], boundary: &str) -> Vec<Part> {
         let headers_at = start + delimiter.len();
         let Some(end) = find(&form[headers_at..], b"\r\n\r\n").map(|e| headers_at + e) else { break };
         let headers = std::str::from_utf8(&form[headers_at..end]).unwrap_or_default();
+        // The last, as the protocol layer reads a part given two.
         let disposition =
-            headers.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition:")).unwrap_or_default();
+            headers.lines().rfind(|l| l.to_ascii_lowercase().starts_with("content-disposition:")).unwrap_or_default();
         let name = param(disposition, "name").unwrap_or_default();
         found.push(Part { start, value_at: end + 4, name, filename: param(disposition, "filename") });
         at = end + 4;
@@ -201,6 +202,11 @@ mod tests {
             let signed_form = [field(name).as_bytes(), &unsigned].concat();
             assert!(signed(&signed_form, "XyZ"), "{name}");
         }
+        let hidden = String::from_utf8(unsigned.clone()).unwrap().replace(
+            "name=\"file\"; filename",
+            "name=\"signature\"\r\nContent-Disposition: form-data; name=\"file\"; filename",
+        );
+        assert!(!signed(hidden.as_bytes(), "XyZ"), "a part read as the file by its last Content-Disposition");
         let after_the_file =
             [&unsigned[..unsigned.len() - 9], field("x-amz-signature").as_bytes(), b"--XyZ--\r\n"].concat();
         assert!(!signed(&after_the_file, "XyZ"), "a field after the file is the file's bytes");

@@ -120,11 +120,26 @@ fn sigv4_signed_headers(auth: &str) -> Option<&str> {
 ///   for ever;
 /// - a SigV4a signature, which is not supported (501).
 pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
-    let auth = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
     let query: Vec<_> = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).collect();
     let param = |name: &str| query.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_ref());
     let now = std::time::SystemTime::now();
     let refuse = |message: &'static str| Some(bad_request("AuthorizationQueryParametersError", message));
+    // One Authorization header, of visible ASCII, read here as the protocol
+    // layer reads it: it takes any UTF-8 value and passes over others, so
+    // a header this check could not read might still be the one checked.
+    let mut auths = req.headers().get_all(http::header::AUTHORIZATION).iter();
+    let auth = match (auths.next(), auths.next()) {
+        (None, _) => "",
+        (Some(one), None) => match one.to_str() {
+            Ok(auth) => auth,
+            Err(_) => {
+                return Some(bad_request("AuthorizationHeaderMalformed", "the Authorization header is not ASCII"));
+            }
+        },
+        (Some(_), Some(_)) => {
+            return Some(bad_request("AuthorizationHeaderMalformed", "a request carries one Authorization header"));
+        }
+    };
 
     if auth.starts_with(SIGV4A) || param("X-Amz-Algorithm") == Some(SIGV4A) {
         return Some(s3_error!(NotImplemented, "ECDSA signatures (SigV4a) are not supported: sign with SigV4"));
@@ -256,8 +271,8 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
         }
     }
     join_repeated(&mut parts.headers, http::header::CONTENT_ENCODING);
+    // Whatever its query, as the protocol layer takes it.
     if parts.method == http::Method::POST
-        && query.is_empty()
         && let Some(boundary) = form::boundary(&parts.headers)
     {
         let mut length = super::content_length(&parts.headers);
