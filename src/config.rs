@@ -86,6 +86,11 @@ pub struct ServeArgs {
     /// it only path-style URLs are understood.
     #[arg(long, env = "DEPOT_S3_DOMAIN", value_name = "DOMAIN")]
     pub s3_domain: Option<String>,
+    /// A name a server without credentials on a loopback address answers
+    /// to besides localhost and IP addresses (a reverse proxy's, passed in
+    /// Host); repeat for more, or separate by commas.
+    #[arg(long = "allowed-host", env = "DEPOT_ALLOWED_HOSTS", value_name = "NAME", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
     /// Access key of the one credential pair given on the command line.
     #[arg(long, env = "DEPOT_ACCESS_KEY", value_name = "KEY")]
     pub access_key: Option<String>,
@@ -186,6 +191,7 @@ struct FileSettings {
     gc_interval: Option<u64>,
     upload_expiry: Option<u64>,
     s3_domain: Option<String>,
+    allowed_hosts: Option<Vec<String>>,
     allow_anonymous_write: Option<bool>,
     max_header_bytes: Option<usize>,
     max_headers: Option<usize>,
@@ -281,6 +287,7 @@ pub struct Settings {
     pub gc_interval: Duration,
     pub upload_expiry: Duration,
     pub s3_domain: Option<String>,
+    pub allowed_hosts: Vec<String>,
     pub credentials: Vec<Credential>,
     pub allow_anonymous_write: bool,
     pub limits: Limits,
@@ -379,6 +386,10 @@ impl Settings {
             gc_interval: period("gc-interval", args.gc_interval.or(file.gc_interval), 600, true)?,
             upload_expiry: period("upload-expiry", args.upload_expiry.or(file.upload_expiry), 24 * 3600, true)?,
             s3_domain: args.s3_domain.clone().or(file.s3_domain),
+            allowed_hosts: match args.allowed_hosts.is_empty() {
+                true => file.allowed_hosts.unwrap_or_default(),
+                false => args.allowed_hosts.clone(),
+            },
             credentials,
             allow_anonymous_write: args.allow_anonymous_write.or(file.allow_anonymous_write).unwrap_or(false),
             limits,
@@ -543,6 +554,10 @@ mod tests {
         assert_eq!((s.engine, s.threads, s.credentials.len()), (EngineKind::Fs, 5, 1));
         std::fs::write(&path, "engin = \"fs\"\n").unwrap();
         assert!(Settings::resolve(&args).is_err(), "unknown settings are errors, not ignored");
+        std::fs::write(&path, "allowed_hosts = [\"a.example\", \"b.example\"]\n").unwrap();
+        assert_eq!(Settings::resolve(&args).unwrap().allowed_hosts, ["a.example", "b.example"]);
+        let flag = ServeArgs { allowed_hosts: vec!["c.example".into()], ..args };
+        assert_eq!(Settings::resolve(&flag).unwrap().allowed_hosts, ["c.example"]);
     }
 
     #[test]

@@ -246,7 +246,7 @@ fn a_server_without_credentials_answers_only_to_local_names() {
         let request = format!("GET /_/health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         raw(&s.addr, request.as_bytes(), std::time::Duration::from_secs(5))
     };
-    let open = Server::start(&["--s3-domain", "s3.depot.test"]);
+    let open = Server::start(&["--s3-domain", "s3.depot.test", "--allowed-host", "files.example.com,proxy.test"]);
     let port = port_of(&open);
     for host in [
         format!("rebind.attacker.example:{port}"),
@@ -266,6 +266,8 @@ fn a_server_without_credentials_answers_only_to_local_names() {
         "depot".to_string(),
         format!("s3.depot.test:{port}"),
         format!("files.s3.depot.test:{port}"),
+        "files.example.com".to_string(),
+        "PROXY.test:443".to_string(),
     ] {
         assert_eq!(status_of(&ask(&open, &host)), 200, "{host}");
     }

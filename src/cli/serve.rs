@@ -226,8 +226,14 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let app =
-        Arc::new(App::new(store, settings.limits.clone(), &settings.credentials, settings.s3_domain.as_deref(), addr)?);
+    let app = Arc::new(App::new(
+        store,
+        settings.limits.clone(),
+        &settings.credentials,
+        settings.s3_domain.as_deref(),
+        addr,
+        &settings.allowed_hosts,
+    )?);
     if settings.credentials.is_empty() {
         tracing::warn!("no credentials configured: anyone who can reach {addr} can read and write");
     }

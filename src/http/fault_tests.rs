@@ -25,7 +25,7 @@ struct Node {
 impl Node {
     async fn start(data: &Path) -> Node {
         let (store, engine, catalog) = open_faulty(data, EngineKind::Hybrid, 7, StoreConfig::default()).await;
-        let app = Arc::new(App::new(store, Limits::default(), &[], None, "0.0.0.0:0".parse().unwrap()).unwrap());
+        let app = Arc::new(App::new(store, Limits::default(), &[], None, "0.0.0.0:0".parse().unwrap(), &[]).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -82,18 +82,21 @@ pub struct App {
 
 impl App {
     /// `s3_domain` enables virtual-host style S3 requests; `listen` is the
-    /// address the server listens on.
+    /// address the server listens on, and `allowed_hosts` the names it
+    /// answers to besides local ones when it has no credentials.
     pub fn new(
         store: Store,
         limits: Limits,
         credentials: &[Credential],
         s3_domain: Option<&str>,
         listen: std::net::SocketAddr,
+        allowed_hosts: &[String],
     ) -> anyhow::Result<App> {
         let store = Arc::new(store);
         let s3 = s3::service(store.clone(), credentials, s3_domain)?;
-        let local_names = (credentials.is_empty() && listen.ip().is_loopback())
-            .then(|| s3_domain.map(str::to_ascii_lowercase).into_iter().collect());
+        let local_names = (credentials.is_empty() && listen.ip().is_loopback()).then(|| {
+            s3_domain.into_iter().chain(allowed_hosts.iter().map(String::as_str)).map(str::to_string).collect()
+        });
         let credentials = credentials.to_vec();
         let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
         Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names })
@@ -220,9 +223,9 @@ impl App {
         {
             return error_response(&ApiError::access_denied(format!(
                 "this server has no credentials and listens on a loopback address, so it answers requests \
-                 addressed to localhost, a loopback address or a name without dots, not to {host:?} (a page of \
+                 addressed to localhost, an IP address or a name without dots, not to {host:?} (a page of \
                  another site that points its name at this machine could use the store); give the server \
-                 credentials to serve it under other names"
+                 credentials, or name it with --allowed-host (as behind a reverse proxy)"
             )));
         }
         // RFC 9112 section 6.1: a transfer coding other than chunked is one
