@@ -296,6 +296,22 @@ pub struct Settings {
     pub min_free_space: Option<FreeSpace>,
 }
 
+/// `--allowed-host` names as Host headers carry them: lowered, without
+/// the spaces around a comma or a final dot. A port, a scheme or a path
+/// would match no request, and is refused rather than ignored.
+fn host_names(names: Vec<String>) -> anyhow::Result<Vec<String>> {
+    names
+        .iter()
+        .map(|name| {
+            let bare = name.trim().trim_end_matches('.').to_ascii_lowercase();
+            if bare.is_empty() || bare.contains(|c: char| c == ':' || c == '/' || c.is_whitespace()) {
+                anyhow::bail!("--allowed-host takes a bare name, like files.example.com, not {name:?}");
+            }
+            Ok(bare)
+        })
+        .collect()
+}
+
 impl Settings {
     /// Merges flags and environment with the settings file and defaults.
     pub fn resolve(args: &ServeArgs) -> anyhow::Result<Settings> {
@@ -386,10 +402,10 @@ impl Settings {
             gc_interval: period("gc-interval", args.gc_interval.or(file.gc_interval), 600, true)?,
             upload_expiry: period("upload-expiry", args.upload_expiry.or(file.upload_expiry), 24 * 3600, true)?,
             s3_domain: args.s3_domain.clone().or(file.s3_domain),
-            allowed_hosts: match args.allowed_hosts.is_empty() {
+            allowed_hosts: host_names(match args.allowed_hosts.is_empty() {
                 true => file.allowed_hosts.unwrap_or_default(),
                 false => args.allowed_hosts.clone(),
-            },
+            })?,
             credentials,
             allow_anonymous_write: args.allow_anonymous_write.or(file.allow_anonymous_write).unwrap_or(false),
             limits,
@@ -556,8 +572,12 @@ mod tests {
         assert!(Settings::resolve(&args).is_err(), "unknown settings are errors, not ignored");
         std::fs::write(&path, "allowed_hosts = [\"a.example\", \"b.example\"]\n").unwrap();
         assert_eq!(Settings::resolve(&args).unwrap().allowed_hosts, ["a.example", "b.example"]);
-        let flag = ServeArgs { allowed_hosts: vec!["c.example".into()], ..args };
+        let flag = ServeArgs { allowed_hosts: vec![" C.example.".into()], ..args.clone() };
         assert_eq!(Settings::resolve(&flag).unwrap().allowed_hosts, ["c.example"]);
+        for wrong in ["files.example:8080", "http://files.example", ""] {
+            let flag = ServeArgs { allowed_hosts: vec![wrong.into()], ..args.clone() };
+            assert!(Settings::resolve(&flag).is_err(), "{wrong:?}");
+        }
     }
 
     #[test]

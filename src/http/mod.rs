@@ -258,7 +258,12 @@ impl App {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
-        if let Some(origin) = cross_origin_change(&req) {
+        // With credentials, a request proves itself by its signature or
+        // secret, which a page of another site does not have: a browser
+        // form signed for this server may be posted from any page.
+        if !self.auth_required()
+            && let Some(origin) = cross_origin_change(&req)
+        {
             return error_response(&ApiError::access_denied(format!(
                 "a page of another origin ({origin}) may not change the store"
             )));

@@ -179,9 +179,10 @@ def http_put(url, body, content_type, extra=None):
         return e.code, e.read()
 
 
-def form_post(post, body, filename="f.txt"):
+def form_post(post, body, filename="f.txt", origin=None):
     """A browser's multipart/form-data POST of `post` (from
-    generate_presigned_post) with the file `body`: (status, answer)."""
+    generate_presigned_post) with the file `body`, sent from a page of
+    `origin` if given: (status, answer)."""
     boundary = "----form%06x" % random.randrange(16**6)
     parts = [
         f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
@@ -193,6 +194,8 @@ def form_post(post, body, filename="f.txt"):
     )
     form = b"".join(parts) + f"--{boundary}--\r\n".encode()
     headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    if origin:
+        headers["Origin"] = origin
     request = urllib.request.Request(post["url"], data=form, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
@@ -1555,6 +1558,12 @@ def area_presign(s3, buckets):
     roomy = v4.generate_presigned_post(
         bucket, "pre/large", Conditions=[["content-length-range", 1, 1 << 30]], ExpiresIn=300
     )
+    # A file full of CRs, each of which may begin the closing boundary,
+    # comes whole, as a browser on another site's page sends it.
+    crs = b"\r" * 300_000 + data(3 << 20, 31)
+    status, answer = form_post(roomy, crs, origin="https://app.example.com")
+    expect(status == 204, "a form upload of 3 MB with many CRs, from another site's page", f"status {status}: {answer[:300]!r}")
+    expect_equal(body_of(s3.get_object(Bucket=bucket, Key="pre/large")) == crs, True, "... stored whole")
     status, answer = form_post(roomy, b"x" * ((64 << 20) + 1))
     expect(
         status == 400 and error_code(answer) == "EntityTooLarge",

@@ -6,7 +6,7 @@
 //! passed on as it comes.
 
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 
@@ -19,6 +19,13 @@ const MAX_FIELDS: usize = 64 * 1024;
 /// Most times the form read so far is looked through for its file: S3
 /// takes 20 fields or so.
 const MAX_LOOKS: usize = 64;
+
+/// Largest piece the form's file is handed on in. Where a piece ends in
+/// what may begin the form's closing boundary (a CR), the protocol layer
+/// holds it together with the whole next piece, and refuses the form when
+/// that passes 64 KiB: pieces as large as the socket gives (often more)
+/// failed most files of a few megabytes.
+const MAX_PIECE: usize = 32 * 1024;
 
 /// What S3 replaces with the file's name.
 const FILENAME: &str = "${filename}";
@@ -77,8 +84,17 @@ pub(super) async fn with_filename(
     if ended {
         return Ok((s3s::Body::http_body(StreamBody::new(first)), signed));
     }
-    let rest = body.into_data_stream().map(|d| d.map(Frame::data).map_err(s3s::StdError::from));
+    let rest = body
+        .into_data_stream()
+        .map_err(s3s::StdError::from)
+        .map_ok(|data| futures::stream::iter(pieces(data).map(|piece| Ok(Frame::data(piece)))))
+        .try_flatten();
     Ok((s3s::Body::http_body(StreamBody::new(first.chain(rest))), signed))
+}
+
+/// `data` cut into pieces of at most [`MAX_PIECE`], without a copy.
+fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
+    (0..data.len()).step_by(MAX_PIECE).map(move |at| data.slice(at..data.len().min(at + MAX_PIECE)))
 }
 
 /// Whether a SigV4 or SigV2 signature field comes before the form's file.
@@ -210,6 +226,15 @@ mod tests {
         let after_the_file =
             [&unsigned[..unsigned.len() - 9], field("x-amz-signature").as_bytes(), b"--XyZ--\r\n"].concat();
         assert!(!signed(&after_the_file, "XyZ"), "a field after the file is the file's bytes");
+    }
+
+    #[test]
+    fn pieces_cover_the_data_in_order() {
+        let data = Bytes::from((0..100_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let cut: Vec<Bytes> = pieces(data.clone()).collect();
+        assert!(cut.iter().all(|p| !p.is_empty() && p.len() <= MAX_PIECE));
+        assert_eq!(cut.concat(), data);
+        assert_eq!(pieces(Bytes::new()).count(), 0);
     }
 
     #[test]
