@@ -890,3 +890,64 @@ fn uploads_beyond_the_limit_get_503_with_retry_after() {
     assert_eq!(put(&s, "/files/third", b"abc").status(), 201, "a permit is free again");
     assert_unharmed(&mut s, RSS_MIB);
 }
+
+/// Out of file descriptors (idle connections filling a hard limit that
+/// cannot be raised), a write fails with 503 and nothing more: once the
+/// connections close, writes go on. A directory that could not be opened
+/// to sync it used to count as a failed sync, and every write after it
+/// was refused until a restart.
+#[test]
+fn running_out_of_file_descriptors_fails_writes_only_while_it_lasts() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    /// Stops the server however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec {} serve --data {} --listen 127.0.0.1:0 --engine fs --gc-interval 0",
+            common::BIN,
+            data.display()
+        ))
+        .env("DEPOT_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let _server = Killed(child);
+    let addr = loop {
+        let line = log.next().expect("the server said where it listens").unwrap();
+        if let Some(at) = line.find("listening on http://") {
+            break line[at + 20..].split_whitespace().next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || log.for_each(drop));
+    let put = |c: &mut TcpStream, key: &str| {
+        // Each body new, so each write makes the blob directories of its own.
+        let request = format!("PUT /files/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{key}", key.len());
+        c.write_all(request.as_bytes()).unwrap();
+        let mut buf = [0u8; 4096];
+        let n = c.read(&mut buf).unwrap();
+        status_of(&String::from_utf8_lossy(&buf[..n]))
+    };
+    let mut writer = TcpStream::connect(&addr).unwrap();
+    writer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(put(&mut writer, "before"), 201);
+    let idle: Vec<TcpStream> = (0..80).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
+    thread::sleep(Duration::from_millis(300));
+    let refused = put(&mut writer, "a/while-out");
+    assert_eq!(refused, 503, "out of descriptors");
+    drop(idle);
+    thread::sleep(Duration::from_millis(300));
+    let mut writer = TcpStream::connect(&addr).unwrap();
+    writer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(put(&mut writer, "a/after"), 201, "writes go on once descriptors are free");
+}

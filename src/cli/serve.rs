@@ -220,7 +220,32 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime(settings.threads)?.block_on(run(settings))
 }
 
+/// Raises the soft limit of open files to the hard one, as much as a
+/// server with `connections` open needs (Debian's soft limit is 1024,
+/// under the 4096 connections depot takes): each connection is a file, and
+/// a store out of files fails its writes. Warns when the hard limit is too
+/// low for it.
+fn raise_open_files(connections: usize) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let raised = Rlimit { current: limit.maximum, maximum: limit.maximum };
+    let now = match limit.current < limit.maximum && setrlimit(Resource::Nofile, raised).is_ok() {
+        true => limit.maximum,
+        false => limit.current,
+    };
+    // Files beside the connections: the store's own, the engines', logs.
+    let wanted = connections as u64 + 1024;
+    if now.is_some_and(|n| n < wanted) {
+        tracing::warn!(
+            "this process may open {} files, fewer than --max-connections {connections} and the store's own \
+             files need ({wanted}): raise `ulimit -n`, or lower --max-connections",
+            now.unwrap_or_default()
+        );
+    }
+}
+
 async fn run(settings: Settings) -> anyhow::Result<()> {
+    raise_open_files(settings.limits.max_connections);
     let store = open_store(&settings).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

@@ -139,7 +139,10 @@ fn task_failed(e: tokio::task::JoinError) -> EngineError {
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path).and_then(|d| d.sync_all()).map_err(EngineError::SyncFailed)
+    // Only a failed sync puts durability in doubt; a directory that cannot
+    // be opened (out of file descriptors) fails this write alone.
+    let dir = File::open(path).map_err(|e| EngineError::io(NAME, e))?;
+    dir.sync_all().map_err(EngineError::SyncFailed)
 }
 
 /// Creates `dir` if missing; a new directory's entry is made durable in its

@@ -159,12 +159,15 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    /// Classifies an I/O error, keeping out-of-space apart from the rest.
+    /// Classifies an I/O error, keeping out-of-space apart from the rest,
+    /// and the process (or system) out of file descriptors: that passes as
+    /// connections close, so the request may succeed later (503).
     pub fn io(engine: &'static str, source: std::io::Error) -> EngineError {
-        if source.raw_os_error() == Some(28) || source.kind() == std::io::ErrorKind::StorageFull {
-            EngineError::NoSpace
-        } else {
-            EngineError::Io { engine, source }
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) => EngineError::NoSpace,
+            Some(libc::EMFILE | libc::ENFILE) => EngineError::Unavailable(format!("{engine} engine: {source}")),
+            _ if source.kind() == std::io::ErrorKind::StorageFull => EngineError::NoSpace,
+            _ => EngineError::Io { engine, source },
         }
     }
 

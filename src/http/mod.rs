@@ -531,6 +531,7 @@ pub async fn serve(
     // listen queue, as each may hold a request head in memory.
     let slots = Arc::new(tokio::sync::Semaphore::new(app.limits.max_connections));
     let mut warned: Option<std::time::Instant> = None;
+    let mut last_accept_warning: Option<std::time::Instant> = None;
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
@@ -550,8 +551,12 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    // Out of file descriptors and the like: pause, go on.
-                    tracing::warn!("accept failed: {e}");
+                    // Out of file descriptors and the like: pause, go on,
+                    // and say so once a second at most.
+                    if last_accept_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        tracing::warn!("accept failed: {e}");
+                        last_accept_warning = Some(std::time::Instant::now());
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

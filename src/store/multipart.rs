@@ -489,8 +489,17 @@ impl Store {
             ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: still_there },
         ];
         match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
-            Err(StoreError::PreconditionFailed) if self.upload(bucket, key, upload_id).await.is_err() => {
-                return Err(StoreError::NoSuchUpload(upload_id.into()));
+            // Another Complete of this upload (a client's retry while the
+            // first still ran) got there first: answered as it was.
+            Err(StoreError::PreconditionFailed) => {
+                let done = self.catalog.get_object(UPLOADS, &done_key(upload_id)).await?;
+                if let Some(done) = done.filter(|d| target(d) == key && d.content_type == bucket) {
+                    return Ok(ObjectRecord { key: key.to_string(), ..done });
+                }
+                return Err(match self.upload(bucket, key, upload_id).await {
+                    Err(_) => StoreError::NoSuchUpload(upload_id.into()),
+                    Ok(_) => StoreError::PreconditionFailed,
+                });
             }
             r => r?,
         };
@@ -786,6 +795,34 @@ mod tests {
             let (completed, aborted) = (complete.await.unwrap(), abort.await.unwrap());
             assert!(completed != aborted, "round {round}: completed {completed}, aborted {aborted}");
             assert_eq!(s.head("files", &key).await.is_ok(), completed, "round {round}");
+        }
+    }
+
+    /// Completes of one upload at once (an SDK's retry while the first
+    /// still runs) all answer the one object.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn completes_racing_answer_alike() {
+        let (s, _dir) = store().await;
+        let s = Arc::new(s);
+        for round in 0..10 {
+            let key = format!("twice-{round}");
+            let id = s.create_upload("files", &key, NewMetadata::default()).await.unwrap();
+            let r = s.upload_part("files", &key, &id, 1, body(vec![round as u8; 100]), PutOptions::default());
+            let parts = vec![(1, format!("\"{}\"", r.await.unwrap().etag))];
+            let completes = (0..8).map(|_| {
+                let (s, key, id, parts) = (s.clone(), key.clone(), id.clone(), parts.clone());
+                tokio::spawn(async move {
+                    s.complete_upload("files", &key, &id, &parts, Precondition::default(), Box::new(|_| Ok(None)))
+                        .await
+                        .map(|r| r.etag)
+                })
+            });
+            let etags: Vec<String> = futures::future::join_all(completes)
+                .await
+                .into_iter()
+                .map(|r| r.unwrap().unwrap_or_else(|e| panic!("round {round}: {e}")))
+                .collect();
+            assert!(etags.iter().all(|e| *e == etags[0]), "round {round}: {etags:?}");
         }
     }
 
