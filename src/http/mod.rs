@@ -629,6 +629,11 @@ impl Worker {
         let counted = open.clone();
         std::thread::Builder::new().name(format!("depot-http-{i}")).spawn(move || {
             runtime.block_on(connections(given, counted, app, http1, drain));
+            // The tasks of connections still open after the drain go with
+            // the runtime, and with them what they hold of the store: it
+            // closes before the server is told this thread is done, not
+            // while the process exits (which aborted it now and then).
+            drop(runtime);
             let _ = done.send(());
         })?;
         Ok(Worker { give, open, finished })
