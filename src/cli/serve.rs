@@ -310,8 +310,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
 
 /// How this node appears to maintenance run against a shared catalog.
 fn node_name(addr: std::net::SocketAddr) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{} {addr} (pid {})", host.trim(), std::process::id())
+    format!("{} {addr} (pid {})", crate::engine::fs::hostname(), std::process::id())
 }
 
 /// How the note of maintenance in a shared catalog's list of nodes begins
@@ -330,8 +329,7 @@ pub(crate) async fn alone<T>(
     what: &str,
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let note = format!("{MAINTENANCE}{what} on {} (pid {})", host.trim(), std::process::id());
+    let note = format!("{MAINTENANCE}{what} on {} (pid {})", crate::engine::fs::hostname(), std::process::id());
     catalog.node_seen(&note).await.context("noting the maintenance in the catalog")?;
     let live: Vec<String> = catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| *n != note).collect();
     let out = if live.is_empty() {

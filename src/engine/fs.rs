@@ -48,7 +48,8 @@ struct Inner {
 /// whether its writer is still alive.
 const STALE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-fn hostname() -> String {
+/// This machine's name.
+pub(crate) fn hostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
 }
 

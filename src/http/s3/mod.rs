@@ -409,15 +409,16 @@ pub async fn handle(service: &S3Service, req: Request, anonymous: bool, request_
         None => prepare(req, anonymous).await,
     };
     let answer = match prepared {
-        Err(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
+        Err(e) => Err(e),
         Ok((req, refusal)) => {
             let answer = service.call(req).await;
             match refusal.and_then(|r| r.lock().expect("not poisoned").take()) {
-                Some(e) => e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))),
-                None => answer,
+                Some(e) => Err(e),
+                None => Ok(answer),
             }
         }
     };
+    let answer = answer.unwrap_or_else(|e| e.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e))));
     let mut response = match answer {
         Ok(r) => r,
         Err(e) => {
