@@ -79,7 +79,15 @@ pub fn checksummed_upload(headers: &HeaderMap, pieces: Vec<Bytes>) -> Result<usi
     let stream = futures::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>));
     let blob = s3s::dto::StreamingBlob::wrap(stream);
     let failure = super::s3::body::Failure::default();
-    let mut checked = super::s3::body::Checked::new(blob, headers, None, failure).map_err(|e| format!("{e:?}"))?;
+    // The declared values as the protocol layer parses them from headers.
+    let mut values = s3s::dto::Checksum::default();
+    for (name, value) in headers {
+        if let Ok(value) = value.to_str() {
+            super::s3::body::set_field(&mut values, name.as_str(), value);
+        }
+    }
+    let mut checked =
+        super::s3::body::Checked::new(blob, &values, headers, None, failure).map_err(|e| format!("{e:?}"))?;
     block_on(async {
         let mut got = 0;
         while let Some(piece) = checked.next().await {

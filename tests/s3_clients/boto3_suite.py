@@ -361,6 +361,22 @@ def area_buckets(s3, buckets):
         lambda: s3.put_object(Bucket=bucket, Key="k", Body=b"x"),
     )
 
+    # ListBuckets in pages, as SDKs' paginators ask for them.
+    paged = sorted(buckets.create(s3, f"page{i}") for i in range(3))
+    prefix = buckets.name("page")
+    first = s3.list_buckets(MaxBuckets=2, Prefix=prefix)
+    expect_equal(
+        ([b["Name"] for b in first["Buckets"]], first.get("Prefix"), "ContinuationToken" in first),
+        (paged[:2], prefix, True),
+        "ListBuckets with MaxBuckets 2 answers the first two and a continuation token",
+    )
+    rest = s3.list_buckets(MaxBuckets=2, Prefix=prefix, ContinuationToken=first["ContinuationToken"])
+    expect_equal(
+        ([b["Name"] for b in rest["Buckets"]], "ContinuationToken" in rest),
+        (paged[2:], False),
+        "... and the token the rest, with none after it",
+    )
+
 
 def area_users(s3, buckets):
     if not (ACCESS_KEY2 and SECRET_KEY2):
@@ -446,6 +462,12 @@ def area_put(s3, buckets):
     expect(body_of(got) == body, "GetObject returns the stored bytes")
     expect_equal(got["Metadata"], {"color": "blue", "mixed-case": "Value 1"}, "GetObject: x-amz-meta-*")
     expect_equal(got["ContentType"], "text/plain; charset=utf-8", "GetObject: Content-Type")
+    attributes = s3.get_object_attributes(Bucket=bucket, Key="obj", ObjectAttributes=["ObjectSize", "ObjectParts"])
+    expect_equal(
+        (attributes.get("ObjectSize"), "ObjectParts" in attributes, "ETag" in attributes),
+        (len(body), False, False),
+        "GetObjectAttributes answers what it is asked, and no parts for an object put whole",
+    )
 
     newer = data(2000, 2)
     md5 = base64.b64encode(hashlib.md5(newer).digest()).decode()
@@ -1498,22 +1520,30 @@ def area_presign(s3, buckets):
     expect(status == 200, "the same URL without the header works", f"status {status}: {answer[:300]!r}")
 
     # x-amz-* parameters in a presigned URL's query are signed, and S3
-    # applies them as headers: metadata and checksums SDKs put there.
-    # (aws-sdk-go v1 puts metadata there; the JavaScript SDK v3 a checksum.)
+    # applies them as headers, but for checksums, which it ignores there.
+    # (aws-sdk-go v1 puts metadata there; the JavaScript SDK v3, by default,
+    # the CRC32 of the empty body it has when it signs an upload.)
     status, answer = http_put(presigned_put(bucket, "pre/v4meta", {"x-amz-meta-color": "blue"}), b"meta", "text/plain")
     expect(status == 200, "a presigned PUT with x-amz-meta-* in its query works", f"status {status}: {answer[:300]!r}")
     expect_equal(
         s3.head_object(Bucket=bucket, Key="pre/v4meta")["Metadata"], {"color": "blue"}, "... and stored the metadata"
     )
-    wrong_crc = base64.b64encode(zlib.crc32(b"other bytes").to_bytes(4, "big")).decode()
-    crc_url = presigned_put(bucket, "pre/v4crc", {"x-amz-checksum-crc32": wrong_crc})
+    empty_crc = base64.b64encode(zlib.crc32(b"").to_bytes(4, "big")).decode()
+    crc_url = presigned_put(
+        bucket, "pre/v4crc", {"x-amz-checksum-crc32": empty_crc, "x-amz-sdk-checksum-algorithm": "CRC32"}
+    )
     status, answer = http_put(crc_url, b"these bytes", "application/octet-stream")
     expect(
-        status == 400 and error_code(answer) == "BadDigest",
-        "a presigned PUT whose body does not match the checksum in its query is BadDigest",
+        status == 200,
+        "a presigned PUT with the CRC32 of no bytes in its query stores its body, as on S3",
         f"status {status}: {answer[:300]!r}",
     )
-    expect_error("... and nothing was written", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/v4crc"))
+    head = s3.head_object(Bucket=bucket, Key="pre/v4crc", ChecksumMode="ENABLED")
+    expect(
+        head["ContentLength"] == len(b"these bytes") and "ChecksumCRC32" not in head,
+        "... and keeps no checksum from the query",
+        repr(head.get("ChecksumCRC32")),
+    )
 
     # SigV2 signs a Date: one far from the server's clock is a replay.
     path = f"/{bucket}/{urllib.parse.quote(key)}"
@@ -1577,6 +1607,25 @@ def area_presign(s3, buckets):
         f"status {status}: {answer[:300]!r}",
     )
     expect_equal(body_of(s3.get_object(Bucket=bucket, Key="pre/posted"))[:4], b"sent", "... and neither replaced it")
+
+    # A checksum among a form's fields is checked as a header is.
+    summed = v4.generate_presigned_post(
+        bucket, "pre/summed", Conditions=[["starts-with", "$x-amz-checksum-sha256", ""]], ExpiresIn=300
+    )
+    file = b"summed in a form"
+    right = base64.b64encode(hashlib.sha256(file).digest()).decode()
+    wrong = base64.b64encode(hashlib.sha256(b"another file").digest()).decode()
+    status, answer = form_post({**summed, "fields": {**summed["fields"], "x-amz-checksum-sha256": wrong}}, file)
+    expect(
+        status == 400 and error_code(answer) == "BadDigest",
+        "a form upload whose file does not match its x-amz-checksum-sha256 field is BadDigest",
+        f"status {status}: {answer[:300]!r}",
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/summed"))
+    status, answer = form_post({**summed, "fields": {**summed["fields"], "x-amz-checksum-sha256": right}}, file)
+    expect(status == 204, "a form upload whose file matches it is 204", f"status {status}: {answer[:300]!r}")
+    head = s3.head_object(Bucket=bucket, Key="pre/summed", ChecksumMode="ENABLED")
+    expect_equal(head.get("ChecksumSHA256"), right, "... and keeps the checksum")
 
     # `${filename}` in the form's key is the uploaded file's name.
     named = v4.generate_presigned_post(
@@ -1894,6 +1943,54 @@ def area_checksums(s3, buckets):
     )
     expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="twice"))
 
+    # S3 offers algorithms not computed here: declared, they are refused,
+    # not stored unchecked.
+    other = client()
+    other.meta.events.register("before-sign.s3.PutObject", sha512_header)
+    expect_error(
+        "PutObject declaring a SHA-512 checksum is NotImplemented",
+        "NotImplemented",
+        501,
+        lambda: other.put_object(Bucket=bucket, Key="sha512", Body=data(1000, 23)),
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="sha512"))
+
+    # A copy asked for a checksum gets one computed from its bytes.
+    body = data(3 * MiB, 24)
+    s3.put_object(Bucket=bucket, Key="to-copy", Body=body)
+    want = base64.b64encode(hashlib.sha256(body).digest()).decode()
+    copied = s3.copy_object(
+        Bucket=bucket, Key="copied-sha256", CopySource={"Bucket": bucket, "Key": "to-copy"}, ChecksumAlgorithm="SHA256"
+    )
+    expect_equal(copied["CopyObjectResult"].get("ChecksumSHA256"), want, "CopyObject asking for SHA-256 answers it")
+    head = s3.head_object(Bucket=bucket, Key="copied-sha256", ChecksumMode="ENABLED")
+    expect_equal(
+        (head.get("ChecksumSHA256"), head.get("ChecksumCRC32")), (want, None), "... and the copy keeps it alone"
+    )
+
+    # A part declares its upload's algorithm, or is refused then, not at
+    # its completion.
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="mixed", ChecksumAlgorithm="SHA256")["UploadId"]
+    expect_error(
+        "UploadPart declaring a CRC32 to an upload of SHA-256 checksums is InvalidRequest",
+        "InvalidRequest",
+        400,
+        lambda: s3.upload_part(
+            Bucket=bucket, Key="mixed", UploadId=upload, PartNumber=1, Body=data(1000, 25), ChecksumAlgorithm="CRC32"
+        ),
+    )
+    expect_equal(s3.list_parts(Bucket=bucket, Key="mixed", UploadId=upload).get("Parts", []), [], "... and keeps no part")
+    s3.abort_multipart_upload(Bucket=bucket, Key="mixed", UploadId=upload)
+
+
+def sha512_header(request, **_):
+    """before-sign hook: a SHA-512 checksum header, right for the body."""
+    body = request.body
+    if not isinstance(body, bytes):
+        body = body.read()
+        request.body.seek(0)
+    request.headers["x-amz-checksum-sha512"] = base64.b64encode(hashlib.sha512(body).digest()).decode()
+
 
 def second_checksum(request, **_):
     """before-sign hook: a right SHA-256 checksum beside the CRC32."""
@@ -1998,6 +2095,38 @@ def multipart_checksums(s3, bucket):
         (got.get("ChecksumCRC32"), got.get("ChecksumType")), (want, "COMPOSITE"), "GetObject answers it too"
     )
     expect(body_of(got) == b"".join(parts), "... with the object's bytes")
+    every = ["ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"]
+    attributes = s3.get_object_attributes(Bucket=bucket, Key="composite", ObjectAttributes=every, MaxParts=1)
+    expect_equal(
+        (
+            attributes["ETag"].strip('"'),
+            attributes["ObjectSize"],
+            attributes["StorageClass"],
+            attributes["Checksum"],
+        ),
+        (
+            completed["ETag"].strip('"'),
+            sum(map(len, parts)),
+            "STANDARD",
+            {"ChecksumCRC32": want.rsplit("-", 1)[0], "ChecksumType": "COMPOSITE"},
+        ),
+        "GetObjectAttributes answers its ETag, size, storage class and checksum",
+    )
+    pages = [attributes["ObjectParts"]]
+    pages.append(
+        s3.get_object_attributes(
+            Bucket=bucket,
+            Key="composite",
+            ObjectAttributes=["ObjectParts"],
+            MaxParts=1,
+            PartNumberMarker=pages[0]["NextPartNumberMarker"],
+        )["ObjectParts"]
+    )
+    expect_equal(
+        [(p["TotalPartsCount"], p["IsTruncated"], [(q["PartNumber"], q["Size"]) for q in p["Parts"]]) for p in pages],
+        [(2, True, [(1, len(parts[0]))]), (2, False, [(2, len(parts[1]))])],
+        "... and its parts, a page at a time",
+    )
 
     # Parts copied from another object get a checksum in the upload's
     # algorithm too, as s3transfer's managed copy reads them back.

@@ -15,7 +15,9 @@ use s3s::crypto::{Checksum as _, Crc32, Crc32c, Crc64Nvme, Sha1, Sha256};
 use s3s::dto::{Checksum, StreamingBlob};
 use s3s::{S3Error, S3Result, StdError, TrailingHeaders, s3_error};
 
-/// The checksum algorithms S3 knows, by header name.
+use crate::catalog::CHECKSUM_HEADER_PREFIX;
+
+/// The checksum algorithms checked and kept, by header name.
 pub(super) const ALGORITHMS: [&str; 5] = [
     "x-amz-checksum-crc32",
     "x-amz-checksum-crc32c",
@@ -23,6 +25,26 @@ pub(super) const ALGORITHMS: [&str; 5] = [
     "x-amz-checksum-sha1",
     "x-amz-checksum-sha256",
 ];
+
+/// Whether `name` (lower case) declares a checksum's value: an
+/// `x-amz-checksum-*` header other than those that choose an algorithm,
+/// a type or a mode.
+pub(super) fn is_checksum_value(name: &str) -> bool {
+    name.strip_prefix(CHECKSUM_HEADER_PREFIX).is_some_and(|a| !["algorithm", "type", "mode"].contains(&a))
+}
+
+/// Refuses a checksum declared in an algorithm not among [`ALGORITHMS`]
+/// (S3 also offers SHA-512, MD5 and three XXHASHes): it would be neither
+/// checked nor kept, and the client would believe it was.
+pub(super) fn refuse_unknown_checksum<'a>(names: impl IntoIterator<Item = &'a str>) -> S3Result<()> {
+    match names.into_iter().find(|n| is_checksum_value(n) && !ALGORITHMS.contains(n)) {
+        None => Ok(()),
+        Some(name) => Err(s3_error!(
+            NotImplemented,
+            "{name} is not supported: checksums may be CRC32, CRC32C, CRC64NVME, SHA1 or SHA256"
+        )),
+    }
+}
 
 pub(super) fn field(c: &Checksum, name: &str) -> Option<String> {
     match name {
@@ -43,8 +65,14 @@ pub fn headers_of(c: &Checksum) -> Vec<(String, String)> {
 
 /// A checksum stored as a header ([`headers_of`]), as S3's fields.
 pub fn from_header(name: &str, value: &str) -> Checksum {
-    let value = Some(value.to_string());
     let mut c = Checksum::default();
+    set_field(&mut c, name, value);
+    c
+}
+
+/// Sets the field of `c` that the header `name` holds.
+pub fn set_field(c: &mut Checksum, name: &str, value: &str) {
+    let value = Some(value.to_string());
     match name {
         "x-amz-checksum-crc32" => c.checksum_crc32 = value,
         "x-amz-checksum-crc32c" => c.checksum_crc32c = value,
@@ -53,7 +81,6 @@ pub fn from_header(name: &str, value: &str) -> Checksum {
         "x-amz-checksum-sha256" => c.checksum_sha256 = value,
         _ => {}
     }
-    c
 }
 
 /// Checks a document sent whole (the XML of DeleteObjects or
@@ -80,11 +107,15 @@ pub fn check_document(headers: &HeaderMap, body: &[u8], checksums: bool) -> S3Re
             "the body does not match its x-amz-content-sha256",
         ));
     }
+    if !checksums {
+        return Ok(());
+    }
+    refuse_unknown_checksum(headers.keys().map(|n| n.as_str()))?;
     let declared: Vec<(&str, String)> = ALGORITHMS
         .iter()
         .filter_map(|name| Some((*name, headers.get(*name)?.to_str().unwrap_or("").trim().to_string())))
         .collect();
-    if declared.is_empty() || !checksums {
+    if declared.is_empty() {
         return Ok(());
     }
     one_algorithm(declared.len())?;
@@ -312,23 +343,24 @@ pub struct Checked {
 }
 
 impl Checked {
-    /// Wraps `body`; `headers` are the request's, `trailers` the handle to
-    /// its trailing headers.
+    /// Wraps `body`. `values` are the checksums the request declares
+    /// before its body: its headers', or a form's fields, as the protocol
+    /// layer parsed them. `headers` are the request's, `trailers` the
+    /// handle to its trailing headers.
     pub fn new(
         body: StreamingBlob,
+        values: &Checksum,
         headers: &HeaderMap,
         trailers: Option<TrailingHeaders>,
         failure: Failure,
     ) -> S3Result<Checked> {
-        let mut declared = Vec::new();
-        for name in ALGORITHMS {
-            if let Some(v) = headers.get(name) {
-                let v = v.to_str().map_err(|_| s3_error!(InvalidRequest, "{name} is not ASCII"))?;
-                declared.push((name, Declared::Header(v.to_string())));
-            }
-        }
+        refuse_unknown_checksum(headers.keys().map(|n| n.as_str()))?;
+        let mut declared: Vec<_> =
+            ALGORITHMS.into_iter().filter_map(|name| Some((name, Declared::Header(field(values, name)?)))).collect();
         if let Some(names) = headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()) {
-            for name in names.split(',').map(|n| n.trim().to_ascii_lowercase()) {
+            let names: Vec<String> = names.split(',').map(|n| n.trim().to_ascii_lowercase()).collect();
+            refuse_unknown_checksum(names.iter().map(String::as_str))?;
+            for name in names {
                 let Some(known) = ALGORITHMS.iter().find(|a| **a == name) else {
                     continue;
                 };
@@ -341,6 +373,11 @@ impl Checked {
         one_algorithm(declared.len())?;
         let hasher = hasher_for(declared.iter().map(|(name, _)| *name));
         Ok(Checked { inner: body, hasher, declared, failure, ended: false, computed: Arc::default() })
+    }
+
+    /// The header name of the checksum the body declares, if any.
+    pub fn algorithm(&self) -> Option<&'static str> {
+        self.declared.first().map(|(name, _)| *name)
     }
 
     /// Compares what was declared with what the bytes hashed to.
@@ -397,5 +434,41 @@ impl Stream for Checked {
             }
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use s3s::S3ErrorCode;
+
+    use super::*;
+
+    fn check(headers: &[(&'static str, &'static str)]) -> S3Result<Checked> {
+        let headers: HeaderMap = headers
+            .iter()
+            .map(|(n, v)| (http::HeaderName::from_static(n), http::HeaderValue::from_static(v)))
+            .collect();
+        let body = StreamingBlob::from(s3s::Body::empty());
+        Checked::new(body, &Checksum::default(), &headers, None, Failure::default())
+    }
+
+    #[test]
+    fn checksums_in_algorithms_not_computed_here_are_refused() {
+        for declared in [("x-amz-checksum-sha512", "AAAA"), ("x-amz-trailer", "x-amz-checksum-xxhash64")] {
+            let refused = check(&[declared]).err().expect("refused");
+            assert_eq!(*refused.code(), S3ErrorCode::NotImplemented, "{declared:?}");
+        }
+        // Choosing an algorithm, a type or a mode declares no value.
+        let chosen = [
+            ("x-amz-checksum-algorithm", "CRC32"),
+            ("x-amz-checksum-type", "COMPOSITE"),
+            ("x-amz-checksum-mode", "ENABLED"),
+        ];
+        assert!(check(&chosen).is_ok());
+        // A value is read from what the protocol layer parsed.
+        let values = from_header("x-amz-checksum-sha256", "AAAA");
+        let body = StreamingBlob::from(s3s::Body::empty());
+        let checked = Checked::new(body, &values, &HeaderMap::new(), None, Failure::default()).unwrap();
+        assert_eq!(checked.algorithm(), Some("x-amz-checksum-sha256"));
     }
 }

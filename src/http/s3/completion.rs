@@ -37,6 +37,17 @@ fn header_of(algorithm: &str) -> Option<&'static str> {
     super::body::ALGORITHMS.iter().copied().find(|h| h[CHECKSUM_HEADER_PREFIX.len()..].eq_ignore_ascii_case(algorithm))
 }
 
+/// The header name of an algorithm a request asks for; one whose
+/// checksums are not computed here is refused, never ignored.
+pub fn header_for(algorithm: &str) -> S3Result<&'static str> {
+    header_of(algorithm).ok_or_else(|| {
+        s3_error!(
+            NotImplemented,
+            "the checksum algorithm {algorithm:?} is not supported: it may be CRC32, CRC32C, CRC64NVME, SHA1 or SHA256"
+        )
+    })
+}
+
 /// CreateMultipartUpload's algorithm and type, checked as S3 does, as the
 /// upload record's headers.
 pub fn chosen(input: &CreateMultipartUploadInput) -> S3Result<Vec<(String, String)>> {
@@ -47,7 +58,7 @@ pub fn chosen(input: &CreateMultipartUploadInput) -> S3Result<Vec<(String, Strin
         };
     };
     let name = algorithm.as_str().to_ascii_uppercase();
-    header_of(&name).ok_or_else(|| s3_error!(InvalidRequest, "the checksum algorithm {name:?} is not one S3 knows"))?;
+    header_for(&name)?;
     let crc = name.starts_with("CRC");
     let kind = match input.checksum_type.as_ref().map(|t| t.as_str()) {
         None if name == "CRC64NVME" => ChecksumType::FULL_OBJECT,

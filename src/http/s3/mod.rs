@@ -240,10 +240,19 @@ const MAX_DOCUMENT: usize = 16 << 20;
 /// by PUT or multipart upload, which stream.
 pub const MAX_FORM_FILE: u64 = 64 << 20;
 
+/// Whether a query parameter of a presigned URL is left out of the
+/// request as S3 leaves it out: a checksum's value, or the algorithm an
+/// SDK computed it in. SDKs hoist into the URL the checksum of the body
+/// they have when they sign, which for an upload is none yet (the CRC32
+/// of no bytes); S3 does not check checksums given this way.
+fn ignored_in_presigned_url(name: &str) -> bool {
+    body::is_checksum_value(name) || name == "x-amz-sdk-checksum-algorithm"
+}
+
 /// Makes a request what the S3 service should see:
 /// - the other `x-amz-*` parameters of a presigned URL become headers, as
-///   S3 applies them (SDKs hoist checksums and metadata into the URL, where
-///   the signature covers them);
+///   S3 applies them (SDKs hoist metadata into the URL, where the
+///   signature covers it), less checksums ([`ignored_in_presigned_url`]);
 /// - the XML document of DeleteObjects or CompleteMultipartUpload is read
 ///   and checked against its declared digests ([`body::check_document`]);
 /// - a form upload's key gets its file's name ([`form`]); an unsigned one
@@ -259,7 +268,11 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
     if query.iter().any(|(n, _)| n == "X-Amz-Signature") {
         for (name, value) in &query {
             let name = name.to_ascii_lowercase();
-            if !name.starts_with("x-amz-") || PRESIGNING.contains(&name.as_str()) || parts.headers.contains_key(&name) {
+            if !name.starts_with("x-amz-")
+                || PRESIGNING.contains(&name.as_str())
+                || ignored_in_presigned_url(&name)
+                || parts.headers.contains_key(&name)
+            {
                 continue;
             }
             let (Ok(name), Ok(value)) =
@@ -500,6 +513,7 @@ impl S3Auth for Keys {
 const ANONYMOUS_READS: &[&str] = &[
     "GetObject",
     "HeadObject",
+    "GetObjectAttributes",
     "HeadBucket",
     "ListObjects",
     "ListObjectsV2",

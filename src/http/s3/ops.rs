@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
 use percent_encoding::utf8_percent_encode;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
@@ -10,7 +11,9 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use super::body::{self, Checked, Failure};
 use super::completion::{self, Completion};
 use super::to_s3;
-use crate::catalog::{BucketRecord, ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis};
+use crate::catalog::{
+    BucketRecord, CHECKSUM_HEADER_PREFIX, ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis,
+};
 use crate::engine::ByteRange;
 use crate::http::conditional::{self, Validators, Verdict};
 use crate::http::may_use;
@@ -258,13 +261,8 @@ fn requested_bytes<T>(
     if !(1..=MAX_PART_NUMBER as i32).contains(&n) {
         return Err(bad_argument(format!("Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive")));
     }
-    // Each uploaded part is one blob of the object's body: an ETag ending
-    // in `-N` names an object completed from N of them.
-    let count = record.etag.rsplit_once('-').and_then(|(_, n)| n.parse::<usize>().ok());
-    let sizes: Vec<u64> = match count {
-        Some(count) if count == record.parts.len() => record.parts.iter().map(|p| p.size).collect(),
-        _ => vec![record.size],
-    };
+    let count = uploaded_parts(record);
+    let sizes = count.clone().unwrap_or_else(|| vec![record.size]);
     let Some(size) = sizes.get(n as usize - 1) else {
         let mut e = S3Error::with_message(
             S3ErrorCode::Custom("InvalidPartNumber".into()),
@@ -277,6 +275,44 @@ fn requested_bytes<T>(
     let bytes = ByteRange { start, end: start + size };
     let content_range = (!bytes.is_empty()).then(|| format!("bytes {}-{}/{}", start, bytes.end - 1, record.size));
     Ok((bytes, content_range, count.map(|_| sizes.len() as i32)))
+}
+
+/// The sizes of the parts an object was completed from, if it was. Each
+/// uploaded part is one blob of the object's body: an ETag ending in `-N`
+/// names an object completed from N of them.
+fn uploaded_parts(record: &ObjectRecord) -> Option<Vec<u64>> {
+    let count = record.etag.rsplit_once('-').and_then(|(_, n)| n.parse::<usize>().ok())?;
+    (count == record.parts.len()).then(|| record.parts.iter().map(|p| p.size).collect())
+}
+
+/// GetObjectAttributes' page of the parts an object was completed from:
+/// their numbers and sizes (the parts' own checksums are not kept once
+/// the object is complete; the object's is).
+fn parts_page(
+    record: &ObjectRecord,
+    max: Option<i32>,
+    marker: Option<i32>,
+) -> S3Result<Option<GetObjectAttributesParts>> {
+    let Some(sizes) = uploaded_parts(record) else {
+        return Ok(None);
+    };
+    let max = page_size(max)?;
+    let after =
+        usize::try_from(marker.unwrap_or(0)).map_err(|_| bad_argument("the part number marker is negative".into()))?;
+    let parts: Vec<ObjectPart> = (after + 1..=sizes.len())
+        .take(max)
+        .map(|n| ObjectPart { part_number: Some(n as i32), size: Some(sizes[n - 1] as i64), ..Default::default() })
+        .collect();
+    let last = parts.last().and_then(|p| p.part_number);
+    let truncated = last.is_some_and(|n| (n as usize) < sizes.len());
+    Ok(Some(GetObjectAttributesParts {
+        total_parts_count: Some(sizes.len() as i32),
+        part_number_marker: Some(after as i32),
+        next_part_number_marker: last,
+        max_parts: Some(max as i32),
+        is_truncated: Some(truncated),
+        parts: Some(parts),
+    }))
 }
 
 /// Buckets are not versioned: the one version of an object is `null`, as
@@ -386,14 +422,52 @@ impl DepotS3 {
         }
         self.store.head(bucket, key).await.map_err(to_s3)
     }
+
+    /// `source` with a checksum of its whole body in `algorithm`, as S3
+    /// gives a copy that asks for one: its own, or computed from its bytes.
+    async fn checksummed(&self, mut source: ObjectRecord, algorithm: &ChecksumAlgorithm) -> S3Result<ObjectRecord> {
+        let name = completion::header_for(algorithm.as_str())?;
+        if source.checksum().is_some_and(|(n, v)| n == name && !v.contains('-')) {
+            return Ok(source);
+        }
+        let body = self.store.read(&source, ByteRange::full(source.size)).await.map_err(to_s3)?;
+        let mut hashed = body::Hashed::new(body, Some(name));
+        while let Some(chunk) = hashed.next().await {
+            chunk.map_err(|e| to_s3(e.into()))?;
+        }
+        let value = taken(&hashed.computed).and_then(|c| body::field(&c, name)).expect("the stream ended");
+        source.headers.retain(|(n, _)| !n.starts_with(CHECKSUM_HEADER_PREFIX));
+        source.headers.push((name.to_string(), value));
+        Ok(source)
+    }
 }
 
-/// Streams an upload body into `write`, checking the checksums it declares;
-/// an error the body met (a bad chunk signature, a checksum mismatch) is
-/// the answer, rather than what the store made of it.
+/// The checksums a PutObject or UploadPart declares before its body, as
+/// the protocol layer parsed them: from its headers, or from a form's
+/// fields.
+macro_rules! declared {
+    ($input:expr) => {
+        Checksum {
+            checksum_crc32: $input.checksum_crc32.clone(),
+            checksum_crc32c: $input.checksum_crc32c.clone(),
+            checksum_crc64nvme: $input.checksum_crc64nvme.clone(),
+            checksum_sha1: $input.checksum_sha1.clone(),
+            checksum_sha256: $input.checksum_sha256.clone(),
+            ..Checksum::default()
+        }
+    };
+}
+
+/// Streams an upload body into `write`, checking the checksums it declares
+/// (`values`, and trailers); an error the body met (a bad chunk signature,
+/// a checksum mismatch) is the answer, rather than what the store made of
+/// it. With `algorithm` (a multipart upload's), a body that declares a
+/// checksum in another is refused, as S3 refuses it.
 async fn upload<T, R, F, Fut>(
     req: &S3Request<T>,
     body: Option<StreamingBlob>,
+    values: &Checksum,
+    algorithm: Option<&str>,
     opts: PutOptions,
     write: F,
 ) -> S3Result<(R, Option<Checksum>)>
@@ -404,7 +478,16 @@ where
     let body = body.unwrap_or_else(|| StreamingBlob::from(s3s::Body::empty()));
     let len = s3s::stream::ByteStream::remaining_length(&body).exact().map(|n| n as u64);
     let failure = Failure::default();
-    let checked = Checked::new(body, &req.headers, req.trailing_headers.clone(), failure.clone())?;
+    let checked = Checked::new(body, values, &req.headers, req.trailing_headers.clone(), failure.clone())?;
+    if let (Some(expected), Some(declared)) = (algorithm, checked.algorithm())
+        && expected != declared
+    {
+        return Err(s3_error!(
+            InvalidRequest,
+            "the part declares {declared}, but the upload's checksums are {expected}: each part must declare its \
+             upload's algorithm"
+        ));
+    }
     let computed = checked.computed.clone();
     // The declared checksum, verified, is stored with the object.
     let opts = PutOptions { content_length: len, late_headers: Some(kept(&computed)), ..opts };
@@ -558,21 +641,41 @@ impl S3 for DepotS3 {
 
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
         let me = caller(&req);
-        let prefix = req.input.prefix.unwrap_or_default();
-        let buckets = self
+        let input = req.input;
+        // Pages in name order, when asked for (`max-buckets`, 1 to 10,000);
+        // the continuation token is the last name given.
+        let max = match input.max_buckets {
+            None => usize::MAX,
+            Some(n @ 1..=10_000) => n as usize,
+            Some(n) => return Err(bad_argument(format!("max-buckets {n} is not between 1 and 10000"))),
+        };
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let after = input.continuation_token.unwrap_or_default();
+        let mut buckets: Vec<BucketRecord> = self
             .store
             .buckets()
             .await
             .map_err(to_s3)?
             .into_iter()
-            .filter(|b| may_use(b, &me) && b.name.starts_with(&prefix))
+            .filter(|b| may_use(b, &me) && b.name.starts_with(&prefix) && b.name > after)
+            .collect();
+        buckets.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let continuation_token = (buckets.len() > max).then(|| buckets[max - 1].name.clone());
+        let buckets = buckets
+            .into_iter()
+            .take(max)
             .map(|b| Bucket {
                 name: Some(b.name),
                 creation_date: Some(Timestamp::from(from_millis(b.created))),
                 ..Default::default()
             })
             .collect();
-        ok(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner(&me)), ..Default::default() })
+        ok(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(owner(&me)),
+            prefix: input.prefix,
+            continuation_token,
+        })
     }
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
@@ -691,8 +794,17 @@ impl S3 for DepotS3 {
             // S3 answers If-Match on a missing key with NoSuchKey, not 412.
             store.head(&bucket, &key).await.map_err(to_s3)?;
         }
+        let values = declared!(input);
         let (put, checksum) =
-            upload(&req, body, opts, |body, opts| async move { store.put(&bucket, &key, body, opts).await }).await?;
+            upload(
+                &req,
+                body,
+                &values,
+                None,
+                opts,
+                |body, opts| async move { store.put(&bucket, &key, body, opts).await },
+            )
+            .await?;
         ok(with_checksum!(checksum.unwrap_or_default(), PutObjectOutput { e_tag: Some(etag(&put.record)) }))
     }
 
@@ -776,6 +888,50 @@ impl S3 for DepotS3 {
         object_response(output, &record, &record.content_type)
     }
 
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let input = &req.input;
+        check_version(input.version_id.as_deref())?;
+        let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
+        // One header, its names separated by commas, which the protocol
+        // layer leaves as one.
+        let asked = |attribute: &str| {
+            input.object_attributes.iter().flat_map(|a| a.as_str().split(',')).any(|a| a.trim() == attribute)
+        };
+        let checksum = match record_checksum(&record) {
+            // A composite checksum is answered without its `-<parts>`, the
+            // parts being counted in ObjectParts.
+            (c, Some(kind)) if asked(ObjectAttributes::CHECKSUM) => {
+                let value = |v: Option<String>| v.map(|v| v.split('-').next().unwrap_or_default().to_string());
+                Some(Checksum {
+                    checksum_crc32: value(c.checksum_crc32),
+                    checksum_crc32c: value(c.checksum_crc32c),
+                    checksum_crc64nvme: value(c.checksum_crc64nvme),
+                    checksum_sha1: value(c.checksum_sha1),
+                    checksum_sha256: value(c.checksum_sha256),
+                    checksum_type: Some(kind),
+                })
+            }
+            _ => None,
+        };
+        let object_parts = match asked(ObjectAttributes::OBJECT_PARTS) {
+            true => parts_page(&record, input.max_parts, input.part_number_marker)?,
+            false => None,
+        };
+        ok(GetObjectAttributesOutput {
+            checksum,
+            e_tag: asked(ObjectAttributes::ETAG).then(|| etag(&record)),
+            last_modified: Some(modified(&record)),
+            object_parts,
+            object_size: asked(ObjectAttributes::OBJECT_SIZE).then_some(record.size as i64),
+            storage_class: asked(ObjectAttributes::STORAGE_CLASS)
+                .then(|| StorageClass::from_static(StorageClass::STANDARD)),
+            ..Default::default()
+        })
+    }
+
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         let input = &req.input;
         let condition = precondition(input.if_match.as_ref(), None);
@@ -848,6 +1004,10 @@ impl S3 for DepotS3 {
         }
         refuse_unsupported!(input)?;
         self.check_object_acl(input.acl.as_ref(), &input.bucket).await?;
+        let source = match &input.checksum_algorithm {
+            Some(algorithm) => self.checksummed(source, algorithm).await?,
+            None => source,
+        };
         // The destination's conditions, as for PutObject (s3s's input has
         // no fields for them).
         let condition = |name: &str| {
@@ -1017,7 +1177,10 @@ impl S3 for DepotS3 {
         let opts = PutOptions { expected_md5: content_md5(input.content_md5.as_deref())?, ..PutOptions::default() };
         let (bucket, key, id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
         let store = &self.store;
-        let (record, checksum) = upload(&req, body, opts, |body, opts| async move {
+        let upload_record = store.upload(&bucket, &key, &id).await.map_err(to_s3)?;
+        let algorithm = completion::part_algorithm(&upload_record.headers);
+        let values = declared!(input);
+        let (record, checksum) = upload(&req, body, &values, algorithm, opts, |body, opts| async move {
             store.upload_part(&bucket, &key, &id, part, body, opts).await
         })
         .await?;
