@@ -55,30 +55,51 @@ depot_install_s3_clients() {
   echo "$want" >"$stamp"
 }
 
+# Installs the npm packages PACKAGE@VERSION... into DIR, a directory of
+# their own (Node.js and npm come from Debian unless some other Node.js is
+# installed), unless exactly those versions are there already. The list of
+# versions is written last, so an interrupted install is redone on the next
+# run.
+depot_npm_install() {
+  local dir=$1
+  shift
+  local stamp="$dir/depot-pins.txt" want pkg installed=yes
+  want=$(printf '%s\n' "$@")
+  for pkg in "$@"; do
+    [ -f "$dir/node_modules/${pkg%@*}/package.json" ] || installed=no
+  done
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ $installed = yes ]; then
+    return 0
+  fi
+  command -v npm >/dev/null || depot_install_packages nodejs npm
+  echo "installing $* into $dir" >&2
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  (cd "$dir" && echo '{"private":true}' >package.json \
+    && npm install --no-audit --no-fund --loglevel=error "$@")
+  echo "$want" >"$stamp"
+}
+
 # The end-to-end tests of the web UI (tests/ui.rs) drive Debian's Chromium
 # with playwright-core from npm (the library only: it downloads no browser).
-# Node.js and npm come from Debian unless some other Node.js is installed.
 UI_TEST_PACKAGES=(chromium)
 UI_TEST_NPM=(playwright-core@1.56.1)
 UI_TEST_DIR=/var/cache/depot/ui-tests
 
-# Installs UI_TEST_NPM into UI_TEST_DIR unless exactly those versions are
-# there already; the list is written last, so an interrupted install is
-# redone on the next run.
 depot_install_ui_tests() {
-  local dir=$UI_TEST_DIR stamp="$UI_TEST_DIR/depot-pins.txt"
-  local want
-  want=$(printf '%s\n' "${UI_TEST_NPM[@]}")
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ -f "$dir/node_modules/playwright-core/package.json" ]; then
-    return 0
-  fi
-  command -v npm >/dev/null || depot_install_packages nodejs npm
-  echo "installing ${UI_TEST_NPM[*]} into $dir" >&2
-  rm -rf "$dir"
-  mkdir -p "$dir"
-  (cd "$dir" && echo '{"private":true}' >package.json \
-    && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-audit --no-fund --loglevel=error "${UI_TEST_NPM[@]}")
-  echo "$want" >"$stamp"
+  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 depot_npm_install "$UI_TEST_DIR" "${UI_TEST_NPM[@]}"
+}
+
+# The AWS SDK for JavaScript v3, for its suite in tests/s3_clients
+# (js_sdk_suite.mjs). The three packages are released together and pinned
+# together; 3.967.0 is the last release that still runs on Node.js 18,
+# Debian 12's (later ones require Node.js 20). Like boto3, it sends a CRC32
+# with every upload by default.
+S3_JS_NPM=(@aws-sdk/client-s3@3.967.0 @aws-sdk/lib-storage@3.967.0 @aws-sdk/s3-request-presigner@3.967.0)
+S3_JS_DIR=/var/cache/depot/s3-js-sdk
+
+depot_install_s3_js() {
+  depot_npm_install "$S3_JS_DIR" "${S3_JS_NPM[@]}"
 }
 
 # cargo-fuzz, for the fuzz targets in fuzz/ (run by scripts/test.sh). It

@@ -10,6 +10,8 @@ depot_install_s3_clients
 export DEPOT_TEST_S3_CLIENTS="$S3_CLIENTS_VENV"
 depot_install_ui_tests
 export DEPOT_TEST_UI="$UI_TEST_DIR"
+depot_install_s3_js
+export DEPOT_TEST_S3_JS="$S3_JS_DIR"
 
 echo "== services"
 start_postgres

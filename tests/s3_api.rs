@@ -1,7 +1,9 @@
 //! depot's S3 API as real S3 clients see it: boto3 and the AWS CLI (from
-//! PyPI), rclone and s3cmd (from Debian) each run their suite in
-//! tests/s3_clients against a fresh server with two users. scripts/test.sh
-//! installs the clients and names their venv in DEPOT_TEST_S3_CLIENTS.
+//! PyPI), rclone and s3cmd (from Debian) and the AWS SDK for JavaScript
+//! (from npm) each run their suite in tests/s3_clients against a fresh
+//! server with two users. scripts/test.sh installs the clients and names
+//! their venv in DEPOT_TEST_S3_CLIENTS, and the SDK's directory in
+//! DEPOT_TEST_S3_JS.
 
 mod common;
 
@@ -29,18 +31,40 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// The domain of virtual-host style requests, for the suite that uses it.
 const DOMAIN: &str = "s3.depot.test";
 
-/// Runs `tests/s3_clients/<suite>` (Python in the clients' venv, or bash)
-/// against a fresh server started with `extra` flags too, and fails with
-/// its output unless it passes.
+/// Runs `tests/s3_clients/<suite>` (Python in the clients' venv, bash, or
+/// for `.mjs` Node.js with the SDK's directory in DEPOT_TEST_S3_JS) against
+/// a fresh server started with `extra` flags too, and fails with its output
+/// unless it passes.
 fn run_suite(suite: &str, extra: &[&str]) {
-    let clients = std::env::var("DEPOT_TEST_S3_CLIENTS").unwrap_or_default();
-    assert!(
-        !clients.is_empty(),
-        "DEPOT_TEST_S3_CLIENTS is not set: run scripts/test.sh, which installs boto3, the AWS CLI, rclone and \
-         s3cmd, and points it at their venv"
-    );
-    let venv_bin = Path::new(&clients).join("bin");
-    assert!(venv_bin.join("aws").exists(), "no AWS CLI in {clients}: run scripts/test.sh to reinstall the S3 clients");
+    let caller_path = std::env::var("PATH").unwrap_or_default();
+    let (mut cmd, path, js_sdk) = if suite.ends_with(".mjs") {
+        let sdk = std::env::var("DEPOT_TEST_S3_JS").unwrap_or_default();
+        assert!(
+            !sdk.is_empty(),
+            "DEPOT_TEST_S3_JS is not set: run scripts/test.sh, which installs the AWS SDK for JavaScript from npm \
+             and points it at its directory"
+        );
+        assert!(
+            Path::new(&sdk).join("node_modules/@aws-sdk/client-s3/package.json").exists(),
+            "no AWS SDK for JavaScript in {sdk}: run scripts/test.sh to reinstall it"
+        );
+        (Command::new("node"), caller_path, Some(sdk))
+    } else {
+        let clients = std::env::var("DEPOT_TEST_S3_CLIENTS").unwrap_or_default();
+        assert!(
+            !clients.is_empty(),
+            "DEPOT_TEST_S3_CLIENTS is not set: run scripts/test.sh, which installs boto3, the AWS CLI, rclone and \
+             s3cmd, and points it at their venv"
+        );
+        let venv_bin = Path::new(&clients).join("bin");
+        assert!(
+            venv_bin.join("aws").exists(),
+            "no AWS CLI in {clients}: run scripts/test.sh to reinstall the S3 clients"
+        );
+        let path = format!("{}:{caller_path}", venv_bin.display());
+        let cmd = if suite.ends_with(".py") { Command::new(venv_bin.join("python")) } else { Command::new("bash") };
+        (cmd, path, None)
+    };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
 
     let dir = tempfile::tempdir().unwrap();
@@ -56,14 +80,12 @@ fn run_suite(suite: &str, extra: &[&str]) {
     // at compile time would point into whichever checkout built the test
     // first when several share one target directory.
     let script = std::env::current_dir().unwrap().join("tests/s3_clients").join(suite);
-    let mut cmd = if suite.ends_with(".py") { Command::new(venv_bin.join("python")) } else { Command::new("bash") };
     let (home, scratch, log) = (dir.path().join("home"), dir.path().join("tmp"), dir.path().join("output"));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&scratch).unwrap();
     let output = File::create(&log).unwrap();
     // Nothing from the caller's environment or home (AWS_*, ~/.aws,
     // rclone's and s3cmd's configurations): the clients' defaults only.
-    let path = format!("{}:{}", venv_bin.display(), std::env::var("PATH").unwrap_or_default());
     cmd.arg(&script)
         .env_clear()
         .env("PATH", path)
@@ -81,6 +103,9 @@ fn run_suite(suite: &str, extra: &[&str]) {
         .stdout(output.try_clone().unwrap())
         .stderr(output)
         .process_group(0);
+    if let Some(sdk) = js_sdk {
+        cmd.env("DEPOT_TEST_S3_JS", sdk);
+    }
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
     let started = Instant::now();
     let status = loop {
@@ -130,6 +155,11 @@ fn rclone() {
 #[test]
 fn s3cmd() {
     run_suite("s3cmd_suite.sh", &[]);
+}
+
+#[test]
+fn the_javascript_sdk() {
+    run_suite("js_sdk_suite.mjs", &[]);
 }
 
 #[test]
