@@ -102,6 +102,41 @@ depot_install_s3_js() {
   depot_npm_install "$S3_JS_DIR" "${S3_JS_NPM[@]}"
 }
 
+# The AWS SDK for Java v2, for its suite in tests/s3_clients/java
+# (JavaSdkSuite.java). Its pom.xml pins the SDK (BOM 2.57.8, no CRT) and
+# Maven's plugins; `mvn dependency:copy-dependencies` fetches the jars from
+# Maven Central into S3_JAVA_DIR/lib and javac (Debian's OpenJDK 17) compiles
+# the suite against them into S3_JAVA_DIR/classes, outside the repository.
+# The build is redone when pom.xml or the suite differs from the copies of
+# them it was made from, which are written last (so an interrupted build is
+# redone too); tests/s3_api.rs refuses a build from other sources.
+S3_JAVA_SRC=tests/s3_clients/java
+S3_JAVA_FILES=(pom.xml JavaSdkSuite.java)
+S3_JAVA_DIR=/var/cache/depot/s3-java-sdk
+
+depot_build_s3_java() {
+  local src=$S3_JAVA_SRC dir=$S3_JAVA_DIR file built=yes
+  for file in "${S3_JAVA_FILES[@]}"; do
+    cmp -s "$src/$file" "$dir/source/$file" || built=no
+  done
+  if [ $built = yes ] && [ -f "$dir/classes/JavaSdkSuite.class" ]; then
+    return 0
+  fi
+  command -v javac >/dev/null || depot_install_packages openjdk-17-jdk-headless
+  command -v mvn >/dev/null || depot_install_packages maven
+  echo "building the AWS SDK for Java suite into $dir" >&2
+  rm -rf "$dir"
+  mkdir -p "$dir/classes" "$dir/source"
+  if ! mvn -q -B -f "$src/pom.xml" dependency:copy-dependencies -DoutputDirectory="$dir/lib" >"$dir/mvn.log" 2>&1; then
+    cat "$dir/mvn.log" >&2
+    return 1
+  fi
+  javac --release 17 -d "$dir/classes" -cp "$dir/lib/*" "$src/JavaSdkSuite.java" || return 1
+  for file in "${S3_JAVA_FILES[@]}"; do
+    cp "$src/$file" "$dir/source/$file" || return 1
+  done
+}
+
 # cargo-fuzz, for the fuzz targets in fuzz/ (run by scripts/test.sh). It
 # is installed from crates.io into its own directory, once per version.
 CARGO_FUZZ_VERSION=0.13.2

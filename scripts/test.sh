@@ -12,6 +12,8 @@ depot_install_ui_tests
 export DEPOT_TEST_UI="$UI_TEST_DIR"
 depot_install_s3_js
 export DEPOT_TEST_S3_JS="$S3_JS_DIR"
+depot_build_s3_java
+export DEPOT_TEST_S3_JAVA="$S3_JAVA_DIR"
 
 echo "== services"
 start_postgres
