@@ -1980,6 +1980,20 @@ def area_checksums(s3, buckets):
         ),
     )
     expect_equal(s3.list_parts(Bucket=bucket, Key="mixed", UploadId=upload).get("Parts", []), [], "... and keeps no part")
+    part = s3.upload_part(
+        Bucket=bucket, Key="mixed", UploadId=upload, PartNumber=1, Body=data(1000, 25), ChecksumAlgorithm="SHA256"
+    )
+    other = client()
+    other.meta.events.register("before-sign.s3.CompleteMultipartUpload", sha512_header)
+    expect_error(
+        "CompleteMultipartUpload declaring a SHA-512 checksum is NotImplemented",
+        "NotImplemented",
+        501,
+        lambda: other.complete_multipart_upload(
+            Bucket=bucket, Key="mixed", UploadId=upload, MultipartUpload={"Parts": [completed_part(1, part)]}
+        ),
+    )
+    expect_error("... and writes nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="mixed"))
     s3.abort_multipart_upload(Bucket=bucket, Key="mixed", UploadId=upload)
 
 
@@ -2111,6 +2125,12 @@ def multipart_checksums(s3, bucket):
             {"ChecksumCRC32": want.rsplit("-", 1)[0], "ChecksumType": "COMPOSITE"},
         ),
         "GetObjectAttributes answers its ETag, size, storage class and checksum",
+    )
+    expect_error(
+        "GetObjectAttributes of an attribute S3 does not name is InvalidArgument",
+        "InvalidArgument",
+        400,
+        lambda: s3.get_object_attributes(Bucket=bucket, Key="composite", ObjectAttributes=["ETag", "Bogus"]),
     )
     pages = [attributes["ObjectParts"]]
     pages.append(

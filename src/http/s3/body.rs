@@ -355,6 +355,12 @@ impl Checked {
         failure: Failure,
     ) -> S3Result<Checked> {
         refuse_unknown_checksum(headers.keys().map(|n| n.as_str()))?;
+        // The protocol layer takes an empty value for none: it is an error.
+        if let Some(name) =
+            ALGORITHMS.iter().find(|n| headers.get(**n).is_some_and(|v| v.as_bytes().trim_ascii().is_empty()))
+        {
+            return Err(s3_error!(InvalidArgument, "{name} is empty"));
+        }
         let mut declared: Vec<_> =
             ALGORITHMS.into_iter().filter_map(|name| Some((name, Declared::Header(field(values, name)?)))).collect();
         if let Some(names) = headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()) {
@@ -458,6 +464,8 @@ mod tests {
             let refused = check(&[declared]).err().expect("refused");
             assert_eq!(*refused.code(), S3ErrorCode::NotImplemented, "{declared:?}");
         }
+        let refused = check(&[("x-amz-checksum-sha256", " ")]).err().expect("refused");
+        assert_eq!(*refused.code(), S3ErrorCode::InvalidArgument, "an empty value");
         // Choosing an algorithm, a type or a mode declares no value.
         let chosen = [
             ("x-amz-checksum-algorithm", "CRC32"),

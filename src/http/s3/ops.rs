@@ -285,6 +285,15 @@ fn uploaded_parts(record: &ObjectRecord) -> Option<Vec<u64>> {
     (count == record.parts.len()).then(|| record.parts.iter().map(|p| p.size).collect())
 }
 
+/// The attributes GetObjectAttributes answers, as S3 names them.
+const ATTRIBUTES: [&str; 5] = [
+    ObjectAttributes::CHECKSUM,
+    ObjectAttributes::ETAG,
+    ObjectAttributes::OBJECT_PARTS,
+    ObjectAttributes::OBJECT_SIZE,
+    ObjectAttributes::STORAGE_CLASS,
+];
+
 /// GetObjectAttributes' page of the parts an object was completed from:
 /// their numbers and sizes (the parts' own checksums are not kept once
 /// the object is complete; the object's is).
@@ -434,6 +443,9 @@ impl DepotS3 {
         let mut hashed = body::Hashed::new(body, Some(name));
         while let Some(chunk) = hashed.next().await {
             chunk.map_err(|e| to_s3(e.into()))?;
+            // Chunks in the page cache come at once: without this, hashing
+            // a large source would hold up every connection of the thread.
+            tokio::task::consume_budget().await;
         }
         let value = taken(&hashed.computed).and_then(|c| body::field(&c, name)).expect("the stream ended");
         source.headers.retain(|(n, _)| !n.starts_with(CHECKSUM_HEADER_PREFIX));
@@ -897,9 +909,15 @@ impl S3 for DepotS3 {
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         // One header, its names separated by commas, which the protocol
         // layer leaves as one.
-        let asked = |attribute: &str| {
-            input.object_attributes.iter().flat_map(|a| a.as_str().split(',')).any(|a| a.trim() == attribute)
-        };
+        let names: Vec<&str> =
+            input.object_attributes.iter().flat_map(|a| a.as_str().split(',')).map(str::trim).collect();
+        if names.iter().all(|n| n.is_empty()) {
+            return Err(s3_error!(InvalidRequest, "x-amz-object-attributes names no attribute"));
+        }
+        if let Some(unknown) = names.iter().find(|n| !ATTRIBUTES.contains(n)) {
+            return Err(bad_argument(format!("Invalid attribute name specified: {unknown:?}")));
+        }
+        let asked = |attribute: &str| names.contains(&attribute);
         let checksum = match record_checksum(&record) {
             // A composite checksum is answered without its `-<parts>`, the
             // parts being counted in ObjectParts.
@@ -1241,6 +1259,7 @@ impl S3 for DepotS3 {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        body::refuse_unknown_checksum(req.headers.keys().map(|n| n.as_str()))?;
         let input = req.input;
         let mut parts = Vec::new();
         for p in input.multipart_upload.iter().flat_map(|m| m.parts.iter().flatten()) {
