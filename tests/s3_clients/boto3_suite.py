@@ -1626,6 +1626,17 @@ def area_presign(s3, buckets):
     expect(status == 204, "a form upload whose file matches it is 204", f"status {status}: {answer[:300]!r}")
     head = s3.head_object(Bucket=bucket, Key="pre/summed", ChecksumMode="ENABLED")
     expect_equal(head.get("ChecksumSHA256"), right, "... and keeps the checksum")
+    sha512 = v4.generate_presigned_post(
+        bucket, "pre/sha512", Conditions=[["starts-with", "$x-amz-checksum-sha512", ""]], ExpiresIn=300
+    )
+    value = base64.b64encode(hashlib.sha512(file).digest()).decode()
+    status, answer = form_post({**sha512, "fields": {**sha512["fields"], "x-amz-checksum-sha512": value}}, file)
+    expect(
+        status == 501 and error_code(answer) == "NotImplemented",
+        "a form upload with an x-amz-checksum-sha512 field is NotImplemented",
+        f"status {status}: {answer[:300]!r}",
+    )
+    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/sha512"))
 
     # `${filename}` in the form's key is the uploaded file's name.
     named = v4.generate_presigned_post(

@@ -43,15 +43,23 @@ pub(super) fn boundary(headers: &http::HeaderMap) -> Option<String> {
     })
 }
 
-/// The form `body` (with `boundary`), its key's `${filename}` replaced by
-/// the file's name; `length` is its Content-Length, changed to match. And
-/// whether the form is signed: whether a signature field comes before its
-/// file.
+/// A form as the protocol layer is to read it.
+pub(super) struct Form {
+    /// Its key's `${filename}` replaced by the file's name.
+    pub body: s3s::Body,
+    /// Whether a signature field comes before its file.
+    pub signed: bool,
+    /// The names of the fields before its file, in lower case.
+    pub fields: Vec<String>,
+}
+
+/// The form `body` (with `boundary`) read up to its file ([`Form`]);
+/// `length` is its Content-Length, changed to match.
 pub(super) async fn with_filename(
     mut body: RequestBody,
     boundary: &str,
     length: &mut Option<u64>,
-) -> Result<(s3s::Body, bool), s3s::StdError> {
+) -> Result<Form, s3s::StdError> {
     let mut head = BytesMut::new();
     let (mut ended, mut looks) = (false, 0);
     // The form is looked through again only when a part's headers may have
@@ -73,6 +81,11 @@ pub(super) async fn with_filename(
         }
     }
     let signed = signed(&head, boundary);
+    let fields = parts(&head, boundary)
+        .into_iter()
+        .map(|p| p.name.to_ascii_lowercase())
+        .take_while(|name| name != "file")
+        .collect();
     let head = match rewrite(&head, boundary) {
         Some(rewritten) => {
             *length = length.map(|n| (n + rewritten.len() as u64).saturating_sub(head.len() as u64));
@@ -82,14 +95,14 @@ pub(super) async fn with_filename(
     };
     let first = futures::stream::once(async move { Ok::<_, s3s::StdError>(Frame::data(head)) });
     if ended {
-        return Ok((s3s::Body::http_body(StreamBody::new(first)), signed));
+        return Ok(Form { body: s3s::Body::http_body(StreamBody::new(first)), signed, fields });
     }
     let rest = body
         .into_data_stream()
         .map_err(s3s::StdError::from)
         .map_ok(|data| futures::stream::iter(pieces(data).map(|piece| Ok(Frame::data(piece)))))
         .try_flatten();
-    Ok((s3s::Body::http_body(StreamBody::new(first.chain(rest))), signed))
+    Ok(Form { body: s3s::Body::http_body(StreamBody::new(first.chain(rest))), signed, fields })
 }
 
 /// `data` cut into pieces of at most [`MAX_PIECE`], without a copy.

@@ -289,19 +289,21 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
         && let Some(boundary) = form::boundary(&parts.headers)
     {
         let mut length = super::content_length(&parts.headers);
-        let (body, signed) = form::with_filename(body, &boundary, &mut length)
+        let form = form::with_filename(body, &boundary, &mut length)
             .await
             .map_err(|e| s3_error!(InvalidRequest, "reading the form failed: {e}"))?;
-        if anonymous && !signed {
+        if anonymous && !form.signed {
             return Err(S3Error::with_message(
                 S3ErrorCode::AccessDenied,
                 "a form upload to this server needs a policy signed with one of its credentials",
             ));
         }
+        // The protocol layer has no place for them: they would be lost.
+        body::refuse_unknown_checksum(form.fields.iter().map(String::as_str))?;
         if let Some(length) = length {
             parts.headers.insert(http::header::CONTENT_LENGTH, length.into());
         }
-        return Ok((http::Request::from_parts(parts, body), None));
+        return Ok((http::Request::from_parts(parts, form.body), None));
     }
     let delete = query.iter().any(|(n, _)| n == "delete");
     let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
