@@ -1608,35 +1608,40 @@ def area_presign(s3, buckets):
     )
     expect_equal(body_of(s3.get_object(Bucket=bucket, Key="pre/posted"))[:4], b"sent", "... and neither replaced it")
 
-    # A checksum among a form's fields is checked as a header is.
-    summed = v4.generate_presigned_post(
-        bucket, "pre/summed", Conditions=[["starts-with", "$x-amz-checksum-sha256", ""]], ExpiresIn=300
-    )
+    # A checksum among a form's fields is checked as a header is; one in an
+    # algorithm not computed here is refused.
     file = b"summed in a form"
     right = base64.b64encode(hashlib.sha256(file).digest()).decode()
-    wrong = base64.b64encode(hashlib.sha256(b"another file").digest()).decode()
-    status, answer = form_post({**summed, "fields": {**summed["fields"], "x-amz-checksum-sha256": wrong}}, file)
-    expect(
-        status == 400 and error_code(answer) == "BadDigest",
-        "a form upload whose file does not match its x-amz-checksum-sha256 field is BadDigest",
-        f"status {status}: {answer[:300]!r}",
+    summed, sha512 = (
+        v4.generate_presigned_post(bucket, f"pre/{field}", Conditions=[["starts-with", f"${field}", ""]], ExpiresIn=300)
+        for field in ("x-amz-checksum-sha256", "x-amz-checksum-sha512")
     )
-    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/summed"))
+    for post, field, value, (code, name, what) in (
+        (
+            summed,
+            "x-amz-checksum-sha256",
+            base64.b64encode(hashlib.sha256(b"another file").digest()).decode(),
+            (400, "BadDigest", "whose file does not match its x-amz-checksum-sha256 field"),
+        ),
+        (
+            sha512,
+            "x-amz-checksum-sha512",
+            base64.b64encode(hashlib.sha512(file).digest()).decode(),
+            (501, "NotImplemented", "with an x-amz-checksum-sha512 field"),
+        ),
+    ):
+        status, answer = form_post({**post, "fields": {**post["fields"], field: value}}, file)
+        expect(
+            status == code and error_code(answer) == name,
+            f"a form upload {what} is {name}",
+            f"status {status}: {answer[:300]!r}",
+        )
+        key = post["fields"]["key"]
+        expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key=key))
     status, answer = form_post({**summed, "fields": {**summed["fields"], "x-amz-checksum-sha256": right}}, file)
-    expect(status == 204, "a form upload whose file matches it is 204", f"status {status}: {answer[:300]!r}")
-    head = s3.head_object(Bucket=bucket, Key="pre/summed", ChecksumMode="ENABLED")
+    expect(status == 204, "a form upload whose file matches its checksum is 204", f"status {status}: {answer[:300]!r}")
+    head = s3.head_object(Bucket=bucket, Key=summed["fields"]["key"], ChecksumMode="ENABLED")
     expect_equal(head.get("ChecksumSHA256"), right, "... and keeps the checksum")
-    sha512 = v4.generate_presigned_post(
-        bucket, "pre/sha512", Conditions=[["starts-with", "$x-amz-checksum-sha512", ""]], ExpiresIn=300
-    )
-    value = base64.b64encode(hashlib.sha512(file).digest()).decode()
-    status, answer = form_post({**sha512, "fields": {**sha512["fields"], "x-amz-checksum-sha512": value}}, file)
-    expect(
-        status == 501 and error_code(answer) == "NotImplemented",
-        "a form upload with an x-amz-checksum-sha512 field is NotImplemented",
-        f"status {status}: {answer[:300]!r}",
-    )
-    expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/sha512"))
 
     # `${filename}` in the form's key is the uploaded file's name.
     named = v4.generate_presigned_post(
