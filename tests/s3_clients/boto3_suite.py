@@ -2013,22 +2013,24 @@ def area_checksums(s3, buckets):
     s3.abort_multipart_upload(Bucket=bucket, Key="mixed", UploadId=upload)
 
 
-def sha512_header(request, **_):
-    """before-sign hook: a SHA-512 checksum header, right for the body."""
-    body = request.body
-    if not isinstance(body, bytes):
-        body = body.read()
-        request.body.seek(0)
-    request.headers["x-amz-checksum-sha512"] = base64.b64encode(hashlib.sha512(body).digest()).decode()
+def checksum_header(name, digest):
+    """A before-sign hook adding the header `name`: the body's `digest`
+    (a hashlib constructor), right for the body, in base64."""
+
+    def hook(request, **_):
+        body = request.body
+        if not isinstance(body, bytes):
+            body = body.read()
+            request.body.seek(0)
+        request.headers[name] = base64.b64encode(digest(body).digest()).decode()
+
+    return hook
 
 
-def second_checksum(request, **_):
-    """before-sign hook: a right SHA-256 checksum beside the CRC32."""
-    body = request.body
-    if not isinstance(body, bytes):
-        body = body.read()
-        request.body.seek(0)
-    request.headers["x-amz-checksum-sha256"] = base64.b64encode(hashlib.sha256(body).digest()).decode()
+# A SHA-512 checksum, which is not computed here; a SHA-256 one beside
+# the CRC32 boto3 sends.
+sha512_header = checksum_header("x-amz-checksum-sha512", hashlib.sha512)
+second_checksum = checksum_header("x-amz-checksum-sha256", hashlib.sha256)
 
 
 def completed_part(number, uploaded):

@@ -86,7 +86,8 @@ pub fn set_field(c: &mut Checksum, name: &str, value: &str) {
 /// Checks a document sent whole (the XML of DeleteObjects or
 /// CompleteMultipartUpload) against what its headers declare: its
 /// Content-MD5, its `x-amz-content-sha256` and, when `checksums` (they
-/// are the document's, not an object's), any `x-amz-checksum-*`. A
+/// are the document's, not an object's), any `x-amz-checksum-*`; one in
+/// an algorithm not computed here is refused either way. A
 /// document changed on the way would otherwise delete or assemble other
 /// objects than the client meant.
 pub fn check_document(headers: &HeaderMap, body: &[u8], checksums: bool) -> S3Result<()> {
@@ -107,10 +108,10 @@ pub fn check_document(headers: &HeaderMap, body: &[u8], checksums: bool) -> S3Re
             "the body does not match its x-amz-content-sha256",
         ));
     }
+    refuse_unknown_checksum(headers.keys().map(|n| n.as_str()))?;
     if !checksums {
         return Ok(());
     }
-    refuse_unknown_checksum(headers.keys().map(|n| n.as_str()))?;
     let declared: Vec<(&str, String)> = ALGORITHMS
         .iter()
         .filter_map(|name| Some((*name, headers.get(*name)?.to_str().unwrap_or("").trim().to_string())))

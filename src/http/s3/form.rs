@@ -80,12 +80,8 @@ pub(super) async fn with_filename(
             }
         }
     }
-    let signed = signed(&head, boundary);
-    let fields = parts(&head, boundary)
-        .into_iter()
-        .map(|p| p.name.to_ascii_lowercase())
-        .take_while(|name| name != "file")
-        .collect();
+    let fields = fields(&head, boundary);
+    let signed = signed(&fields);
     let head = match rewrite(&head, boundary) {
         Some(rewritten) => {
             *length = length.map(|n| (n + rewritten.len() as u64).saturating_sub(head.len() as u64));
@@ -110,12 +106,15 @@ fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
     (0..data.len()).step_by(MAX_PIECE).map(move |at| data.slice(at..data.len().min(at + MAX_PIECE)))
 }
 
-/// Whether a SigV4 or SigV2 signature field comes before the form's file.
-fn signed(form: &[u8], boundary: &str) -> bool {
-    parts(form, boundary)
-        .iter()
-        .take_while(|p| !p.name.eq_ignore_ascii_case("file"))
-        .any(|p| p.name.eq_ignore_ascii_case("x-amz-signature") || p.name.eq_ignore_ascii_case("signature"))
+/// The names of the form's fields before its file, in lower case.
+fn fields(form: &[u8], boundary: &str) -> Vec<String> {
+    parts(form, boundary).into_iter().map(|p| p.name.to_ascii_lowercase()).take_while(|name| name != "file").collect()
+}
+
+/// Whether `fields` (before the form's file) hold a SigV4 or SigV2
+/// signature.
+fn signed(fields: &[String]) -> bool {
+    fields.iter().any(|name| name == "x-amz-signature" || name == "signature")
 }
 
 /// A part of a form whose headers have all come.
@@ -225,20 +224,20 @@ mod tests {
     #[test]
     fn a_form_is_signed_by_a_signature_field_before_its_file() {
         let unsigned = form("k", "photo.jpg");
-        assert!(!signed(&unsigned, "XyZ"));
+        assert!(!signed(&fields(&unsigned, "XyZ")));
         let field = |name: &str| format!("--XyZ\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\nab12\r\n");
         for name in ["x-amz-signature", "X-Amz-Signature", "signature"] {
             let signed_form = [field(name).as_bytes(), &unsigned].concat();
-            assert!(signed(&signed_form, "XyZ"), "{name}");
+            assert!(signed(&fields(&signed_form, "XyZ")), "{name}");
         }
         let hidden = String::from_utf8(unsigned.clone()).unwrap().replace(
             "name=\"file\"; filename",
             "name=\"signature\"\r\nContent-Disposition: form-data; name=\"file\"; filename",
         );
-        assert!(!signed(hidden.as_bytes(), "XyZ"), "a part read as the file by its last Content-Disposition");
+        assert!(!signed(&fields(hidden.as_bytes(), "XyZ")), "a part read as the file by its last Content-Disposition");
         let after_the_file =
             [&unsigned[..unsigned.len() - 9], field("x-amz-signature").as_bytes(), b"--XyZ--\r\n"].concat();
-        assert!(!signed(&after_the_file, "XyZ"), "a field after the file is the file's bytes");
+        assert!(!signed(&fields(&after_the_file, "XyZ")), "a field after the file is the file's bytes");
     }
 
     #[test]

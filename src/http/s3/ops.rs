@@ -1259,7 +1259,6 @@ impl S3 for DepotS3 {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        body::refuse_unknown_checksum(req.headers.keys().map(|n| n.as_str()))?;
         let input = req.input;
         let mut parts = Vec::new();
         for p in input.multipart_upload.iter().flat_map(|m| m.parts.iter().flatten()) {
