@@ -255,11 +255,14 @@ impl Store {
         limit: usize,
     ) -> Result<PartsPage> {
         let upload = self.upload(bucket, key, upload_id).await?;
+        if limit == 0 {
+            return Ok(PartsPage { upload, parts: Vec::new(), truncated: false });
+        }
         let query = ListQuery {
             prefix: part_prefix(upload_id),
             after: (after > 0).then(|| part_key(upload_id, after)),
             delimiter: None,
-            limit: limit.max(1),
+            limit,
         };
         let page = self.catalog.list_objects(UPLOADS, &query).await?;
         let parts =

@@ -376,6 +376,22 @@ def area_buckets(s3, buckets):
         (paged[2:], False),
         "... and the token the rest, with none after it",
     )
+    # boto3 refuses 0 itself; without its checks, the server must.
+    unchecked = boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(parameter_validation=False),
+    )
+    for n in (0, 10_001):
+        expect_error(
+            f"ListBuckets with MaxBuckets {n} is InvalidArgument",
+            "InvalidArgument",
+            400,
+            lambda n=n: unchecked.list_buckets(MaxBuckets=n),
+        )
 
 
 def area_users(s3, buckets):
@@ -1218,6 +1234,20 @@ def area_multipart(s3, buckets):
     )
     me = {"ID": ACCESS_KEY, "DisplayName": ACCESS_KEY}
     expect_equal((listed.get("Initiator"), listed.get("Owner")), (me, me), "ListParts: Initiator and Owner")
+    first = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload, MaxParts=2)
+    expect_equal(
+        ([p["PartNumber"] for p in first.get("Parts", [])], first.get("IsTruncated"), first.get("NextPartNumberMarker")),
+        ([1, 2], True, 2),
+        "ListParts with MaxParts 2: the first two, truncated, and where to go on",
+    )
+    rest = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload, MaxParts=2, PartNumberMarker=2)
+    expect_equal(
+        ([p["PartNumber"] for p in rest.get("Parts", [])], rest.get("IsTruncated")),
+        ([3], False),
+        "... and from that marker the rest",
+    )
+    none = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload, MaxParts=0)
+    expect_equal(none.get("Parts", []), [], "ListParts with MaxParts 0 lists no part")
     uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     expect(
         any(u["UploadId"] == upload and u["Key"] == key for u in uploads),

@@ -46,6 +46,23 @@ pub(super) fn refuse_unknown_checksum<'a>(names: impl IntoIterator<Item = &'a st
     }
 }
 
+/// The checksums an input of the protocol layer declares in its five
+/// checksum fields: a PutObject's or UploadPart's (from its headers or a
+/// form's fields), a CompleteMultipartUpload's, or a completed part's.
+macro_rules! declared {
+    ($input:expr) => {
+        s3s::dto::Checksum {
+            checksum_crc32: $input.checksum_crc32.clone(),
+            checksum_crc32c: $input.checksum_crc32c.clone(),
+            checksum_crc64nvme: $input.checksum_crc64nvme.clone(),
+            checksum_sha1: $input.checksum_sha1.clone(),
+            checksum_sha256: $input.checksum_sha256.clone(),
+            ..s3s::dto::Checksum::default()
+        }
+    };
+}
+pub(super) use declared;
+
 pub(super) fn field(c: &Checksum, name: &str) -> Option<String> {
     match name {
         "x-amz-checksum-crc32" => c.checksum_crc32.clone(),

@@ -17,12 +17,10 @@
 
 use base64::Engine as _;
 use s3s::checksum::ChecksumHasher;
-use s3s::dto::{
-    Checksum, ChecksumAlgorithm, ChecksumType, CompleteMultipartUploadInput, CompletedPart, CreateMultipartUploadInput,
-};
+use s3s::dto::{Checksum, ChecksumAlgorithm, ChecksumType, CompleteMultipartUploadInput, CreateMultipartUploadInput};
 use s3s::{S3Result, s3_error};
 
-use super::body::{field, hasher_for};
+use super::body::{declared, field, hasher_for};
 use crate::catalog::{CHECKSUM_HEADER_PREFIX, ObjectRecord};
 use crate::store::{CompletionChecksum, StoreError};
 
@@ -94,17 +92,6 @@ fn declared_in(c: &Checksum, what: &str) -> Result<Option<(&'static str, String)
     Ok(first)
 }
 
-fn checksum_of_part(p: &CompletedPart) -> Checksum {
-    Checksum {
-        checksum_crc32: p.checksum_crc32.clone(),
-        checksum_crc32c: p.checksum_crc32c.clone(),
-        checksum_crc64nvme: p.checksum_crc64nvme.clone(),
-        checksum_sha1: p.checksum_sha1.clone(),
-        checksum_sha256: p.checksum_sha256.clone(),
-        ..Checksum::default()
-    }
-}
-
 /// The checksum a completion makes.
 pub struct Completion {
     /// Header name of the algorithm.
@@ -130,18 +117,10 @@ impl Completion {
     /// `None` when neither the upload nor the request names a checksum.
     pub fn new(input: &CompleteMultipartUploadInput, upload: &ObjectRecord) -> Result<Option<Completion>, StoreError> {
         let listed = input.multipart_upload.as_ref().and_then(|m| m.parts.as_deref()).unwrap_or_default();
-        let whole = Checksum {
-            checksum_crc32: input.checksum_crc32.clone(),
-            checksum_crc32c: input.checksum_crc32c.clone(),
-            checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-            checksum_sha1: input.checksum_sha1.clone(),
-            checksum_sha256: input.checksum_sha256.clone(),
-            ..Checksum::default()
-        };
-        let declared_whole = declared_in(&whole, "the request")?;
+        let declared_whole = declared_in(&declared!(input), "the request")?;
         let mut declared_parts = Vec::with_capacity(listed.len());
         for p in listed {
-            declared_parts.push(declared_in(&checksum_of_part(p), &format!("part {}", p.part_number.unwrap_or(0)))?);
+            declared_parts.push(declared_in(&declared!(p), &format!("part {}", p.part_number.unwrap_or(0)))?);
         }
         let (algorithm, kind) = of_upload(&upload.headers);
         let (header, kind) = match algorithm {

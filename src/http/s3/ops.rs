@@ -8,7 +8,7 @@ use percent_encoding::utf8_percent_encode;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
-use super::body::{self, Checked, Failure};
+use super::body::{self, Checked, Failure, declared};
 use super::completion::{self, Completion};
 use super::to_s3;
 use crate::catalog::{
@@ -452,22 +452,6 @@ impl DepotS3 {
         source.headers.push((name.to_string(), value));
         Ok(source)
     }
-}
-
-/// The checksums a PutObject or UploadPart declares before its body, as
-/// the protocol layer parsed them: from its headers, or from a form's
-/// fields.
-macro_rules! declared {
-    ($input:expr) => {
-        Checksum {
-            checksum_crc32: $input.checksum_crc32.clone(),
-            checksum_crc32c: $input.checksum_crc32c.clone(),
-            checksum_crc64nvme: $input.checksum_crc64nvme.clone(),
-            checksum_sha1: $input.checksum_sha1.clone(),
-            checksum_sha256: $input.checksum_sha256.clone(),
-            ..Checksum::default()
-        }
-    };
 }
 
 /// Streams an upload body into `write`, checking the checksums it declares
