@@ -7,9 +7,12 @@
 //! backend server's peak memory, and bytes on disk per byte stored. The
 //! physical reference is plain files written and fsynced by this process
 //! the same way (`cp` plus `fsync`), and read back the same way (`dd bs=1M`),
-//! each phase right after the same phase through depot.
+//! each phase right after the same phase through depot. The read phases
+//! also run through nginx serving those plain files, right after them: how
+//! fast any HTTP server delivers the disk's bytes on this machine.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +24,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection};
+use super::nginx::Nginx;
 use super::stats::Summary;
 use super::{
     DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches, is_root,
@@ -35,6 +39,10 @@ const CLIENTS: usize = 20;
 const READ_ROUNDS: usize = 3;
 const PLAIN: &str = "plain files (write + fsync)";
 const RATIO: &str = "× plain files";
+const NGINX: &str = "nginx (the plain files, sendfile)";
+const NGINX_RATIO: &str = "× nginx";
+/// Where nginx serves the plain files.
+const NGINX_DIR: &str = "plain";
 /// Bytes per `read` of a plain file.
 const READ_SIZE: usize = 1 << 20;
 
@@ -124,8 +132,16 @@ fn file_bytes(base: &Bytes, n: usize) -> Bytes {
     b.into()
 }
 
+fn name(n: usize) -> String {
+    format!("f{n:06}")
+}
+
 fn key(n: usize) -> String {
-    format!("/files/bench/f{n:06}")
+    format!("/files/bench/{}", name(n))
+}
+
+fn nginx_path(n: usize) -> String {
+    format!("/{NGINX_DIR}/{}", name(n))
 }
 
 /// What one engine's run measured besides the phase rates.
@@ -143,16 +159,27 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         SmallRng::seed_from_u64(11).fill(&mut b[..]);
         b.into()
     };
+    // Per engine: each run through depot, then the same run on plain files,
+    // then the read runs through nginx.
     let runs: usize = Phase::ALL.iter().map(|p| p.rounds()).sum();
-    let progress = Progress::new(NAME, (2 * settings.engines.len().max(1) * runs) as u64);
+    let read_runs: usize = Phase::ALL.iter().filter(|p| p.reads()).map(|p| p.rounds()).sum();
+    let per_engine = (2 * runs + read_runs) as u64;
+    let progress = Progress::new(NAME, per_engine * settings.engines.len().max(1) as u64);
     let mut rows = Vec::new();
     let logical = (2 * scale.files * scale.size) as f64;
     let plain = Plain::new(&settings.scratch.join("files-plain"), scale, base.clone());
-    // Every phase of plain files runs right after the same phase through
-    // depot, so both see the machine in the same state: runs of one engine
+    progress.doing("nginx: starting");
+    let nginx = Nginx::start(&settings.scratch.join("files-nginx"), settings.threads)
+        .and_then(|n| {
+            std::os::unix::fs::symlink(&plain.dir, n.root.join(NGINX_DIR))?;
+            Ok(n)
+        })
+        .map_err(|e| format!("{e:#}"));
+    // Every phase of the peers runs right after the same phase through
+    // depot, so all see the machine in the same state: runs of one subject
     // drift far apart on a shared machine.
-    let mut plain_secs: [Vec<f64>; 4] = Default::default();
-    let mut plain_failure = None;
+    let mut all = Peers::new(&nginx);
+    let mut nginx_vs_plain = PhaseSecs::default();
     for (i, engine) in settings.engines.iter().enumerate() {
         let subject = engine.subject();
         let skip_all = |rows: &mut Vec<Row>, why: &str| {
@@ -161,7 +188,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                     Row::skipped(NAME, phase.case(), &subject, MBS, why).with_seed(phase.seed(seed_like(&engine.name))),
                 );
             }
-            progress.done(2 * runs as u64);
+            progress.done(per_engine);
         };
         let flags = match &engine.serve_flags {
             Ok(f) => f,
@@ -180,20 +207,22 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         };
         let backend = engine.backend_port.and_then(rss::listener_pid).map(rss::Sampler::start);
-        match engine_phases(&mut server, engine, scale, &base, &plain, &progress).await {
-            Ok((secs, beside, extra)) => {
+        match engine_phases(&mut server, engine, scale, &base, &plain, &nginx, &progress).await {
+            Ok((secs, peers, extra)) => {
                 for (slot, phase) in Phase::ALL.into_iter().enumerate() {
                     let seed = phase.seed(seed_like(&engine.name));
                     phase_rows(&mut rows, phase, &subject, &secs[slot], scale, seed);
-                    match &beside {
-                        Ok(plain) => {
-                            plain_secs[slot].extend(&plain[slot]);
-                            let ratios: Vec<f64> = plain[slot].iter().zip(&secs[slot]).map(|(p, d)| p / d).collect();
-                            rows.push(summary_row(phase, &subject, RATIO, &ratios));
+                    // A ratio of rates is the inverse ratio of seconds.
+                    for (peer, metric) in [(&peers.plain, RATIO), (&peers.nginx, NGINX_RATIO)] {
+                        if let Ok(peer) = peer
+                            && !peer[slot].is_empty()
+                        {
+                            let ratios: Vec<f64> = peer[slot].iter().zip(&secs[slot]).map(|(p, d)| p / d).collect();
+                            rows.push(summary_row(phase, &subject, metric, &ratios));
                         }
-                        Err(e) => plain_failure = Some(e.clone()),
                     }
                 }
+                all.absorb(&peers, &mut nginx_vs_plain);
                 let case = "all phases";
                 let upload = extra.catalog_secs + extra.bytes_secs;
                 if upload > 0.0 {
@@ -228,28 +257,38 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         // At --full each engine's files take 20 GB: one engine's at a time.
         let _ = std::fs::remove_dir_all(&data);
     }
-    if plain_secs[0].is_empty() && plain_failure.is_none() {
-        // No engine ran: plain files alone.
+    if all.plain.as_ref().is_ok_and(|secs| secs[0].is_empty()) {
+        // No engine ran: the peers alone.
+        let mut peers = Peers::new(&nginx);
         for (slot, phase) in Phase::ALL.into_iter().enumerate() {
             for round in 0..phase.rounds() {
-                progress.doing(&format!("{PLAIN}: {}{}", phase.case(), phase.round_label(round)));
-                match plain.phase(phase).await {
-                    Ok(s) => plain_secs[slot].push(s),
-                    Err(e) => plain_failure = Some(format!("{e:#}")),
-                }
-                progress.done(2);
+                progress.done(1); // no depot
+                peers.run(&plain, &nginx, phase, slot, round, scale, &progress).await;
             }
         }
+        all.absorb(&peers, &mut nginx_vs_plain);
     }
-    match plain_failure {
-        None => {
-            for (phase, secs) in Phase::ALL.into_iter().zip(&plain_secs) {
+    match &all.plain {
+        Ok(secs) => {
+            for (phase, secs) in Phase::ALL.into_iter().zip(secs) {
                 phase_rows(&mut rows, phase, PLAIN, secs, scale, phase.seed(seed_like(PLAIN)));
             }
             rows.push(Row::single(NAME, "all phases", PLAIN, DISK, disk_usage(&plain.dir) as f64 / logical));
         }
-        Some(e) => rows.push(Row::skipped(NAME, "all phases", PLAIN, MBS, &e)),
+        Err(e) => rows.push(Row::skipped(NAME, "all phases", PLAIN, MBS, e)),
     }
+    for (slot, phase) in Phase::ALL.into_iter().enumerate().filter(|(_, p)| p.reads()) {
+        match &all.nginx {
+            Ok(secs) => {
+                phase_rows(&mut rows, phase, NGINX, &secs[slot], scale, None);
+                if !nginx_vs_plain[slot].is_empty() {
+                    rows.push(summary_row(phase, NGINX, RATIO, &nginx_vs_plain[slot]));
+                }
+            }
+            Err(e) => rows.push(Row::skipped(NAME, phase.case(), NGINX, MBS, e)),
+        }
+    }
+    drop(nginx);
     plain.remove();
     progress.finish();
     Ok(ExperimentReport {
@@ -291,6 +330,14 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                  × plain files: depot's MB/s over that of the plain files' run right after it.",
                 READ_SIZE >> 10
             ),
+            format!(
+                "{NGINX}: each read run on plain files is followed by the same reads of the same files, from \
+                 nginx serving them over HTTP (sendfile on, open_file_cache off, {} worker processes), by the same \
+                 client as depot's, from a cold cache. × nginx: depot's MB/s over that of nginx's run in the same \
+                 round; nginx's × plain files, its MB/s over the plain files' run right before it. What an HTTP \
+                 server can make of the disk on this machine, its client on the same cores.",
+                settings.threads
+            ),
         ],
         chart_metric: MBS.into(),
         ratio: Some(Ratio { metric: RATIO.into(), of_rates: true }),
@@ -318,20 +365,88 @@ fn summary_row(phase: Phase, subject: &str, metric: &str, values: &[f64]) -> Row
 /// Seconds of each run of each phase, in [`Phase::ALL`] order.
 type PhaseSecs = [Vec<f64>; 4];
 
-/// The four phases against one server, each run followed by the same phase
-/// on plain files: the seconds of depot's runs, of plain files' (or why they
-/// failed), and the rest.
+/// The peers' seconds in each phase (nginx: in the read phases), or why a
+/// peer failed: it is then left out of the rest of the runs.
+struct Peers {
+    plain: Result<PhaseSecs, String>,
+    nginx: Result<PhaseSecs, String>,
+}
+
+impl Peers {
+    fn new(nginx: &Result<Nginx, String>) -> Peers {
+        Peers {
+            plain: Ok(PhaseSecs::default()),
+            nginx: nginx.as_ref().map(|_| PhaseSecs::default()).map_err(Clone::clone),
+        }
+    }
+
+    /// One run of `phase` (`round` of its rounds, at `slot` of
+    /// [`Phase::ALL`]) on plain files, then, for reads, through nginx.
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        &mut self,
+        plain: &Plain,
+        nginx: &Result<Nginx, String>,
+        phase: Phase,
+        slot: usize,
+        round: usize,
+        scale: Scale,
+        progress: &Progress,
+    ) {
+        if let Ok(secs) = &mut self.plain {
+            progress.doing(&format!("{PLAIN}: {}{}", phase.case(), phase.round_label(round)));
+            match plain.phase(phase).await {
+                Ok(s) => secs[slot].push(s),
+                Err(e) => self.plain = Err(format!("{e:#}")),
+            }
+        }
+        progress.done(1);
+        if !phase.reads() {
+            return;
+        }
+        if let (Ok(nginx), Ok(secs)) = (nginx, &mut self.nginx) {
+            progress.doing(&format!("{NGINX}: {}{}", phase.case(), phase.round_label(round)));
+            let _ = drop_caches();
+            match read_phase(nginx.addr, phase, scale, nginx_path).await {
+                Ok(s) => secs[slot].push(s),
+                Err(e) => self.nginx = Err(format!("nginx failed: {e:#}")),
+            }
+        }
+        progress.done(1);
+    }
+
+    /// Adds `more` (one engine's peers) to these, and the ratios of nginx's
+    /// rates to plain files' in each pair of its runs to `nginx_vs_plain`.
+    fn absorb(&mut self, more: &Peers, nginx_vs_plain: &mut PhaseSecs) {
+        for (total, got) in [(&mut self.plain, &more.plain), (&mut self.nginx, &more.nginx)] {
+            match (total.as_mut(), got) {
+                (Ok(total), Ok(got)) => total.iter_mut().zip(got).for_each(|(t, g)| t.extend(g)),
+                (Ok(_), Err(e)) => *total = Err(e.clone()),
+                (Err(_), _) => {}
+            }
+        }
+        if let (Ok(plain), Ok(nginx)) = (&more.plain, &more.nginx) {
+            for (slot, ratios) in nginx_vs_plain.iter_mut().enumerate() {
+                ratios.extend(plain[slot].iter().zip(&nginx[slot]).map(|(p, n)| p / n));
+            }
+        }
+    }
+}
+
+/// The four phases against one server, each run followed by the same run
+/// on the peers: the seconds of depot's runs, the peers', and the rest.
 async fn engine_phases(
     server: &mut DepotServer,
     engine: &EngineChoice,
     scale: Scale,
     base: &Bytes,
     plain: &Plain,
+    nginx: &Result<Nginx, String>,
     progress: &Progress,
-) -> anyhow::Result<(PhaseSecs, Result<PhaseSecs, String>, Extra)> {
+) -> anyhow::Result<(PhaseSecs, Peers, Extra)> {
     let subject = engine.subject();
     let mut secs = PhaseSecs::default();
-    let mut beside = Ok(PhaseSecs::default());
+    let mut peers = Peers::new(nginx);
     let mut extra = Extra::default();
     for (slot, phase) in Phase::ALL.into_iter().enumerate() {
         for round in 0..phase.rounds() {
@@ -347,18 +462,11 @@ async fn engine_phases(
                 extra.bytes_secs = put["bytes"].as_f64().unwrap_or(0.0);
             }
             progress.done(1);
-            if let Ok(plain_secs) = &mut beside {
-                progress.doing(&format!("{PLAIN}: {}{}", phase.case(), phase.round_label(round)));
-                match plain.phase(phase).await {
-                    Ok(s) => plain_secs[slot].push(s),
-                    Err(e) => beside = Err(format!("{e:#}")),
-                }
-            }
-            progress.done(1);
+            peers.run(plain, nginx, phase, slot, round, scale, progress).await;
         }
     }
     extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
-    Ok((secs, beside, extra))
+    Ok((secs, peers, extra))
 }
 
 /// One run of a phase through depot at `addr`: its seconds.
@@ -385,30 +493,38 @@ async fn depot_phase(addr: SocketAddr, phase: Phase, scale: Scale, base: &Bytes)
             })
             .await?;
         }
-        Phase::ReadSeq => {
-            let mut c = Connection::open(addr).await?;
-            for f in 0..n {
-                read_one(&mut c, addr, f, scale.size).await?;
-            }
-        }
-        Phase::Read20 => {
-            clients(addr, move |client, mut c| async move {
-                let mut rng = SmallRng::seed_from_u64(client as u64);
-                for _ in 0..n / CLIENTS {
-                    read_one(&mut c, addr, rng.random_range(0..2 * n), scale.size).await?;
-                }
-                anyhow::Ok(())
-            })
-            .await?;
-        }
+        Phase::ReadSeq | Phase::Read20 => return read_phase(addr, phase, scale, key).await,
     }
     Ok(started.elapsed().as_secs_f64())
 }
 
-async fn read_one(c: &mut Connection, addr: SocketAddr, f: usize, size: usize) -> anyhow::Result<()> {
-    let len = c.download(load::request(Method::GET, addr, &key(f), Bytes::new())).await?;
+/// One run of a read phase from the HTTP server at `addr`, which serves
+/// file `f` at `path(f)`: its seconds.
+async fn read_phase(addr: SocketAddr, phase: Phase, scale: Scale, path: fn(usize) -> String) -> anyhow::Result<f64> {
+    let n = scale.files;
+    let started = Instant::now();
+    if phase == Phase::ReadSeq {
+        let mut c = Connection::open(addr).await?;
+        for f in 0..n {
+            read_one(&mut c, addr, &path(f), scale.size).await?;
+        }
+    } else {
+        clients(addr, move |client, mut c| async move {
+            let mut rng = SmallRng::seed_from_u64(client as u64);
+            for _ in 0..n / CLIENTS {
+                read_one(&mut c, addr, &path(rng.random_range(0..2 * n)), scale.size).await?;
+            }
+            anyhow::Ok(())
+        })
+        .await?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+async fn read_one(c: &mut Connection, addr: SocketAddr, path: &str, size: usize) -> anyhow::Result<()> {
+    let len = c.download(load::request(Method::GET, addr, path, Bytes::new())).await?;
     if len != size as u64 {
-        bail!("{} answered {len} bytes, not {size}", key(f));
+        bail!("{path} answered {len} bytes, not {size}");
     }
     Ok(())
 }
@@ -446,7 +562,7 @@ struct Plain {
 
 impl Plain {
     fn new(dir: &Path, scale: Scale, base: Bytes) -> Plain {
-        let paths = (0..2 * scale.files).map(|f| dir.join(format!("f{f:06}"))).collect();
+        let paths = (0..2 * scale.files).map(|f| dir.join(name(f))).collect();
         Plain { dir: dir.to_path_buf(), paths: Arc::new(paths), files: scale.files, base }
     }
 
@@ -454,6 +570,8 @@ impl Plain {
     /// run; reads start from a dropped page cache.
     async fn phase(&self, phase: Phase) -> anyhow::Result<f64> {
         std::fs::create_dir_all(&self.dir)?;
+        // nginx's workers read the files as an unprivileged user.
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755))?;
         if phase.reads() {
             let _ = drop_caches();
         }
@@ -506,7 +624,8 @@ fn read_through(path: &Path, buf: &mut [u8]) -> anyhow::Result<()> {
 
 fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(path)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())

@@ -6,7 +6,8 @@
 //! [`DepotServer`] child (`depot serve` of this very executable on a free
 //! port with a scratch data directory), page-cache dropping for cold runs
 //! and disk usage. Each experiment is a module with one `run` function
-//! returning rows: [`http`] (files served at concurrency 100, depot vs
+//! returning rows: [`files`] (large files written and read back, depot vs
+//! plain files and nginx), [`http`] (files served at concurrency 100, depot vs
 //! nginx), [`mget`] (batch gets of random small values, depot vs RocksDB's
 //! own `multi_get`), [`chunks`] (large files through the chunking engines
 //! at chunk sizes from 256 KB to 8 MB) and [`smallfiles`] (many files of
@@ -46,7 +47,7 @@ use stats::Summary;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Experiment {
     /// Large files written by 1 and 20 clients and read back, each engine
-    /// beside plain files.
+    /// beside plain files, and the reads beside nginx serving those files.
     Files,
     /// Files of 1 KB, 100 KB and 1 MB over HTTP at concurrency 100, and PUTs
     /// of new 1 KB keys: depot with each engine vs nginx.
