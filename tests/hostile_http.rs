@@ -764,6 +764,39 @@ fn a_stalled_download_is_cut_off_after_the_send_timeout() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// A reader too slow to free room in the socket within the send timeout,
+/// but taking bytes all the while, gets its whole answer: the timeout is
+/// for a client that takes nothing.
+#[test]
+fn a_reader_slower_than_the_send_timeout_per_write_gets_its_whole_answer() {
+    let mut s = Server::start(&["--send-timeout", "1"]);
+    let body = pattern(600_000, 3);
+    assert_eq!(put(&s, "/files/slowly", &body).status(), 201);
+    // A small receive buffer, read 16 KiB at a time 8 times a second: about
+    // 130 KB/s, so a write waits about a second for room each time.
+    let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    c.set_recv_buffer_size(8192).unwrap();
+    let addr: std::net::SocketAddr = s.addr.parse().unwrap();
+    c.connect(&addr.into()).unwrap();
+    let mut c = TcpStream::from(c);
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /files/slowly HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n\r\n").unwrap();
+    let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("the answer broke off after {} bytes: {e}", raw.len()),
+        }
+        thread::sleep(Duration::from_millis(125));
+    }
+    let a = Answer { raw, closed: true };
+    assert_eq!(a.status(), 200);
+    assert!(a.raw.ends_with(&body), "the answer was cut off after {} bytes", a.raw.len());
+    assert_eq!(a.body(), body);
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 /// A file's body, sent from the page cache, and a hot object's, sent from
 /// memory, come whole and in order to a reader slow enough that each
 /// `sendfile` or `writev` sends only part of what it was given.

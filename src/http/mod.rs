@@ -695,15 +695,14 @@ async fn connections(
         // A client that stops reading an answer, with the socket's buffers
         // full, is let go after the send timeout, as nginx's send_timeout.
         let linger = sendfile::Linger::default();
-        let mut stream = tokio_io_timeout::TimeoutWriter::new(sendfile::Socket::new(stream, linger.clone()));
-        stream.set_timeout(Some(app.limits.send_timeout));
+        let stream = sendfile::Socket::new(stream, linger.clone(), app.limits.send_timeout);
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(Peer { addr: peer, linger: linger.clone() });
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });
-        let conn = graceful.watch(http1.serve_connection(TokioIo::new(Box::pin(stream)), service));
+        let conn = graceful.watch(http1.serve_connection(TokioIo::new(stream), service));
         let open = open.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
