@@ -42,20 +42,23 @@ pub(super) struct Socket {
     linger: Linger,
     send_timeout: Duration,
     /// While the socket takes no more: when to look again whether the
-    /// client has taken any of what it holds.
+    /// client has taken any of what it holds (made once, set again for
+    /// each wait).
+    next_look: Option<Pin<Box<Sleep>>>,
     stalled: Option<Stall>,
 }
 
+/// A write's wait for room in the socket.
 struct Stall {
-    next_look: Pin<Box<Sleep>>,
-    /// What the socket held at the last look, and when it last held less.
-    held: usize,
+    /// What the socket held at the last look (none before the first), and
+    /// when it last held less.
+    held: Option<usize>,
     since: Instant,
 }
 
 /// Looks per send timeout at whether a client whose socket takes no more
-/// has taken anything: one is cut off at most a quarter of the timeout
-/// late.
+/// has taken anything: one that takes nothing is cut off at most half the
+/// timeout late (the first look gives the first figure to compare with).
 const LOOKS: u32 = 4;
 
 /// Asks that a connection be closed gently: once its last answer is out,
@@ -82,7 +85,7 @@ const LINGER_READ: Duration = Duration::from_secs(2);
 impl Socket {
     pub(super) fn new(stream: TcpStream, linger: Linger, send_timeout: Duration) -> Socket {
         let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT);
-        Socket { stream, resume_at: 0, linger, send_timeout, stalled: None }
+        Socket { stream, resume_at: 0, linger, send_timeout, next_look: None, stalled: None }
     }
 
     /// What becomes of a write that the socket did not take: it waits on,
@@ -96,25 +99,32 @@ impl Socket {
             self.stalled = None;
             return written;
         }
-        let (timeout, look) = (self.send_timeout, self.send_timeout / LOOKS);
-        let socket = self.stream.as_raw_fd();
-        let stall = self.stalled.get_or_insert_with(|| Stall {
-            next_look: Box::pin(tokio::time::sleep(look)),
-            held: queued(socket),
-            since: Instant::now(),
-        });
-        while stall.next_look.as_mut().poll(cx).is_ready() {
-            let now = Instant::now();
-            let held = queued(socket);
-            if held < stall.held {
-                (stall.held, stall.since) = (held, now);
-            } else if now - stall.since >= timeout {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the client took nothing of the answer within the send timeout",
-                )));
+        let (timeout, every) = (self.send_timeout, self.send_timeout / LOOKS);
+        // Most waits end within a look: they cost setting a timer, and no
+        // system call.
+        let stall = self.stalled.get_or_insert_with(|| Stall { held: None, since: Instant::now() });
+        let look = match &mut self.next_look {
+            Some(look) if stall.held.is_some() => look,
+            Some(look) => {
+                look.as_mut().reset(stall.since + every);
+                look
             }
-            stall.next_look.as_mut().reset(now + look);
+            None => self.next_look.insert(Box::pin(tokio::time::sleep(every))),
+        };
+        while look.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let held = queued(self.stream.as_raw_fd());
+            match stall.held {
+                Some(before) if held >= before && now - stall.since >= timeout => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client took nothing of the answer within the send timeout",
+                    )));
+                }
+                Some(before) if held >= before => {}
+                _ => (stall.held, stall.since) = (Some(held), now),
+            }
+            look.as_mut().reset(now + every);
         }
         Poll::Pending
     }
