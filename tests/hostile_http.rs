@@ -74,6 +74,20 @@ fn read_all(mut c: TcpStream, quiet: Duration) -> Answer {
     }
 }
 
+/// Reads a whole answer 16 KiB at a time, pausing `pause` after each
+/// read, until the server closes; an error on the way fails the test.
+fn read_slowly(c: &mut TcpStream, pause: Duration, what: &str) -> Answer {
+    let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return Answer { raw, closed: true },
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("{what}: the answer broke off after {} bytes: {e}", raw.len()),
+        }
+        thread::sleep(pause);
+    }
+}
+
 /// Sends `request` as is (write errors tolerated: the server may answer
 /// and close before reading it all) and reads what comes back.
 fn exchange(s: &Server, request: &[u8]) -> Answer {
@@ -781,16 +795,7 @@ fn a_reader_slower_than_the_send_timeout_per_write_gets_its_whole_answer() {
     let mut c = TcpStream::from(c);
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(b"GET /files/slowly HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n\r\n").unwrap();
-    let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
-    loop {
-        match c.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) => panic!("the answer broke off after {} bytes: {e}", raw.len()),
-        }
-        thread::sleep(Duration::from_millis(125));
-    }
-    let a = Answer { raw, closed: true };
+    let a = read_slowly(&mut c, Duration::from_millis(125), "/files/slowly");
     assert_eq!(a.status(), 200);
     assert!(a.raw.ends_with(&body), "the answer was cut off after {} bytes", a.raw.len());
     assert_eq!(a.body(), body);
@@ -813,18 +818,8 @@ fn bodies_sent_from_the_page_cache_come_whole_to_a_slow_reader() {
         for round in 0..3 {
             let mut c = connect(&s);
             c.write_all(format!("GET {path} HTTP/1.1\r\nHost: depot\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-            let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
-            loop {
-                match c.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => raw.extend_from_slice(&buf[..n]),
-                    Err(e) => panic!("{path}: the answer broke off after {} bytes: {e}", raw.len()),
-                }
-                if round > 0 {
-                    thread::sleep(Duration::from_micros(300));
-                }
-            }
-            let a = Answer { raw, closed: true };
+            let pause = if round > 0 { Duration::from_micros(300) } else { Duration::ZERO };
+            let a = read_slowly(&mut c, pause, path);
             assert_eq!(a.status(), 200);
             assert!(a.body() == *body, "{path}, round {round}: the body differs");
         }

@@ -111,14 +111,15 @@ def short(value, limit=300):
 # --- helpers ----------------------------------------------------------------
 
 
-def client(access_key=ACCESS_KEY, secret_key=SECRET_KEY):
-    """A client with boto3's default configuration."""
+def client(access_key=ACCESS_KEY, secret_key=SECRET_KEY, config=None):
+    """A client with boto3's default configuration, or `config`."""
     return boto3.client(
         "s3",
         endpoint_url=ENDPOINT,
         region_name=REGION,
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,
+        config=config,
     )
 
 
@@ -377,14 +378,7 @@ def area_buckets(s3, buckets):
         "... and the token the rest, with none after it",
     )
     # boto3 refuses 0 itself; without its checks, the server must.
-    unchecked = boto3.client(
-        "s3",
-        endpoint_url=ENDPOINT,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=Config(parameter_validation=False),
-    )
+    unchecked = client(config=Config(parameter_validation=False))
     for n in (0, 10_001):
         expect_error(
             f"ListBuckets with MaxBuckets {n} is InvalidArgument",
@@ -1474,14 +1468,7 @@ def area_presign(s3, buckets):
 
     # The signature boto3 users configure most often, and the one AWS
     # requires outside its oldest regions.
-    v4 = boto3.client(
-        "s3",
-        endpoint_url=ENDPOINT,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=Config(signature_version="s3v4"),
-    )
+    v4 = client(config=Config(signature_version="s3v4"))
     url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=300)
     expect("X-Amz-Signature=" in url, "(signature_version s3v4 presigns with SigV4)", url)
     status, _, got = http_get(url)
@@ -2565,14 +2552,7 @@ def area_signing(s3, buckets):
     status, said = unsigned_trailer_put(bucket, "sha256-bad", small, "x-amz-checksum-sha256", right, now)
     expect(status == 400 and error_code(said) == "BadDigest", "... and one that does not is BadDigest", short(said))
 
-    v4 = boto3.client(
-        "s3",
-        endpoint_url=ENDPOINT,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=Config(signature_version="s3v4"),
-    )
+    v4 = client(config=Config(signature_version="s3v4"))
     for expires, want in [(7 * 24 * 3600, 200), (7 * 24 * 3600 + 1, 400)]:
         url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "unsigned"}, ExpiresIn=expires)
         status, _, got = http_get(url)
