@@ -8,7 +8,8 @@
 //! `sendfile`, straight from the page cache, and never touches the mapping.
 //! The server's copy of a 1 MB body into memory of its own, and its copy
 //! from there into the socket, both go; what the kernel sends is the same
-//! page-cache page the client's copy then reads.
+//! page-cache page the client's copy then reads. A chunk not yet in the
+//! page cache is brought in first ([`fault_in`]), without a copy either.
 //!
 //! The mapping is real, so the bytes are right wherever they end up; but a
 //! mapped file that shrinks under the reader faults the process (`SIGBUS`)
@@ -59,8 +60,8 @@ pub fn find(at: *const u8, len: usize) -> Option<(RawFd, u64, usize)> {
 
 /// `len` bytes of `file` from `offset`, mapped and registered for
 /// sending, if every one of them is in the page cache now: the caller
-/// reads the rest, so a cold file waits for the disk on the blocking pool
-/// rather than in a worker's `sendfile`.
+/// brings in the rest first ([`fault_in`]), so a cold file waits for the
+/// disk on the blocking pool rather than in a worker's `sendfile`.
 pub fn cached(file: &Arc<File>, offset: u64, len: usize) -> Option<Bytes> {
     let page = page_size();
     let lead = (offset % page as u64) as usize;
@@ -90,6 +91,69 @@ pub fn cached(file: &Arc<File>, offset: u64, len: usize) -> Option<Bytes> {
     let start = base as usize + lead;
     regions().insert(start, Region { end: start + len, fd: file.as_raw_fd(), offset });
     Some(Bytes::from_owner(mapping))
+}
+
+/// Brings `len` bytes of `file` from `offset` into the page cache,
+/// waiting for the disk as a read would (the kernel's read-ahead included)
+/// but copying nothing: the pages are spliced into a pipe and from there
+/// into `/dev/null`. False if the file ends first. Blocks: for the
+/// blocking pool.
+pub fn fault_in(file: &File, offset: u64, len: usize) -> std::io::Result<bool> {
+    SINK.with(|sink| {
+        let sink = match sink {
+            Ok(sink) => sink,
+            Err(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        let mut at = offset as libc::loff_t;
+        let end = at + len as libc::loff_t;
+        while at < end {
+            let want = ((end - at) as usize).min(sink.capacity);
+            // SAFETY: open descriptors, and `at` a valid offset to update.
+            let got = unsafe {
+                libc::splice(file.as_raw_fd(), &mut at, sink.write.as_raw_fd(), std::ptr::null_mut(), want, 0)
+            };
+            if got == 0 {
+                return Ok(false);
+            }
+            let mut left = check(got)?;
+            while left > 0 {
+                // SAFETY: open descriptors; no offsets for a pipe and a device.
+                let n = unsafe {
+                    let (null, read) = (std::ptr::null_mut(), sink.read.as_raw_fd());
+                    libc::splice(read, null, sink.null.as_raw_fd(), null, left, 0)
+                };
+                left -= check(n)?;
+            }
+        }
+        Ok(true)
+    })
+}
+
+fn check(n: isize) -> std::io::Result<usize> {
+    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+}
+
+/// A pipe and `/dev/null`, for [`fault_in`] on one thread.
+struct Sink {
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+    null: File,
+    capacity: usize,
+}
+
+thread_local! {
+    static SINK: std::io::Result<Sink> = Sink::new();
+}
+
+impl Sink {
+    fn new() -> std::io::Result<Sink> {
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        // A chunk in one splice where the system allows it; the default
+        // pipe (64 KiB) otherwise.
+        let capacity = rustix::pipe::fcntl_setpipe_size(&write, 256 * 1024)
+            .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
+        Ok(Sink { read, write, null: File::options().write(true).open("/dev/null")?, capacity })
+    }
 }
 
 fn page_size() -> usize {
@@ -156,6 +220,20 @@ mod tests {
         let at = chunk.as_ptr();
         drop((chunk, rest));
         assert_eq!(find(at, 1), None);
+    }
+
+    /// An evicted range comes back into the page cache, and stays
+    /// readable as the file; past the file's end there is nothing to bring.
+    #[test]
+    fn faulting_in_brings_an_evicted_range_back_and_stops_at_the_end() {
+        let content: Vec<u8> = (0..600_000u32).map(|i| (i % 241) as u8).collect();
+        let file = file_of(&content);
+        rustix::fs::fadvise(&*file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        assert!(cached(&file, 70_000, 400_000).is_none(), "evicted");
+        assert!(fault_in(&file, 70_000, 400_000).unwrap());
+        let chunk = cached(&file, 70_000, 400_000).expect("brought back");
+        assert_eq!(&chunk[..], &content[70_000..470_000]);
+        assert!(!fault_in(&file, 500_000, 200_000).unwrap(), "the file ends at 600,000");
     }
 
     #[test]
