@@ -99,38 +99,22 @@ pub fn cached(file: &Arc<File>, offset: u64, len: usize) -> Option<Bytes> {
 /// into `/dev/null`. False if the file ends first. Blocks: for the
 /// blocking pool.
 pub fn fault_in(file: &File, offset: u64, len: usize) -> std::io::Result<bool> {
+    use rustix::pipe::{SpliceFlags, splice};
     SINK.with(|sink| {
-        let sink = match sink {
-            Ok(sink) => sink,
-            Err(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
-        };
-        let mut at = offset as libc::loff_t;
-        let end = at + len as libc::loff_t;
+        let sink = sink.as_ref().map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+        let (mut at, end) = (offset, offset + len as u64);
         while at < end {
             let want = ((end - at) as usize).min(sink.capacity);
-            // SAFETY: open descriptors, and `at` a valid offset to update.
-            let got = unsafe {
-                libc::splice(file.as_raw_fd(), &mut at, sink.write.as_raw_fd(), std::ptr::null_mut(), want, 0)
-            };
-            if got == 0 {
+            let mut left = splice(file, Some(&mut at), &sink.write, None, want, SpliceFlags::empty())?;
+            if left == 0 {
                 return Ok(false);
             }
-            let mut left = check(got)?;
             while left > 0 {
-                // SAFETY: open descriptors; no offsets for a pipe and a device.
-                let n = unsafe {
-                    let (null, read) = (std::ptr::null_mut(), sink.read.as_raw_fd());
-                    libc::splice(read, null, sink.null.as_raw_fd(), null, left, 0)
-                };
-                left -= check(n)?;
+                left -= splice(&sink.read, None, &sink.null, None, left, SpliceFlags::empty())?;
             }
         }
         Ok(true)
     })
-}
-
-fn check(n: isize) -> std::io::Result<usize> {
-    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
 }
 
 /// A pipe and `/dev/null`, for [`fault_in`] on one thread.
