@@ -407,13 +407,17 @@ impl Store {
         let [done, upload] =
             <[Option<ObjectRecord>; 2]>::try_from(self.catalog.get_objects(UPLOADS, &wanted).await?)
                 .map_err(|_| StoreError::Internal("the catalog answered the wrong number of records".into()))?;
-        if let Some(done) = done.filter(|d| target(d) == key && d.content_type == bucket) {
+        // The object a complete of this upload made, answered to a retry.
+        let made = |d: ObjectRecord| {
+            (target(&d) == key && d.content_type == bucket).then(|| ObjectRecord { key: key.to_string(), ..d })
+        };
+        if let Some(done) = done.and_then(made) {
             if upload.is_some() {
                 // A crash after completing left the upload's records.
                 let keys = self.upload_records(bucket, upload_id).await?;
                 self.remove_upload_records(&keys).await?;
             }
-            return Ok(ObjectRecord { key: key.to_string(), ..done });
+            return Ok(done);
         }
         let upload = upload.filter(|u| target(u) == key).ok_or_else(|| StoreError::NoSuchUpload(upload_id.into()))?;
         let mut checksum = checksum(&upload)?;
@@ -425,6 +429,13 @@ impl Store {
         }
         let keys: Vec<String> = parts.iter().map(|(n, _)| part_key(upload_id, *n)).collect();
         let records = self.catalog.get_objects(UPLOADS, &keys).await?;
+        if records.iter().any(Option::is_none)
+            && let Some(done) = self.catalog.get_objects(UPLOADS, &wanted[..1]).await?.pop().flatten().and_then(made)
+        {
+            // A complete of the same upload that ran meanwhile has taken
+            // its parts: answer the object it made.
+            return Ok(done);
+        }
         let mut body_parts: Vec<Part> = Vec::new();
         let mut md5s = Vec::with_capacity(16 * parts.len());
         for (i, ((n, etag), record)) in parts.iter().zip(records).enumerate() {
