@@ -214,6 +214,19 @@ pub async fn listing(c: &dyn Catalog) {
     assert_eq!(every_page(c, "list2", json.clone()).await, ["a/1", "x.json", "y/z.json", "z"]);
     let page = c.list_objects("list2", &ListQuery { limit: 10, ..json }).await.unwrap();
     assert_eq!(page.prefixes, ["x.json", "y/z.json"], "x.jsonl rolls up to x.json");
+    // Keys that go on past the greatest character: a common prefix is
+    // still listed once, and what follows it still comes.
+    c.create_bucket(&bucket("list3")).await.unwrap();
+    for k in ["a/\u{10FFFF}x", "a/\u{10FFFF}\u{10FFFF}", "b", "\u{10FFFF}/c", "\u{10FFFF}\u{10FFFF}"] {
+        c.put_object(put("list3", k, &[blob(40, 1)])).await.unwrap();
+    }
+    let slash = ListQuery { delimiter: Some("/".into()), limit: 10, ..Default::default() };
+    let page = c.list_objects("list3", &slash).await.unwrap();
+    assert_eq!(page.prefixes, ["a/", "\u{10FFFF}/"]);
+    assert_eq!(page.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["b", "\u{10FFFF}\u{10FFFF}"]);
+    assert_eq!(page.next, None);
+    let paged = every_page(c, "list3", ListQuery { limit: 1, ..slash }).await;
+    assert_eq!(paged, ["a/", "b", "\u{10FFFF}/", "\u{10FFFF}\u{10FFFF}"]);
     let missing = c.list_objects("nope", &ListQuery { limit: 10, ..Default::default() }).await;
     assert!(matches!(missing, Err(CatalogError::NoSuchBucket(_))));
 }

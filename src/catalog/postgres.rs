@@ -817,10 +817,20 @@ impl PostgresCatalog {
     }
 }
 
-/// A string greater than every key that starts with `prefix`: in byte order
-/// no UTF-8 text continues past U+10FFFF.
-fn past(prefix: &str) -> String {
-    format!("{prefix}\u{10FFFF}")
+/// The least string after every key that starts with `prefix`, in byte
+/// order (which UTF-8 keeps for code points): the prefix with its last
+/// character that can grow grown by one. None when no text follows.
+fn past(prefix: &str) -> Option<String> {
+    let mut p = prefix.to_string();
+    while let Some(last) = p.pop() {
+        // The next code point, over the surrogates, which no text holds.
+        let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
+        if let Some(next) = next {
+            p.push(next);
+            return Some(p);
+        }
+    }
+    None
 }
 
 /// One page of a listing, rolling keys up to common prefixes; a run of
@@ -832,12 +842,17 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
         return Err(CatalogError::NoSuchBucket(bucket.to_string()).into());
     }
     let limit = query.limit.max(1);
-    // Exclusive lower bound.
-    let mut after: Option<String> = match &query.after {
-        Some(a) if query.after_is_common_prefix() => Some(past(a)),
-        Some(a) => Some(a.clone()),
-        None => None,
-    };
+    // The lower bound: past a key, or from the first key past a common
+    // prefix.
+    let mut after: Option<String> = None;
+    let mut from: Option<String> = None;
+    match &query.after {
+        Some(a) if query.after_is_common_prefix() => match past(a) {
+            Some(p) => from = Some(p),
+            None => return Ok(ListPage::default()),
+        },
+        a => after = a.clone(),
+    }
     let like = format!("{}%", query.prefix.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
     let mut page = ListPage::default();
     loop {
@@ -846,8 +861,9 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
             .query(
                 "SELECT key, record FROM depot_catalog_objects
                  WHERE bucket = $1 AND key LIKE $2 AND ($3::text IS NULL OR key > $3)
-                 ORDER BY key LIMIT $4",
-                &[&bucket, &like, &after, &want],
+                   AND ($4::text IS NULL OR key >= $4)
+                 ORDER BY key LIMIT $5",
+                &[&bucket, &like, &after, &from, &want],
             )
             .await?;
         if rows.is_empty() {
@@ -862,12 +878,16 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
                 return Ok(page);
             }
             if let Some(common) = query.common_prefix(&key).map(str::to_string) {
-                after = Some(past(&common));
+                (after, from) = (None, past(&common));
+                let last = from.is_none();
                 page.prefixes.push(common);
+                if last {
+                    return Ok(page);
+                }
                 restarted = true;
                 break;
             }
-            after = Some(key.clone());
+            (after, from) = (Some(key.clone()), None);
             page.objects.push(ObjectRecord::decode(row.get::<_, &[u8]>(1), key)?);
         }
         if !restarted && (rows.len() as i64) < want {
@@ -879,6 +899,14 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_is_the_least_string_after_the_prefix() {
+        assert_eq!(past("a/").as_deref(), Some("a0"));
+        assert_eq!(past("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(past("\u{D7FF}").as_deref(), Some("\u{E000}"), "over the surrogates");
+        assert_eq!(past("\u{10FFFF}\u{10FFFF}"), None);
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn conformance() {
