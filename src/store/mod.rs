@@ -539,11 +539,20 @@ impl Store {
     {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         check_about(opts.content_type.as_deref(), &opts.metadata, &opts.headers)?;
-        self.put_unchecked(bucket, key, body, opts).await
+        self.put_unchecked(bucket, key, body, opts, None).await
     }
 
-    /// [`Store::put`] into any bucket, the store's own included.
-    async fn put_unchecked<S, E>(&self, bucket: &str, key: &str, body: S, opts: PutOptions) -> Result<PutResult>
+    /// [`Store::put`] into any bucket, the store's own included, with
+    /// `along` (a record and its own precondition) committed in the same
+    /// transaction.
+    async fn put_unchecked<S, E>(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: S,
+        opts: PutOptions,
+        along: Option<ObjectPut>,
+    ) -> Result<PutResult>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
@@ -585,10 +594,16 @@ impl Store {
         };
         // A sync may have failed elsewhere while the body streamed.
         let recorded = match self.check_writable() {
-            Ok(()) => self.note(self.catalog.put_object(put).await.map_err(Into::into)),
+            Ok(()) => {
+                let puts = std::iter::once(put).chain(along).collect();
+                self.note(self.catalog.put_objects(puts).await.map_err(Into::into))
+            }
             Err(e) => Err(e),
         };
-        let outcome = match recorded {
+        let outcome = recorded.and_then(|outcomes| {
+            outcomes.into_iter().next().ok_or_else(|| StoreError::Internal("the catalog answered no put".into()))
+        });
+        let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(e) => {
                 // Refused (a precondition lost to another writer, the bucket

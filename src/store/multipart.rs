@@ -15,7 +15,7 @@
 //! leaves records the next Complete, Abort or the collector removes. The
 //! object's parts are the uploaded parts' blobs: nothing is copied.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
@@ -163,6 +163,12 @@ fn done_key(upload_id: &str) -> String {
     format!("d/{upload_id}")
 }
 
+/// The condition that a record (an upload's) is still there: rewritten
+/// unchanged beside a write that needs it.
+fn exists() -> Precondition {
+    Precondition { if_match: Some(vec!["*".into()]), ..Precondition::default() }
+}
+
 /// Upload ids are 32 hex digits; anything else names no upload (and could
 /// otherwise reach other uploads' records through the key layout).
 fn check_upload_id(upload_id: &str) -> Result<()> {
@@ -240,9 +246,24 @@ impl Store {
         E: std::fmt::Display,
     {
         check_part_number(part)?;
-        self.upload(bucket, key, upload_id).await?;
-        let opts = PutOptions { content_type: Some("application/octet-stream".into()), ..opts };
-        Ok(self.put_unchecked(UPLOADS, &part_key(upload_id, part), body, opts).await?.record)
+        let upload = self.upload(bucket, key, upload_id).await?;
+        // A part takes no conditions of its own: a failed one below is its
+        // upload's.
+        let opts = PutOptions {
+            content_type: Some("application/octet-stream".into()),
+            precondition: Precondition::default(),
+            ..opts
+        };
+        // The part is recorded only if its upload is still there when the
+        // body has streamed: an abort, completion or expiry meanwhile would
+        // not see a part recorded after it, which nothing would release.
+        let still_there =
+            ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: exists() };
+        match self.put_unchecked(UPLOADS, &part_key(upload_id, part), body, opts, Some(still_there)).await {
+            Ok(put) => Ok(put.record),
+            Err(StoreError::PreconditionFailed) => Err(StoreError::NoSuchUpload(upload_id.to_string())),
+            Err(e) => Err(e),
+        }
     }
 
     /// Parts uploaded so far with numbers above `after`, at most `limit`.
@@ -491,7 +512,6 @@ impl Store {
         };
         // The upload must still be there when the object is written: an
         // abort that removed it first wins (see `abort_upload`).
-        let still_there = Precondition { if_match: Some(vec!["*".into()]), ..Precondition::default() };
         let puts = vec![
             ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
             ObjectPut {
@@ -500,7 +520,7 @@ impl Store {
                 blobs: Vec::new(),
                 precondition: Precondition::default(),
             },
-            ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: still_there },
+            ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: exists() },
         ];
         match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
             // Another Complete of this upload (a client's retry while the
@@ -540,15 +560,18 @@ impl Store {
         Ok(Digest(sha.finalize().into()))
     }
 
-    /// Aborts uploads started before `cutoff` and forgets completions
-    /// older than that; returns how many uploads it aborted.
+    /// Aborts uploads started before `cutoff`, forgets completions older
+    /// than that and releases parts older than that whose upload is gone;
+    /// returns how many uploads it aborted.
     pub(super) async fn expire_uploads(&self, cutoff: Millis) -> Result<u64> {
-        let mut stale = Vec::new();
+        let (mut stale, mut kept) = (Vec::new(), HashSet::new());
         self.each_upload_record("u/", |r| {
-            if r.modified < cutoff {
-                let mut path = r.key.splitn(3, '/').skip(1);
-                if let (Some(bucket), Some(id)) = (path.next(), path.next()) {
+            let mut path = r.key.splitn(3, '/').skip(1);
+            if let (Some(bucket), Some(id)) = (path.next(), path.next()) {
+                if r.modified < cutoff {
                     stale.push((bucket.to_string(), id.to_string()));
+                } else {
+                    kept.insert(id.to_string());
                 }
             }
         })
@@ -556,15 +579,25 @@ impl Store {
         for (bucket, upload_id) in &stale {
             self.remove_upload(bucket, upload_id).await?;
         }
-        let mut done = Vec::new();
+        let mut gone = Vec::new();
         self.each_upload_record("d/", |r| {
             if r.modified < cutoff {
-                done.push(r.key.clone());
+                gone.push(r.key.clone());
             }
         })
         .await?;
-        if !done.is_empty() {
-            self.remove_upload_records(&done).await?;
+        // Parts left by a crash between an upload's removal and its parts',
+        // or recorded while an abort listed them. A part of an upload begun
+        // after the listing above is newer than the cutoff.
+        self.each_upload_record("p/", |r| {
+            let id = r.key.split('/').nth(1).unwrap_or("");
+            if r.modified < cutoff && !kept.contains(id) {
+                gone.push(r.key.clone());
+            }
+        })
+        .await?;
+        for keys in gone.chunks(1000) {
+            self.remove_upload_records(keys).await?;
         }
         Ok(stale.len() as u64)
     }
@@ -576,6 +609,7 @@ mod tests {
     use crate::catalog::rocks::RocksCatalog;
     use crate::engine::memory::MemoryEngine;
     use crate::store::StoreConfig;
+    use futures::StreamExt;
     use std::sync::Arc;
 
     fn upload(key: &str, id: &str, initiated: Millis) -> UploadInfo {
@@ -759,6 +793,62 @@ mod tests {
             assert_eq!(blob.refs, 0, "{:?}", String::from_utf8_lossy(bytes));
         }
         assert!(s.buckets().await.unwrap().iter().all(|b| !b.name.starts_with('_')), "the uploads bucket is hidden");
+    }
+
+    /// Part records of an upload, whoever's they are.
+    async fn part_records(s: &Store, id: &str) -> usize {
+        let query = ListQuery { prefix: part_prefix(id), after: None, delimiter: None, limit: 100 };
+        s.catalog.list_objects(UPLOADS, &query).await.unwrap().objects.len()
+    }
+
+    async fn refs(s: &Store, bytes: &[u8]) -> u64 {
+        let blob = s.catalog.get_blob(&Digest(sha2::Sha256::digest(bytes).into())).await.unwrap();
+        blob.map_or(0, |b| b.refs)
+    }
+
+    /// A part whose body still streams when its upload is aborted is not
+    /// recorded: nothing would ever release it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_part_that_outlasts_the_abort_of_its_upload_is_not_kept() {
+        let (s, _dir) = store().await;
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let (streaming, seen) = tokio::sync::oneshot::channel();
+        let (go, aborted) = tokio::sync::oneshot::channel::<()>();
+        let first = futures::stream::once(async move {
+            let _ = streaming.send(());
+            Ok::<_, std::io::Error>(Bytes::from_static(b"a part "))
+        });
+        let rest = futures::stream::once(async move {
+            let _ = aborted.await;
+            Ok(Bytes::from_static(b"finished late"))
+        });
+        let (put, ()) = tokio::join!(
+            s.upload_part("files", "k", &id, 1, Box::pin(first.chain(rest)), PutOptions::default()),
+            async {
+                seen.await.unwrap();
+                s.abort_upload("files", "k", &id).await.unwrap();
+                go.send(()).unwrap();
+            }
+        );
+        assert!(matches!(put, Err(StoreError::NoSuchUpload(_))), "{put:?}");
+        assert_eq!(part_records(&s, &id).await, 0);
+        assert_eq!(refs(&s, b"a part finished late").await, 0);
+    }
+
+    /// Parts left behind by an upload's removal (a crash between the two)
+    /// are released by the expiry pass.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn expiry_releases_parts_whose_upload_is_gone() {
+        let (s, _dir) = store().await;
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        part(&s, &id, 1, b"left behind".to_vec()).await;
+        s.catalog.delete_objects(UPLOADS, &[upload_key("files", &id)], &Precondition::default()).await.unwrap();
+        assert_eq!(part_records(&s, &id).await, 1);
+        assert_eq!(s.expire_uploads(now_millis() - 60_000).await.unwrap(), 0, "not old enough yet");
+        assert_eq!(part_records(&s, &id).await, 1);
+        assert_eq!(s.expire_uploads(now_millis() + 1).await.unwrap(), 0, "no upload to abort");
+        assert_eq!(part_records(&s, &id).await, 0);
+        assert_eq!(refs(&s, b"left behind").await, 0);
     }
 
     /// A download that outlives its object still gets every byte: the
