@@ -522,6 +522,29 @@ def area_put(s3, buckets):
         lambda: s3.put_object(Bucket=bucket, Key="absent", Body=b"x", IfMatch=etag_of(b"x")),
     )
     expect_equal(body_of(s3.get_object(Bucket=bucket, Key="once")), b"third", "refused conditional PUTs wrote nothing")
+    expect_error(
+        "PutObject If-None-Match: the current ETag is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: s3.put_object(Bucket=bucket, Key="once", Body=b"fifth", IfNoneMatch=etag_of(b"third")),
+    )
+    expect_equal(body_of(s3.get_object(Bucket=bucket, Key="once")), b"third", "... and wrote nothing")
+    s3.put_object(Bucket=bucket, Key="once", Body=b"sixth", IfNoneMatch=etag_of(b"first"))
+    expect_equal(
+        body_of(s3.get_object(Bucket=bucket, Key="once")), b"sixth", "PutObject If-None-Match: another ETag writes"
+    )
+    expect_error(
+        "PutObject If-Match: the current ETag made weak is PreconditionFailed (weak tags never match)",
+        "PreconditionFailed",
+        412,
+        lambda: s3.put_object(Bucket=bucket, Key="once", Body=b"seventh", IfMatch="W/" + etag_of(b"sixth")),
+    )
+    s3.put_object(Bucket=bucket, Key="once", Body=b"eighth", IfMatch=f'{etag_of(b"first")}, {etag_of(b"sixth")}')
+    expect_equal(
+        body_of(s3.get_object(Bucket=bucket, Key="once")),
+        b"eighth",
+        "PutObject If-Match: a list holding the current ETag writes",
+    )
 
     s3.put_object(Bucket=bucket, Key="headers", Body=b"with headers", **stored_args())
     expect_stored(s3.head_object(Bucket=bucket, Key="headers"), "HeadObject keeps PutObject's headers")
@@ -809,6 +832,21 @@ def area_delete(s3, buckets):
     expect_error("HeadObject after DeleteObject is 404", None, 404, lambda: s3.head_object(Bucket=bucket, Key="d1"))
     r = s3.delete_object(Bucket=bucket, Key="never-was")
     expect_equal(r["ResponseMetadata"]["HTTPStatusCode"], 204, "DeleteObject of a missing key is 204 too")
+    s3.put_object(Bucket=bucket, Key="d1", Body=b"d1")
+    expect_error(
+        "DeleteObject If-Match: the ETag made weak is PreconditionFailed (weak tags never match)",
+        "PreconditionFailed",
+        412,
+        lambda: s3.delete_object(Bucket=bucket, Key="d1", IfMatch="W/" + etag_of(b"d1")),
+    )
+    expect_equal(s3.head_object(Bucket=bucket, Key="d1")["ContentLength"], 2, "... and deleted nothing")
+    s3.delete_object(Bucket=bucket, Key="d1", IfMatch=f'"0123456789abcdef0123456789abcdef", {etag_of(b"d1")}')
+    expect_error(
+        "DeleteObject If-Match: a list holding the ETag deletes",
+        None,
+        404,
+        lambda: s3.head_object(Bucket=bucket, Key="d1"),
+    )
 
     r = s3.delete_objects(
         Bucket=bucket,
@@ -897,6 +935,12 @@ def area_copy(s3, buckets):
         "PreconditionFailed",
         412,
         lambda: s3.copy_object(Bucket=bucket, Key="dst/precious", CopySource=source, IfMatch='"0000"'),
+    )
+    expect_error(
+        "CopyObject with If-None-Match: the destination's ETag is 412",
+        "PreconditionFailed",
+        412,
+        lambda: s3.copy_object(Bucket=bucket, Key="dst/precious", CopySource=source, IfNoneMatch=etag_of(b"precious")),
     )
     expect(body_of(s3.get_object(Bucket=bucket, Key="dst/precious")) == b"precious", "... and the key kept its bytes")
     s3.copy_object(Bucket=bucket, Key="dst/fresh", CopySource=source, IfNoneMatch="*")
@@ -1347,6 +1391,22 @@ def area_multipart(s3, buckets):
         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": s1["ETag"]}]},
     )
     expect_equal(one["ETag"], multipart_etag([data(1 * MiB, 8)]), "a single small (last) part completes: ETag -1")
+    retry = s3.create_multipart_upload(Bucket=bucket, Key="mp/small")["UploadId"]
+    a1 = s3.upload_part(Bucket=bucket, Key="mp/small", UploadId=retry, PartNumber=1, Body=b"again")
+    completion = {"Parts": [{"PartNumber": 1, "ETag": a1["ETag"]}]}
+    expect_error(
+        "CompleteMultipartUpload If-None-Match: the current ETag is PreconditionFailed",
+        "PreconditionFailed",
+        412,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket, Key="mp/small", UploadId=retry, MultipartUpload=completion, IfNoneMatch=one["ETag"]
+        ),
+    )
+    expect_equal(s3.head_object(Bucket=bucket, Key="mp/small")["ETag"], one["ETag"], "... and the object is unchanged")
+    completed = s3.complete_multipart_upload(
+        Bucket=bucket, Key="mp/small", UploadId=retry, MultipartUpload=completion, IfNoneMatch=etag_of(b"other")
+    )
+    expect_equal(completed["ETag"], multipart_etag([b"again"]), "... and with another ETag it completes")
 
     aborted = s3.create_multipart_upload(Bucket=bucket, Key="mp/aborted")["UploadId"]
     s3.upload_part(Bucket=bucket, Key="mp/aborted", UploadId=aborted, PartNumber=1, Body=b"x" * 100)

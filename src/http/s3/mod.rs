@@ -284,6 +284,8 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
         }
     }
     join_repeated(&mut parts.headers, http::header::CONTENT_ENCODING);
+    join_repeated(&mut parts.headers, http::header::IF_MATCH);
+    join_repeated(&mut parts.headers, http::header::IF_NONE_MATCH);
     // Whatever its query, as the protocol layer takes it.
     if parts.method == http::Method::POST
         && let Some(boundary) = form::boundary(&parts.headers)

@@ -165,18 +165,6 @@ fn caller<T>(req: &S3Request<T>) -> String {
     req.credentials.as_ref().map(|c| c.access_key.clone()).unwrap_or_default()
 }
 
-fn precondition(if_match: Option<&ETagCondition>, if_none_match: Option<&ETagCondition>) -> Precondition {
-    let tag = |c: &ETagCondition| match c {
-        ETagCondition::Any => "*".to_string(),
-        ETagCondition::ETag(ETag::Strong(t) | ETag::Weak(t)) => t.clone(),
-    };
-    Precondition {
-        if_absent: matches!(if_none_match, Some(ETagCondition::Any)),
-        if_match: if_match.map(|c| vec![tag(c)]),
-        ..Default::default()
-    }
-}
-
 /// The conditional request headers checked against an object.
 fn check_conditions<T>(req: &S3Request<T>, record: &ObjectRecord) -> S3Result<()> {
     let current = Validators::of(record);
@@ -774,10 +762,15 @@ impl S3 for DepotS3 {
         let body = req.input.body.take();
         let input = &req.input;
         let about = about!(input);
+        // From the headers, as the native API reads them: every tag of a
+        // list, If-None-Match's tags besides `*`, and If-Match's weak
+        // tags, which never match (RFC 9110 section 13.1.1).
+        let precondition = conditional::write_precondition(&req.headers);
+        let if_match = precondition.if_match.is_some();
         let opts = PutOptions {
             content_type: about.content_type,
             expected_md5: content_md5(input.content_md5.as_deref())?,
-            precondition: precondition(input.if_match.as_ref(), input.if_none_match.as_ref()),
+            precondition,
             metadata: about.metadata,
             headers: about.headers,
             ..PutOptions::default()
@@ -786,7 +779,7 @@ impl S3 for DepotS3 {
         refuse_unsupported!(input)?;
         self.check_object_acl(input.acl.as_ref(), &bucket).await?;
         let store = &self.store;
-        if input.if_match.is_some() {
+        if if_match {
             // S3 answers If-Match on a missing key with NoSuchKey, not 412.
             store.head(&bucket, &key).await.map_err(to_s3)?;
         }
@@ -936,7 +929,11 @@ impl S3 for DepotS3 {
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         let input = &req.input;
-        let condition = precondition(input.if_match.as_ref(), None);
+        // S3 deletes on If-Match alone: the other conditions are for
+        // writes (If-None-Match: * would refuse every delete of a key that
+        // exists).
+        let condition =
+            Precondition { if_match: conditional::write_precondition(&req.headers).if_match, ..Default::default() };
         match self.store.delete(&input.bucket, &input.key, &condition).await {
             // Deleting what is not there succeeds, as in S3.
             Ok(_) | Err(StoreError::NoSuchKey(_)) => ok(DeleteObjectOutput::default()),
@@ -1010,24 +1007,12 @@ impl S3 for DepotS3 {
             Some(algorithm) => self.checksummed(source, algorithm).await?,
             None => source,
         };
-        // The destination's conditions, as for PutObject (s3s's input has
-        // no fields for them).
-        let condition = |name: &str| {
-            req.headers
-                .get(name)
-                .map(|v| ETagCondition::parse_http_header(v.as_bytes()))
-                .transpose()
-                .map_err(|_| bad_argument(format!("the {name} header is not an entity tag or *")))
-        };
-        let (if_match, if_none_match) = (condition("if-match")?, condition("if-none-match")?);
-        if if_match.is_some() {
+        // The destination's conditions, as for PutObject.
+        let condition = conditional::write_precondition(&req.headers);
+        if condition.if_match.is_some() {
             self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         }
-        let put = self
-            .store
-            .copy(&source, &input.bucket, &input.key, replace, precondition(if_match.as_ref(), if_none_match.as_ref()))
-            .await
-            .map_err(to_s3)?;
+        let put = self.store.copy(&source, &input.bucket, &input.key, replace, condition).await.map_err(to_s3)?;
         ok(CopyObjectOutput {
             copy_object_result: Some({
                 let (checksum, kind) = record_checksum(&put.record);
@@ -1243,6 +1228,7 @@ impl S3 for DepotS3 {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let condition = conditional::write_precondition(&req.headers);
         let input = req.input;
         let mut parts = Vec::new();
         for p in input.multipart_upload.iter().flat_map(|m| m.parts.iter().flatten()) {
@@ -1258,7 +1244,6 @@ impl S3 for DepotS3 {
         if parts.is_empty() {
             return Err(s3_error!(MalformedXML, "a multipart upload is completed with at least one part"));
         }
-        let condition = precondition(input.if_match.as_ref(), input.if_none_match.as_ref());
         let record = self
             .store
             .complete_upload(
