@@ -618,6 +618,25 @@ def area_get(s3, buckets):
         416,
         lambda: s3.head_object(Bucket=bucket, Key="obj", Range="bytes=10000-"),
     )
+    # A presigned URL signs only the host: a Range it is sent with that is
+    # not one byte range is ignored, as S3 ignores it, and so is a date
+    # condition that is not a date (RFC 9110 sections 14.2 and 13.1.3).
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "obj"})
+    for bad in ["bytes=0-1,5-6", "bytes=5-1", "bytes=abc", "items=0-5"]:
+        status, _, got = http_get(url, {"Range": bad})
+        what = f"Range: {bad} is ignored (200, the whole object)"
+        expect(status == 200 and got == body, what, f"{status}: {short(got)}")
+    for name in ["If-Modified-Since", "If-Unmodified-Since"]:
+        status, _, got = http_get(url, {name: "not a date"})
+        expect(status == 200 and got == body, f"{name}: not a date is ignored (200)", f"{status}: {short(got)}")
+    status, sent, got = http_get(url, {"Range": "bytes=100-199"})
+    expect(
+        (status, sent.get("Content-Range"), got) == (206, "bytes 100-199/10000", body[100:200]),
+        "... while a valid Range is served (206)",
+        f"{status}: {short(got)}",
+    )
+    status, _, got = http_get(url, {"Range": "bytes=10000-"})
+    expect_equal((status, error_code(got)), (416, "InvalidRange"), "... and one past the end is InvalidRange (416)")
     expect(body_of(get(VersionId="null")) == body, "GetObject VersionId=null: the one version")
     expect_error(
         "GetObject of another VersionId is InvalidArgument (buckets are not versioned)",

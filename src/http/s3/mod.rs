@@ -286,6 +286,8 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
     join_repeated(&mut parts.headers, http::header::CONTENT_ENCODING);
     join_repeated(&mut parts.headers, http::header::IF_MATCH);
     join_repeated(&mut parts.headers, http::header::IF_NONE_MATCH);
+    let signed = sigv4_signed(&parts.headers, &query);
+    drop_malformed(&mut parts.headers, &signed);
     // Whatever its query, as the protocol layer takes it.
     if parts.method == http::Method::POST
         && let Some(boundary) = form::boundary(&parts.headers)
@@ -324,6 +326,53 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
     // as it completes (`completion`).
     let (body, refusal) = body::Document::new(body, parts.headers.clone(), delete, MAX_DOCUMENT);
     Ok((http::Request::from_parts(parts, s3s::Body::http_body(body)), Some(refusal)))
+}
+
+/// Headers that are ignored when malformed rather than refused, as the
+/// protocol layer would refuse them (400): a Range that is not one byte
+/// range (several, `bytes=5-1`, another unit) asks for the whole object,
+/// as S3 has it and RFC 9110 (section 14.2) allows, and a date condition
+/// that is not a date does not apply (section 13.1.3).
+const IGNORED_IF_MALFORMED: [http::HeaderName; 3] =
+    [http::header::RANGE, http::header::IF_MODIFIED_SINCE, http::header::IF_UNMODIFIED_SINCE];
+
+/// Leaves out the [`IGNORED_IF_MALFORMED`] headers that are malformed or
+/// given twice, unless `signed` (the headers a SigV4 signature covers,
+/// `;`-separated) names them: without them the signature would not match,
+/// so the protocol layer refuses them then.
+fn drop_malformed(headers: &mut http::HeaderMap, signed: &str) {
+    for name in IGNORED_IF_MALFORMED {
+        let mut values = headers.get_all(&name).iter();
+        let malformed = match (values.next(), values.next()) {
+            (None, _) => false,
+            (Some(value), None) => !value.to_str().is_ok_and(|v| well_formed(&name, v)),
+            (Some(_), Some(_)) => true,
+        };
+        if malformed && !signed.split(';').any(|s| s.eq_ignore_ascii_case(name.as_str())) {
+            headers.remove(&name);
+        }
+    }
+}
+
+/// Whether the protocol layer reads a value of one of the
+/// [`IGNORED_IF_MALFORMED`] headers.
+fn well_formed(name: &http::HeaderName, value: &str) -> bool {
+    match *name {
+        http::header::RANGE => s3s::dto::Range::parse(value).is_ok(),
+        _ => s3s::dto::Timestamp::parse(s3s::dto::TimestampFormat::HttpDate, value).is_ok(),
+    }
+}
+
+/// The headers a request's SigV4 signature covers, `;`-separated, from its
+/// presigned query or its Authorization header; none for an unsigned
+/// request or a SigV2 one, which signs no header of
+/// [`IGNORED_IF_MALFORMED`].
+fn sigv4_signed(headers: &http::HeaderMap, query: &[(String, String)]) -> String {
+    if let Some((_, signed)) = query.iter().find(|(n, _)| n == "X-Amz-SignedHeaders") {
+        return signed.clone();
+    }
+    let auth = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    sigv4_signed_headers(auth).unwrap_or_default().to_string()
 }
 
 /// Makes a list header given on several lines one line, as RFC 9110
@@ -630,6 +679,32 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn malformed_ranges_and_dates_are_left_out_unless_signed() {
+        let headers = |range: &str, date: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::RANGE, range.parse().unwrap());
+            h.insert(http::header::IF_MODIFIED_SINCE, date.parse().unwrap());
+            h
+        };
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        for bad in ["bytes=0-1,5-6", "bytes=5-1", "bytes=abc", "items=0-5"] {
+            let mut h = headers(bad, "not a date");
+            drop_malformed(&mut h, "host;x-amz-date");
+            assert!(h.is_empty(), "{bad}");
+            let mut signed = headers(bad, date);
+            drop_malformed(&mut signed, "host;range;x-amz-date");
+            assert_eq!(signed.len(), 2, "{bad}");
+        }
+        let mut good = headers("bytes=10000-", date);
+        drop_malformed(&mut good, "");
+        assert_eq!(good.len(), 2);
+        let mut twice = headers("bytes=0-1", date);
+        twice.append(http::header::RANGE, "bytes=2-3".parse().unwrap());
+        drop_malformed(&mut twice, "");
+        assert!(!twice.contains_key(http::header::RANGE));
+    }
 
     #[test]
     fn xml_answers_escape_carriage_returns_and_errors_name_their_request() {
