@@ -42,7 +42,7 @@ impl From<StoreError> for ApiError {
         use StatusCode as S;
         let (status, code) = match &e {
             StoreError::InvalidBucketName(_) => (S::BAD_REQUEST, "InvalidBucketName"),
-            StoreError::InvalidKey(_) => (S::BAD_REQUEST, "InvalidKey"),
+            StoreError::InvalidKey(_) | StoreError::KeyTooLong(_) => (S::BAD_REQUEST, "InvalidKey"),
             StoreError::NoSuchBucket(_) => (S::NOT_FOUND, "NoSuchBucket"),
             StoreError::NoSuchKey(_) => (S::NOT_FOUND, "NoSuchKey"),
             StoreError::NoSuchBlob(_) => (S::NOT_FOUND, "NoSuchBlob"),

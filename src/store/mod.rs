@@ -49,6 +49,10 @@ pub enum StoreError {
     InvalidBucketName(String),
     #[error("{0}")]
     InvalidKey(String),
+    /// A key longer than the store's limit (`--max-key-bytes`), which S3
+    /// names apart from other invalid keys.
+    #[error("{0}")]
+    KeyTooLong(String),
     #[error("the bucket {0:?} does not exist")]
     NoSuchBucket(String),
     #[error("the key {0:?} does not exist")]
@@ -450,7 +454,9 @@ impl Store {
     /// Checks a key against the rules of [`names::check_key`] and this
     /// store's length limit: for keys being written.
     pub fn check_key(&self, key: &str) -> Result<()> {
-        names::check_key(key, self.config.max_key_bytes).map_err(StoreError::InvalidKey)
+        let max = self.config.max_key_bytes;
+        names::check_key(key, max)
+            .map_err(|m| if key.len() > max { StoreError::KeyTooLong(m) } else { StoreError::InvalidKey(m) })
     }
 
     /// Checks a key that is read or deleted: the length limit is left

@@ -1947,12 +1947,20 @@ def area_keys(s3, buckets):
 
     too_long = "long/" + "k" * 1020
     expect_error(
-        "a 1025-byte key is refused (400)",
-        None,
+        "a 1025-byte key is KeyTooLongError (400)",
+        "KeyTooLongError",
         400,
         lambda: s3.put_object(Bucket=bucket, Key=too_long, Body=b"x"),
     )
     expect(too_long not in keys_of(s3.list_objects_v2(Bucket=bucket)), "the 1025-byte key was not stored")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    *_, headers = signed_put(f"/{bucket}/nul\0key", b"x", hashlib.sha256(b"x").hexdigest(), now)
+    status, said = send_put(f"/{bucket}/nul\0key", b"x", headers)
+    expect(
+        status == 400 and error_code(said) == "InvalidArgument",
+        "a key with a NUL character is InvalidArgument (400)",
+        f"{status}: {short(said)}",
+    )
 
     for key in EDGE_KEYS.values():
         s3.delete_object(Bucket=bucket, Key=key)

@@ -618,10 +618,17 @@ fn anonymous() -> S3Error {
     )
 }
 
-/// A store error as an S3 error: the same code and status as the native
-/// API gives.
+/// A store error as an S3 error: the status the native API gives, and
+/// its code, or S3's where S3 names the error otherwise (S3 has no
+/// `InvalidKey`).
 fn to_s3(e: StoreError) -> S3Error {
-    api_to_s3(ApiError::from(e))
+    let code = match &e {
+        StoreError::KeyTooLong(_) => Some(S3ErrorCode::KeyTooLongError),
+        StoreError::InvalidKey(_) => Some(S3ErrorCode::InvalidArgument),
+        _ => None,
+    };
+    let e = ApiError::from(e);
+    with_status(code.unwrap_or_else(|| s3_code(e.code)), e)
 }
 
 /// A 400 with an S3 error code s3s has no variant for.
@@ -632,7 +639,17 @@ fn bad_request(code: &str, message: &'static str) -> S3Error {
 }
 
 fn api_to_s3(e: ApiError) -> S3Error {
-    let code = S3ErrorCode::from_bytes(e.code.as_bytes()).unwrap_or(S3ErrorCode::InternalError);
+    with_status(s3_code(e.code), e)
+}
+
+/// The S3 code of a native one: a code S3 has not (`InsufficientStorage`)
+/// is kept as it is, never made a server's fault.
+fn s3_code(code: &str) -> S3ErrorCode {
+    S3ErrorCode::from_bytes(code.as_bytes()).unwrap_or_else(|| S3ErrorCode::Custom(code.to_string().into()))
+}
+
+/// `code` with the status and message of `e`.
+fn with_status(code: S3ErrorCode, e: ApiError) -> S3Error {
     let mut err = S3Error::with_message(code, e.message);
     err.set_status_code(e.status);
     err
@@ -679,6 +696,26 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn store_errors_keep_their_status_under_s3_codes() {
+        let cases = [
+            (StoreError::InvalidKey("the key contains a NUL character".into()), "InvalidArgument", 400),
+            (
+                StoreError::KeyTooLong("the key is 300 bytes long; at most 200 are allowed".into()),
+                "KeyTooLongError",
+                400,
+            ),
+            (StoreError::NoSuchKey("k".into()), "NoSuchKey", 404),
+            (StoreError::NoSpace, "InsufficientStorage", 507),
+            (StoreError::Unavailable("down".into()), "ServiceUnavailable", 503),
+            (StoreError::Internal("broken".into()), "InternalError", 500),
+        ];
+        for (error, code, status) in cases {
+            let e = to_s3(error);
+            assert_eq!((e.code().as_str(), e.status_code().map(|s| s.as_u16())), (code, Some(status)));
+        }
+    }
 
     #[test]
     fn malformed_ranges_and_dates_are_left_out_unless_signed() {
