@@ -468,9 +468,13 @@ fn read_file_range(file: File, range: ByteRange, send: bool) -> ByteStream {
                     }
                     // Cold: wait on the blocking pool for the disk to bring
                     // the chunk into the page cache, copying nothing, then
-                    // send it from there.
+                    // send it from there. Where that fails (no descriptors
+                    // for the pipe, say), the chunk is read instead: the
+                    // read tells what, if anything, is wrong with the file.
                     let faulted = file.clone();
-                    if blocking(move || mapped::fault_in(&faulted, at, n).map_err(|e| EngineError::io(NAME, e))).await?
+                    let brought =
+                        blocking(move || mapped::fault_in(&faulted, at, n).map_err(|e| EngineError::io(NAME, e)));
+                    if matches!(brought.await, Ok(true))
                         && let Some(chunk) = mapped::cached(&file, at, n)
                     {
                         return Ok(chunk);

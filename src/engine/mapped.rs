@@ -17,8 +17,10 @@
 //! damaged on disk, and only answers on sockets are given mapped chunks:
 //! there `sendfile` meets the short file and the connection is closed.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
@@ -98,10 +100,9 @@ pub fn cached(file: &Arc<File>, offset: u64, len: usize) -> Option<Bytes> {
 /// but copying nothing: the pages are spliced into a pipe and from there
 /// into `/dev/null`. False if the file ends first. Blocks: for the
 /// blocking pool.
-pub fn fault_in(file: &File, offset: u64, len: usize) -> std::io::Result<bool> {
+pub fn fault_in(file: &File, offset: u64, len: usize) -> io::Result<bool> {
     use rustix::pipe::{SpliceFlags, splice};
-    SINK.with(|sink| {
-        let sink = sink.as_ref().map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+    with_sink(Sink::new, |sink| {
         let (mut at, end) = (offset, offset + len as u64);
         while at < end {
             let want = ((end - at) as usize).min(sink.capacity);
@@ -117,6 +118,28 @@ pub fn fault_in(file: &File, offset: u64, len: usize) -> std::io::Result<bool> {
     })
 }
 
+/// Runs `work` with this thread's sink, made with `make` if there is none.
+/// A sink that could not be made (out of file descriptors, say) is tried
+/// again on the next call, rather than failing every later one on this
+/// thread; and one whose work failed is dropped for a new one, since its
+/// pipe may still hold bytes. Errors keep the system's code, which tells a
+/// passing shortage of descriptors from a fault (see [`EngineError::io`]).
+///
+/// [`EngineError::io`]: super::EngineError::io
+fn with_sink<T>(make: impl FnOnce() -> io::Result<Sink>, work: impl FnOnce(&Sink) -> io::Result<T>) -> io::Result<T> {
+    SINK.with(|slot| {
+        let sink = match slot.take() {
+            Some(sink) => sink,
+            None => make()?,
+        };
+        let result = work(&sink);
+        if result.is_ok() {
+            slot.set(Some(sink));
+        }
+        result
+    })
+}
+
 /// A pipe and `/dev/null`, for [`fault_in`] on one thread.
 struct Sink {
     read: std::os::fd::OwnedFd,
@@ -126,11 +149,11 @@ struct Sink {
 }
 
 thread_local! {
-    static SINK: std::io::Result<Sink> = Sink::new();
+    static SINK: Cell<Option<Sink>> = const { Cell::new(None) };
 }
 
 impl Sink {
-    fn new() -> std::io::Result<Sink> {
+    fn new() -> io::Result<Sink> {
         let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         // A chunk in one splice where the system allows it; the default
         // pipe (64 KiB) otherwise.
@@ -218,6 +241,42 @@ mod tests {
         let chunk = cached(&file, 70_000, 400_000).expect("brought back");
         assert_eq!(&chunk[..], &content[70_000..470_000]);
         assert!(!fault_in(&file, 500_000, 200_000).unwrap(), "the file ends at 600,000");
+    }
+
+    /// A sink that could not be made, as when the process is out of file
+    /// descriptors, fails that call alone, with the system's error; the
+    /// thread's next call makes one and brings the range in.
+    #[test]
+    fn a_sink_that_could_not_be_made_is_made_on_the_next_call() {
+        let file = file_of(&[3; 100_000]);
+        std::thread::spawn(move || {
+            let out_of_files = with_sink(|| Err(io::Error::from_raw_os_error(libc::EMFILE)), |_| Ok(()));
+            assert_eq!(out_of_files.unwrap_err().raw_os_error(), Some(libc::EMFILE));
+            assert!(fault_in(&file, 0, 100_000).unwrap());
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A thread keeps its sink while it works, and makes a new one after
+    /// one failed.
+    #[test]
+    fn a_sink_that_failed_is_replaced() {
+        std::thread::spawn(|| {
+            let made = Cell::new(0);
+            let make = || {
+                made.set(made.get() + 1);
+                Sink::new()
+            };
+            with_sink(make, |_| Ok(())).unwrap();
+            with_sink(make, |_| Ok(())).unwrap();
+            assert_eq!(made.get(), 1);
+            with_sink(make, |_| Err::<(), _>(io::Error::from_raw_os_error(libc::EIO))).unwrap_err();
+            with_sink(make, |_| Ok(())).unwrap();
+            assert_eq!(made.get(), 2);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
