@@ -304,6 +304,19 @@ impl FsWriter {
     }
 }
 
+/// Syncs the staging file `tmp` and makes it the blob of `digest`, durably.
+fn place(inner: &Inner, file: &File, tmp: &Path, digest: &Digest) -> Result<()> {
+    file.sync_data().map_err(EngineError::SyncFailed)?;
+    let dest = inner.blob_path(digest);
+    let leaf = dest.parent().expect("blob path has a directory");
+    ensure_dir(leaf.parent().expect("two levels"))?;
+    ensure_dir(leaf)?;
+    // Renaming over an existing blob of the same digest replaces
+    // identical bytes and refreshes the file's age for the collector.
+    fs::rename(tmp, &dest).map_err(|e| EngineError::io(NAME, e))?;
+    sync_dir(leaf)
+}
+
 #[async_trait]
 impl BlobWriter for FsWriter {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
@@ -324,16 +337,13 @@ impl BlobWriter for FsWriter {
         let tmp = std::mem::take(&mut self.path);
         let inner = self.inner.clone();
         blocking(move || {
-            file.sync_data().map_err(EngineError::SyncFailed)?;
-            let dest = inner.blob_path(&digest);
-            let leaf = dest.parent().expect("blob path has a directory");
-            ensure_dir(leaf.parent().expect("two levels"))?;
-            ensure_dir(leaf)?;
-            // Renaming over an existing blob of the same digest replaces
-            // identical bytes and refreshes the file's age for the collector.
-            fs::rename(&tmp, &dest).map_err(|e| EngineError::io(NAME, e))?;
-            sync_dir(leaf)?;
-            Ok(BlobRef { digest, size, locator: Vec::new() })
+            let placed = place(&inner, &file, &tmp, &digest);
+            // A staging file that did not become the blob goes now, not at
+            // the next start (gone already if only the last sync failed).
+            if placed.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            placed.map(|()| BlobRef { digest, size, locator: Vec::new() })
         })
         .await
     }
@@ -571,6 +581,27 @@ mod tests {
         FsEngine::open(dir.path()).unwrap();
         let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().map(|e| e.unwrap().path()).collect();
         assert_eq!(left, vec![other_host], "only this host's abandoned staging files go");
+    }
+
+    /// A blob that cannot be put in place, its fan-out directory blocked by
+    /// a file, fails its write and leaves no staging file behind.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failed_finish_removes_its_staging_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FsEngine::open(dir.path()).unwrap();
+        for (seed, level) in [(1, 1), (2, 2)] {
+            let body = conformance::pattern(5000, seed);
+            // The first level blocked: making the second fails (ENOTDIR);
+            // the second blocked: renaming into it does.
+            let dest = engine.blob_path(&Digest(crate::engine::sha2_digest(&body)));
+            let blocked = dest.ancestors().nth(3 - level).unwrap();
+            std::fs::create_dir_all(blocked.parent().unwrap()).unwrap();
+            std::fs::write(blocked, b"not a directory").unwrap();
+            let err = engine.put_bytes(body).await.unwrap_err();
+            assert!(err.to_string().contains("Not a directory"), "{err}");
+            let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().collect();
+            assert!(left.is_empty(), "staging files left: {left:?}");
+        }
     }
 
     /// Drops a file's pages from the page cache, written back first.
