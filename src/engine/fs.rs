@@ -81,8 +81,13 @@ impl FsEngine {
             let name = entry.file_name().to_string_lossy().into_owned();
             let old =
                 entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
-            if old || abandoned_here(&name, &host) {
-                fs::remove_file(entry.path()).map_err(|e| EngineError::io(NAME, e))?;
+            // One gone meanwhile was removed by another node sharing the
+            // directory, or was a live writer's, finished since.
+            if (old || abandoned_here(&name, &host))
+                && let Err(e) = fs::remove_file(entry.path())
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                return Err(EngineError::io(NAME, e));
             }
         }
         Ok(FsEngine {
