@@ -21,6 +21,7 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -322,8 +323,14 @@ struct RocksWriter {
     inner: Arc<Inner>,
     id: [u8; 16],
     buf: BytesMut,
-    /// Chunks already written to the database.
+    /// Chunks handed to the database, the one being written included.
     written: u32,
+    /// A chunk failed to be written, or its write was cancelled: the blob
+    /// cannot be finished.
+    failed: bool,
+    /// Set when the writer is dropped with chunks: a chunk write still in
+    /// flight then removes what it wrote.
+    abandoned: Arc<AtomicBool>,
 }
 
 impl RocksWriter {
@@ -331,17 +338,32 @@ impl RocksWriter {
     /// in progress so a crash cannot strand its chunks.
     async fn spill(&mut self) -> Result<()> {
         let chunk = self.buf.split_to(CHUNK).freeze();
-        let (inner, id, n) = (self.inner.clone(), self.id, self.written);
+        let (inner, id, n, abandoned) = (self.inner.clone(), self.id, self.written, self.abandoned.clone());
+        // Counted before the write, so a writer dropped while it is in
+        // flight removes this chunk too; failed until the write is done.
+        self.written += 1;
+        self.failed = true;
         blocking(move || {
             let mut batch = WriteBatch::default();
             if n == 0 {
                 batch.put(pending_key(&id), b"");
             }
             batch.put(chunk_key(&id, n), &chunk);
-            inner.db.write(batch).map_err(db_err)
+            inner.db.write(batch).map_err(db_err)?;
+            // Dropped meanwhile, the writer may have removed its chunks
+            // before this one was there: this one goes, and the marker with
+            // it. (Dropped after this check, it removes this chunk itself.)
+            if abandoned.load(Ordering::SeqCst) {
+                let mut batch = WriteBatch::default();
+                batch.delete(chunk_key(&id, n));
+                batch.delete(pending_key(&id));
+                // Best effort: if this fails, the next open removes it.
+                let _ = inner.db.write(batch);
+            }
+            Ok(())
         })
         .await?;
-        self.written += 1;
+        self.failed = false;
         Ok(())
     }
 }
@@ -365,6 +387,12 @@ impl BlobWriter for RocksWriter {
     }
 
     async fn finish_unsynced(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
+        if self.failed {
+            return Err(EngineError::other(
+                NAME,
+                "a chunk of this blob was not written: its write failed or was cancelled",
+            ));
+        }
         let last = self.buf.split().freeze();
         let (inner, id, written) = (self.inner.clone(), self.id, self.written);
         self.written = 0; // from here on, finish owns the chunks
@@ -381,6 +409,7 @@ impl BlobWriter for RocksWriter {
 impl Drop for RocksWriter {
     fn drop(&mut self) {
         if self.written > 0 {
+            self.abandoned.store(true, Ordering::SeqCst);
             let mut batch = WriteBatch::default();
             delete_chunks(&mut batch, &self.id, self.written);
             batch.delete(pending_key(&self.id));
@@ -397,7 +426,14 @@ impl BlobEngine for RocksEngine {
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
-        Ok(Box::new(RocksWriter { inner: self.inner.clone(), id: rand::random(), buf: BytesMut::new(), written: 0 }))
+        Ok(Box::new(RocksWriter {
+            inner: self.inner.clone(),
+            id: rand::random(),
+            buf: BytesMut::new(),
+            written: 0,
+            failed: false,
+            abandoned: Arc::new(AtomicBool::new(false)),
+        }))
     }
 
     async fn sync(&self) -> Result<()> {
@@ -601,6 +637,52 @@ mod tests {
         writer.write(conformance::pattern(2 * CHUNK + 10, 9)).await.unwrap();
         drop(writer);
         assert_eq!(chunk_count(&engine), 0);
+    }
+
+    /// A writer dropped while a chunk after the first is being written
+    /// (its client gone mid-upload), or just after, leaves neither that
+    /// chunk nor the others behind.
+    #[test]
+    fn a_writer_dropped_mid_chunk_leaves_no_chunk() {
+        // One blocking thread, held until the chunk's write is to run: the
+        // write is then in flight whatever the machine's load.
+        let runtime = tokio::runtime::Builder::new_multi_thread().max_blocking_threads(1).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let engine = RocksEngine::open(dir.path()).unwrap();
+            let markers =
+                || engine.inner.db.iterator(IteratorMode::Start).filter(|i| i.as_ref().unwrap().0[0] == b'p').count();
+            for written_before_the_drop in [false, true] {
+                let mut writer = engine.writer(None).await.unwrap();
+                writer.write(conformance::pattern(CHUNK + 10, 1)).await.unwrap();
+                let (release, held) = std::sync::mpsc::channel::<()>();
+                let blocker = tokio::task::spawn_blocking(move || held.recv());
+                let second = futures::FutureExt::now_or_never(writer.write(conformance::pattern(CHUNK, 2)));
+                assert!(second.is_none(), "the second chunk waits for the blocking thread");
+                // Tasks on the one blocking thread run in turn: once this
+                // one has, the chunk's write is done.
+                let after_the_write = || tokio::task::spawn_blocking(|| ());
+                if written_before_the_drop {
+                    release.send(()).unwrap();
+                    after_the_write().await.unwrap();
+                    assert_eq!(chunk_count(&engine), 2);
+                    // Its write cancelled, the writer cannot tell what it
+                    // holds: it refuses to finish, and goes.
+                    let refused = writer.finish(Digest([0; 32])).await;
+                    assert!(refused.is_err_and(|e| e.to_string().contains("was not written")));
+                } else {
+                    drop(writer);
+                    release.send(()).unwrap();
+                    after_the_write().await.unwrap();
+                }
+                blocker.await.unwrap().unwrap();
+                assert_eq!(
+                    (chunk_count(&engine), markers()),
+                    (0, 0),
+                    "written before the drop: {written_before_the_drop}"
+                );
+            }
+        });
     }
 
     #[tokio::test(flavor = "multi_thread")]
