@@ -482,7 +482,8 @@ impl BlobEngine for RocksEngine {
             let v = inner.db.get_pinned(chunk_key(&head.id, n)).map_err(|e| inner.read_err(e))?;
             let v = v.ok_or_else(|| chunk_missing(n))?;
             let from = range.start.saturating_sub(chunk_start) as usize;
-            let to = ((range.end - chunk_start) as usize).min(v.len());
+            // Every chunk but the last is whole: a shorter one lost bytes.
+            let to = ((range.end - chunk_start) as usize).min(CHUNK);
             v.get(from..to).map(Bytes::copy_from_slice).ok_or_else(|| chunk_short(n))
         }))
     }
@@ -683,6 +684,24 @@ mod tests {
                 );
             }
         });
+    }
+
+    /// A chunk of a blob shorter than a whole one, where a whole one
+    /// belongs, is damage: a read across it fails rather than come short.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_short_middle_chunk_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        let blob = engine.put_bytes(conformance::pattern(3 * CHUNK, 4)).await.unwrap();
+        let head = engine.inner.db.get(head_key(&blob.digest)).unwrap().unwrap();
+        let id = Head::decode(&head).unwrap().0.id;
+        engine.inner.db.put(chunk_key(&id, 1), conformance::pattern(CHUNK / 2, 5)).unwrap();
+        let read = engine.read_to_vec(&blob, ByteRange::full(blob.size)).await;
+        assert!(
+            matches!(&read, Err(EngineError::Damaged { message, .. }) if message.contains("chunk 1 of the blob is shorter")),
+            "{:?}",
+            read.map(|v| v.len())
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]
