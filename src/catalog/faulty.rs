@@ -150,6 +150,10 @@ impl Catalog for FaultyCatalog {
         self.inner.release_claims(claims).await
     }
 
+    async fn renew_claims(&self, claims: &[ClaimId]) -> Result<()> {
+        self.inner.renew_claims(claims).await
+    }
+
     async fn begin_delete(&self, blob: &BlobRef) -> Result<bool> {
         self.read()?;
         self.inner.begin_delete(blob).await

@@ -425,6 +425,15 @@ pub trait Catalog: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Keeps claims of [`Catalog::claim_blob`] from lapsing, as a claim of
+    /// a crashed writer does after a while. Fails with
+    /// [`CatalogError::Unavailable`] if any has lapsed already: a collector
+    /// may then have deleted the bytes it guarded.
+    async fn renew_claims(&self, claims: &[ClaimId]) -> Result<()> {
+        let _ = claims;
+        Ok(())
+    }
+
     /// Whether bytes of `blob.digest` stored under `blob.locator` may be
     /// deleted: no record points at that locator and no writer claims the
     /// digest. When it answers yes, claims of the digest wait until the

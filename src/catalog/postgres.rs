@@ -164,7 +164,8 @@ const MIGRATION_LOCK: i64 = 0x6465_706f_7400_0001;
 const DIGEST_LOCKS: i32 = 0x6465_706f;
 
 /// How long a claim counts: from the end of an upload's body to its commit,
-/// seconds at most, unless its node crashed meanwhile.
+/// seconds at most, unless its node crashed meanwhile; a batch that takes
+/// longer renews its claims.
 const CLAIM_LIFE: &str = "10 minutes";
 
 /// How long a delete in progress counts: a node's delete of one blob's
@@ -635,6 +636,24 @@ impl Catalog for PostgresCatalog {
         })
     }
 
+    async fn renew_claims(&self, claims: &[ClaimId]) -> Result<()> {
+        let renewed = in_txn!(self.pool, "renewing claims", |txn| {
+            let sql = format!(
+                "UPDATE depot_catalog_claims SET since = now()
+                 WHERE id = ANY($1) AND since > now() - interval '{CLAIM_LIFE}'"
+            );
+            Ok(txn.execute(&sql, &[&claims]).await?)
+        })?;
+        if renewed < claims.len() as u64 {
+            return Err(CatalogError::Unavailable(format!(
+                "{} of {} claims on blobs lapsed before their writes were recorded; send them again",
+                claims.len() as u64 - renewed,
+                claims.len()
+            )));
+        }
+        Ok(())
+    }
+
     async fn begin_delete(&self, blob: &BlobRef) -> Result<bool> {
         in_txn!(self.pool, "starting a delete", |txn| {
             lock_digest(txn, &blob.digest).await?;
@@ -925,6 +944,35 @@ mod tests {
             b.create_bucket(&BucketRecord::new("shared", "", false)).await,
             Err(CatalogError::BucketExists(_))
         ));
+    }
+
+    /// A renewed claim counts again from now; one past its life cannot be
+    /// renewed (a collector may have taken its bytes meanwhile).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn claims_are_renewed_until_they_lapse() {
+        let url = pg::fresh_test_database().await;
+        let catalog = PostgresCatalog::connect(&url).await.unwrap();
+        let (a, b) = (Digest([1; 32]), Digest([2; 32]));
+        let claims = [catalog.claim_blob(&a).await.unwrap().unwrap(), catalog.claim_blob(&b).await.unwrap().unwrap()];
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let age = |id: ClaimId, minutes: i32| {
+            let client = &client;
+            async move {
+                let sql = "UPDATE depot_catalog_claims SET since = now() - make_interval(mins => $2) WHERE id = $1";
+                assert_eq!(client.execute(sql, &[&id, &minutes]).await.unwrap(), 1);
+            }
+        };
+        age(claims[0], 9).await;
+        catalog.renew_claims(&claims).await.unwrap();
+        let fresh = "SELECT count(*) FROM depot_catalog_claims WHERE since > now() - interval '1 minute'";
+        assert_eq!(client.query_one(fresh, &[]).await.unwrap().get::<_, i64>(0), 2, "both count from now");
+        age(claims[1], 11).await;
+        let lapsed = catalog.renew_claims(&claims).await;
+        assert!(matches!(lapsed, Err(CatalogError::Unavailable(ref m)) if m.contains("1 of 2")), "{lapsed:?}");
+        catalog.release_claims(&claims).await.unwrap();
+        assert!(catalog.renew_claims(&claims).await.is_err(), "released claims are not renewed");
+        catalog.renew_claims(&[]).await.unwrap();
     }
 
     /// The engine marker is set once, and changed only by whoever read the

@@ -647,20 +647,47 @@ impl Store {
             record.headers = new.headers;
             record.headers.extend(checksum);
         }
+        // A copy brings no bytes: its blobs are held from the collectors, as
+        // a writer's are, until their new references are recorded, or the
+        // source's being deleted meanwhile could let them go under the copy.
+        let (_guards, claims) = self.hold(&record.parts).await?;
         let blobs = self
             .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))
-            .await?;
-        let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
-        let outcome = self.note(self.catalog.put_object(put).await.map_err(Into::into))?;
-        Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: true })
+            .await;
+        let outcome = match blobs {
+            Ok(blobs) => {
+                let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
+                self.note(self.catalog.put_object(put).await.map_err(Into::into))
+            }
+            Err(e) => Err(e),
+        };
+        self.release(&claims).await;
+        Ok(PutResult { record, replaced: outcome?.replaced.is_some(), deduplicated: true })
+    }
+
+    /// Holds the blobs of `parts` from this node's collector and claims
+    /// them from the other nodes' (see [`Store::write_blob`]), waiting for
+    /// a delete of one in progress to end.
+    async fn hold(&self, parts: &[Part]) -> Result<(Vec<guards::Guard>, Vec<ClaimId>)> {
+        let digests = distinct(parts);
+        let (mut held, mut claims) = (Vec::with_capacity(digests.len()), Vec::new());
+        for digest in digests {
+            held.push(self.guards.writing(digest).await);
+            match self.catalog.claim_blob(&digest).await {
+                Ok(claim) => claims.extend(claim),
+                Err(e) => {
+                    self.release(&claims).await;
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok((held, claims))
     }
 
     /// The stored blobs of `parts`, each once, for a record that refers to
     /// blobs already in the catalog; `missing` names a blob that is not.
     async fn blob_refs(&self, parts: &[Part], missing: impl Fn(Digest) -> StoreError) -> Result<Vec<BlobRef>> {
-        let mut digests: Vec<Digest> = parts.iter().map(|p| p.digest).collect();
-        digests.sort_unstable_by_key(|d| d.0);
-        digests.dedup();
+        let digests = distinct(parts);
         let blobs = self.catalog.get_blobs(&digests).await?;
         digests.iter().zip(blobs).map(|(d, b)| b.map(|b| b.blob_ref()).ok_or_else(|| missing(*d))).collect()
     }
@@ -1004,7 +1031,13 @@ impl Store {
     pub fn batch(&self, bucket: &str) -> Result<PutBatch<'_>> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         self.check_writable()?;
-        Ok(PutBatch { store: self, bucket: bucket.to_string(), puts: Vec::new(), written: Vec::new() })
+        Ok(PutBatch {
+            store: self,
+            bucket: bucket.to_string(),
+            puts: Vec::new(),
+            written: Vec::new(),
+            renewed: Instant::now(),
+        })
     }
 
     pub async fn delete_many(&self, bucket: &str, keys: &[String]) -> Result<Vec<bool>> {
@@ -1088,7 +1121,14 @@ pub struct PutBatch<'a> {
     puts: Vec<ObjectPut>,
     /// The bytes of each put, held from the collector until the commit.
     written: Vec<Written>,
+    /// When the claims of `written` were last renewed: a batch can stream
+    /// for longer than a claim lasts (see [`Catalog::renew_claims`]).
+    renewed: Instant,
 }
+
+/// How often a batch renews the claims on the bytes it holds, well within
+/// their life.
+const RENEW_CLAIMS: Duration = Duration::from_secs(60);
 
 impl PutBatch<'_> {
     pub async fn add<S, E>(&mut self, key: &str, len: u64, body: S) -> Result<()>
@@ -1097,6 +1137,9 @@ impl PutBatch<'_> {
         E: std::fmt::Display,
     {
         self.store.check_key(key)?;
+        if self.renewed.elapsed() >= RENEW_CLAIMS {
+            self.renew_claims().await?;
+        }
         let expected = Expected { len: Some(len), ..Expected::default() };
         // The blobs of a batch share one sync, at commit.
         let written = self.store.note(self.store.write_blob(body, expected, false).await)?;
@@ -1144,12 +1187,33 @@ impl PutBatch<'_> {
         }
     }
 
+    /// Renews the claims on the bytes written so far; fails if one has
+    /// lapsed.
+    async fn renew_claims(&mut self) -> Result<()> {
+        let claims: Vec<ClaimId> = self.written.iter().filter_map(|w| w.claim).collect();
+        if !claims.is_empty() {
+            self.store.catalog.renew_claims(&claims).await?;
+        }
+        self.renewed = Instant::now();
+        Ok(())
+    }
+
     async fn record(&mut self) -> Result<Vec<crate::catalog::PutOutcome>> {
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
+        // The claims hold until the commit, however long the batch took.
+        self.renew_claims().await?;
         let puts = std::mem::take(&mut self.puts);
         self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))
     }
+}
+
+/// The digests of `parts`, each once, in order.
+fn distinct(parts: &[Part]) -> Vec<Digest> {
+    let mut digests: Vec<Digest> = parts.iter().map(|p| p.digest).collect();
+    digests.sort_unstable_by_key(|d| d.0);
+    digests.dedup();
+    digests
 }
 
 /// The Content-Type given with an object, or when none was (or an empty
@@ -1227,6 +1291,55 @@ mod tests {
         assert_eq!(b.gc().await.unwrap(), GcReport::default());
         assert_eq!(read_all(&a, "shared", "new").await, b"the same bytes, twice");
         assert!(a.verify(false, &indicatif::ProgressBar::hidden()).await.unwrap().problems.is_empty());
+    }
+
+    /// A copy whose source is deleted and its blob collected meanwhile
+    /// fails rather than refer to bytes that are gone: it waits for the
+    /// collection in progress, then finds the blob gone.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_copy_never_refers_to_bytes_collected_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let config = StoreConfig { gc_grace: Duration::ZERO, ..StoreConfig::default() };
+        let s = Arc::new(Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap());
+        let source = s.put("files", "source", body(b"copied while collected"), PutOptions::default()).await.unwrap();
+        let source = source.record;
+        let blob = s.catalog.get_blob(&source.sha256).await.unwrap().unwrap().blob_ref();
+        s.delete("files", "source", &Precondition::default()).await.unwrap();
+        // The collector has taken the dead blob when the copy starts.
+        let collecting = s.guards.collecting(source.sha256).unwrap();
+        let copy = tokio::spawn({
+            let (s, source) = (s.clone(), source.clone());
+            async move { s.copy(&source, "files", "copy", None, Precondition::default()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!copy.is_finished(), "the copy went on while its blob was being collected");
+        assert!(s.catalog.remove_dead_blob(&source.sha256, now_millis()).await.unwrap());
+        s.delete_bytes(&blob).await.unwrap();
+        drop(collecting);
+        let copied = copy.await.unwrap();
+        assert!(matches!(copied, Err(StoreError::NoSuchKey(_))), "{copied:?}");
+        assert!(matches!(s.head("files", "copy").await, Err(StoreError::NoSuchKey(_))));
+        assert!(s.verify(false, &indicatif::ProgressBar::hidden()).await.unwrap().problems.is_empty());
+    }
+
+    /// A batch that outlasted the claims on its bytes (another node's
+    /// collector no longer saw them) records nothing: those bytes may be
+    /// gone.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_whose_claims_lapsed_is_not_recorded() {
+        use crate::catalog::postgres::PostgresCatalog;
+        let url = crate::pg::fresh_test_database().await;
+        let catalog = Arc::new(PostgresCatalog::connect(&url).await.unwrap());
+        let store = Store::open(catalog, Arc::new(MemoryEngine::new()), StoreConfig::default()).await.unwrap();
+        let mut batch = store.batch("files").unwrap();
+        batch.add("slow", 4, body(b"slow")).await.unwrap();
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let aged = "UPDATE depot_catalog_claims SET since = now() - interval '11 minutes'";
+        assert_eq!(client.execute(aged, &[]).await.unwrap(), 1);
+        assert!(matches!(batch.commit().await, Err(StoreError::Unavailable(_))));
+        assert!(matches!(store.head("files", "slow").await, Err(StoreError::NoSuchKey(_))));
     }
 
     /// A write the catalog refuses (a lost race for a condition, a bucket
