@@ -499,12 +499,7 @@ fn read_file_range(file: File, range: ByteRange, send: bool) -> ByteStream {
             }
         })
         .buffered(READ_AHEAD);
-    let mut failed = false;
-    Box::pin(reads.take_while(move |chunk| {
-        let go = !failed;
-        failed |= chunk.is_err();
-        futures::future::ready(go)
-    }))
+    Box::pin(super::ends_at_first_error(reads))
 }
 
 /// `n` bytes at `offset`. Bytes in the page cache are read on the calling

@@ -311,26 +311,47 @@ pub(crate) fn channel_stream<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// Reads a blob's pieces on the blocking pool, one bounded channel ahead of
-/// the consumer: `read` is called for each of `pieces` in order. The stream
-/// ends after the first error, and reading stops when the consumer goes away.
-pub(crate) fn read_blocking<P, F>(pieces: P, mut read: F) -> ByteStream
+/// Reads a blob's pieces on the blocking pool, each in a task of its own,
+/// one piece ahead of the consumer: `read` is called for each of `pieces`
+/// in order. A consumer that reads slowly holds no thread of the pool
+/// while it lags: with a thread parked per slow download, a few hundred
+/// of them would stall every blocking task of the runtime, the catalog's
+/// lookups included. The stream ends after the first error, and reading
+/// stops when the consumer goes away.
+pub(crate) fn read_blocking<P, F>(engine: &'static str, pieces: P, read: F) -> ByteStream
 where
-    P: IntoIterator + Send + 'static,
+    P: IntoIterator + 'static,
     P::IntoIter: Send,
-    F: FnMut(P::Item) -> Result<Bytes> + Send + 'static,
+    P::Item: Send + 'static,
+    F: Fn(P::Item) -> Result<Bytes> + Send + Sync + 'static,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
-    tokio::task::spawn_blocking(move || {
-        for piece in pieces {
-            let item = read(piece);
-            let failed = item.is_err();
-            if tx.blocking_send(item).is_err() || failed {
-                return;
+    use futures::StreamExt;
+    let read = Arc::new(read);
+    let reads = futures::stream::iter(pieces)
+        .map(move |piece| {
+            let read = read.clone();
+            async move {
+                tokio::task::spawn_blocking(move || read(piece))
+                    .await
+                    .map_err(|e| EngineError::other(engine, format!("blocking task failed: {e}")))?
             }
-        }
-    });
-    Box::pin(channel_stream(rx))
+        })
+        .buffered(2);
+    Box::pin(ends_at_first_error(reads))
+}
+
+/// `stream` up to and including its first error: what comes after a
+/// failed piece (read ahead of it) is not sent.
+pub(crate) fn ends_at_first_error<T: Send>(
+    stream: impl futures::Stream<Item = Result<T>> + Send,
+) -> impl futures::Stream<Item = Result<T>> + Send {
+    use futures::StreamExt;
+    let mut failed = false;
+    stream.take_while(move |item| {
+        let go = !failed;
+        failed |= item.is_err();
+        futures::future::ready(go)
+    })
 }
 
 /// Bytes a directory tree occupies on disk (allocated blocks, not lengths).

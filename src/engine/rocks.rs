@@ -477,7 +477,7 @@ impl BlobEngine for RocksEngine {
             return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
         }
         let inner = self.inner.clone();
-        Ok(super::read_blocking(first..=last, move |n| {
+        Ok(super::read_blocking(NAME, first..=last, move |n| {
             let chunk_start = n as u64 * CHUNK as u64;
             let v = inner.db.get_pinned(chunk_key(&head.id, n)).map_err(|e| inner.read_err(e))?;
             let v = v.ok_or_else(|| chunk_missing(n))?;
@@ -640,6 +640,40 @@ mod tests {
         assert_eq!(chunk_count(&engine), 0);
     }
 
+    /// Runs `test` on a new engine, in a runtime whose blocking pool has
+    /// `threads` threads.
+    fn with_blocking_threads<F: Future<Output = ()>>(threads: usize, test: impl FnOnce(RocksEngine) -> F) {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().max_blocking_threads(threads).enable_all().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        runtime.block_on(async { test(RocksEngine::open(dir.path()).unwrap()).await });
+    }
+
+    /// Downloads whose clients have stopped reading hold no thread of the
+    /// blocking pool: other blocking work still runs, on a pool of two
+    /// threads with two such downloads open.
+    #[test]
+    fn stalled_downloads_hold_no_blocking_thread() {
+        with_blocking_threads(2, |engine| async move {
+            let body = conformance::pattern(8 * CHUNK, 5);
+            let blob = engine.put_bytes(body.clone()).await.unwrap();
+            let mut stalled = Vec::new();
+            for _ in 0..2 {
+                let mut read = engine.read(&blob, ByteRange::full(blob.size)).await.unwrap();
+                let first = futures::TryStreamExt::try_next(&mut read).await.unwrap().unwrap();
+                assert_eq!(first[..], body[..CHUNK]);
+                stalled.push(read);
+            }
+            let other = tokio::time::timeout(Duration::from_secs(5), blocking(|| Ok(42)));
+            assert_eq!(other.await.expect("the pool's threads are held by stalled downloads").unwrap(), 42);
+            // And the stalled downloads go on where they stopped.
+            for read in stalled {
+                let rest: Vec<Bytes> = futures::TryStreamExt::try_collect(read).await.unwrap();
+                assert_eq!(rest.concat(), body[CHUNK..]);
+            }
+        });
+    }
+
     /// A writer dropped while a chunk after the first is being written
     /// (its client gone mid-upload), or just after, leaves neither that
     /// chunk nor the others behind.
@@ -647,10 +681,7 @@ mod tests {
     fn a_writer_dropped_mid_chunk_leaves_no_chunk() {
         // One blocking thread, held until the chunk's write is to run: the
         // write is then in flight whatever the machine's load.
-        let runtime = tokio::runtime::Builder::new_multi_thread().max_blocking_threads(1).enable_all().build().unwrap();
-        runtime.block_on(async {
-            let dir = tempfile::tempdir().unwrap();
-            let engine = RocksEngine::open(dir.path()).unwrap();
+        with_blocking_threads(1, |engine| async move {
             let markers =
                 || engine.inner.db.iterator(IteratorMode::Start).filter(|i| i.as_ref().unwrap().0[0] == b'p').count();
             for written_before_the_drop in [false, true] {

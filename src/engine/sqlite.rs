@@ -518,7 +518,7 @@ impl BlobEngine for SqliteEngine {
         let first = range.start / head.chunk;
         let last = (range.end - 1) / head.chunk;
         let inner = self.inner.clone();
-        Ok(super::read_blocking(first..=last, move |n| {
+        Ok(super::read_blocking(NAME, first..=last, move |n| {
             let chunk_start = n * head.chunk;
             let from = range.start.saturating_sub(chunk_start) as usize;
             let to = (range.end - chunk_start).min(head.chunk) as usize;
