@@ -450,12 +450,18 @@ impl Store {
         }
         let keys: Vec<String> = parts.iter().map(|(n, _)| part_key(upload_id, *n)).collect();
         let records = self.catalog.get_objects(UPLOADS, &keys).await?;
-        if records.iter().any(Option::is_none)
-            && let Some(done) = self.catalog.get_objects(UPLOADS, &wanted[..1]).await?.pop().flatten().and_then(made)
-        {
-            // A complete of the same upload that ran meanwhile has taken
-            // its parts: answer the object it made.
-            return Ok(done);
+        if records.iter().any(Option::is_none) {
+            let mut now = self.catalog.get_objects(UPLOADS, &wanted).await?.into_iter();
+            let (done, upload) = (now.next().flatten(), now.next().flatten());
+            if let Some(done) = done.and_then(made) {
+                // A complete of the same upload that ran meanwhile has taken
+                // its parts: answer the object it made.
+                return Ok(done);
+            }
+            if upload.is_none() {
+                // An abort that ran meanwhile has taken them.
+                return Err(StoreError::NoSuchUpload(upload_id.into()));
+            }
         }
         let mut body_parts: Vec<Part> = Vec::new();
         let mut md5s = Vec::with_capacity(16 * parts.len());
@@ -889,14 +895,20 @@ mod tests {
             let r = s.upload_part("files", &key, &id, 1, body(vec![round as u8; 100]), PutOptions::default());
             let parts = vec![(1, format!("\"{}\"", r.await.unwrap().etag))];
             let (a, b, k, i) = (s.clone(), s.clone(), key.clone(), id.clone());
+            // The loser, either of them, finds no upload.
+            let won = move |r: Result<()>| match r {
+                Ok(()) => true,
+                Err(StoreError::NoSuchUpload(_)) => false,
+                Err(e) => panic!("round {round}: {e:?}"),
+            };
             let complete = tokio::spawn(async move {
                 a.complete_upload("files", &k, &i, &parts, Precondition::default(), Box::new(|_| Ok(None)))
                     .await
-                    .is_ok()
+                    .map(drop)
             });
             let (k, i) = (key.clone(), id.clone());
-            let abort = tokio::spawn(async move { b.abort_upload("files", &k, &i).await.is_ok() });
-            let (completed, aborted) = (complete.await.unwrap(), abort.await.unwrap());
+            let abort = tokio::spawn(async move { b.abort_upload("files", &k, &i).await });
+            let (completed, aborted) = (won(complete.await.unwrap()), won(abort.await.unwrap()));
             assert!(completed != aborted, "round {round}: completed {completed}, aborted {aborted}");
             assert_eq!(s.head("files", &key).await.is_ok(), completed, "round {round}");
         }
