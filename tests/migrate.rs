@@ -43,6 +43,17 @@ async fn fill(server: &Server) {
     }
 }
 
+/// A store in a data directory of its own, filled with [`objects`] by a
+/// server started with `args`, which is stopped again.
+async fn filled(args: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, args);
+    fill(&server).await;
+    server.stop();
+    (dir, data)
+}
+
 async fn check(server: &Server) {
     for (key, bytes) in objects() {
         let resp = reqwest::get(server.object_url("files", &key)).await.unwrap();
@@ -106,11 +117,7 @@ async fn hybrid_to_sqlite_in_slices() {
 
 #[tokio::test]
 async fn a_corrupt_blob_stops_the_switch_and_cancel_undoes_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut server = Server::start_in(&data, &["--engine", "fs"]);
-    fill(&server).await;
-    server.stop();
+    let (_dir, data) = filled(&["--engine", "fs"]).await;
     let large = sha256_hex(&objects()[1].1);
     let blob = files_under(&data.join("fs")).into_iter().find(|p| p.ends_with(&large)).expect("the large blob's file");
     let mut bytes = std::fs::read(&blob).unwrap();
@@ -139,11 +146,7 @@ async fn a_corrupt_blob_stops_the_switch_and_cancel_undoes_it() {
 /// next run copies it anew; the old engine is never emptied over it.
 #[tokio::test]
 async fn a_copy_that_went_bad_between_slices_is_copied_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut server = Server::start_in(&data, &[]);
-    fill(&server).await;
-    server.stop();
+    let (_dir, data) = filled(&[]).await;
     let said = ok(&migrate(&data, &["--to-engine", "fs", "--max-blobs", "3"]));
     assert!(said.contains("copied 3 blobs"), "{said}");
     let copy = files_under(&data.join("fs"))
@@ -245,6 +248,43 @@ async fn an_engine_database_another_store_uses_is_refused() {
     let mut fresh = Server::start_in(&b, &["--engine", "postgres", "--engine-url", &free]);
     fresh.stop();
     let server = Server::start_in(&c, &[]);
+    check(&server).await;
+}
+
+/// A run resumed with the new engine's settings given for the old one (a
+/// configuration updated too early) is refused: its cleanup would empty
+/// the store's only copies.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_resumed_with_the_new_engine_as_the_old_is_refused() {
+    let (old, new) = (depot::pg::fresh_test_database().await, depot::pg::fresh_test_database().await);
+    let (_dir, data) = filled(&["--engine", "postgres", "--engine-url", &old]).await;
+    let into = ["--to-engine", "postgres", "--to-engine-url", &new];
+    let from = |url: &str| ["--engine".to_string(), "postgres".into(), "--engine-url".into(), url.to_string()];
+    let said = ok(&migrate(&data, &[&strings(&from(&old))[..], &into[..], &["--max-blobs", "2"]].concat()));
+    assert!(said.contains("2 blobs left"), "{said}");
+    let refused = migrate(&data, &[&strings(&from(&new))[..], &into[..]].concat());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("is the one this migration copies into"), "{err}");
+    ok(&migrate(&data, &[&strings(&from(&old))[..], &into[..]].concat()));
+    let server = Server::start_in(&data, &["--engine", "postgres", "--engine-url", &new]);
+    check(&server).await;
+}
+
+/// A run killed mid-append leaves a torn last line in the journal: the
+/// next run cuts it and copies its blob again, so no blob is switched
+/// without its copy (a hybrid engine keeps small blobs in the locator
+/// itself, so a lost line lost them).
+#[tokio::test]
+async fn a_torn_journal_line_is_copied_again() {
+    let (_dir, data) = filled(&["--engine", "fs"]).await;
+    ok(&migrate(&data, &["--engine", "fs", "--to-engine", "hybrid", "--max-blobs", "1"]));
+    let journal = data.join("migrate.journal");
+    let line = std::fs::read(&journal).unwrap();
+    assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
+    // Torn after the digest's 64 hex digits and two of its locator's.
+    std::fs::write(&journal, &line[..67]).unwrap();
+    ok(&migrate(&data, &["--engine", "fs", "--to-engine", "hybrid"]));
+    let server = Server::start_in(&data, &[]);
     check(&server).await;
 }
 
@@ -395,11 +435,7 @@ fn strings(args: &[String]) -> Vec<&str> {
 async fn cancel_leaves_nothing_in(kind: EngineKind) {
     let place = Place::fresh(kind).await;
     let to = place.args("to-");
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut server = Server::start_in(&data, &[]);
-    fill(&server).await;
-    server.stop();
+    let (_dir, data) = filled(&[]).await;
     let said = ok(&migrate(&data, &[&strings(&to)[..], &["--max-blobs", "2"]].concat()));
     assert!(said.contains("copied 2 blobs"), "{said}");
 

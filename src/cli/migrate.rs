@@ -369,7 +369,18 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             s.to.name()
         ),
         Some(s) => {
-            s.check_target(&target_config(args, &settings.engine_config))?;
+            let to_config = target_config(args, &settings.engine_config);
+            s.check_target(&to_config)?;
+            // The cleanup empties the old engine: given the new one's
+            // settings for it (a configuration already updated), it would
+            // delete the store's only copies.
+            if same_place(from, &settings.engine_config, to, &to_config) {
+                bail!(
+                    "the {} engine given to migrate from is the one this migration copies into: give the \
+                     settings the store had before the migration",
+                    from.name()
+                );
+            }
             (s, false)
         }
         None => {
@@ -464,6 +475,9 @@ fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
     if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
 }
 
+/// The journal's lines: each blob copied and its locator in the new
+/// engine. Only whole lines count: a torn last one (a run killed
+/// mid-append) could hold part of a locator, and its blob is copied again.
 fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
     let mut done = HashMap::new();
     let f = match std::fs::File::open(path) {
@@ -471,15 +485,31 @@ fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
         Err(e) => return Err(e).context("reading the migration journal"),
     };
-    for line in std::io::BufReader::new(f).lines() {
-        let line = line?;
-        // A torn last line (a crash mid-append) is simply copied again.
-        let Some((digest, locator)) = line.split_once(' ') else { continue };
-        if let (Some(d), Ok(l)) = (Digest::from_hex(digest), hex::decode(locator)) {
+    let mut reader = std::io::BufReader::new(f);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 || line.pop() != Some(b'\n') {
+            return Ok(done);
+        }
+        let parsed = std::str::from_utf8(&line).ok().and_then(|l| l.split_once(' '));
+        if let Some((Some(d), Ok(l))) = parsed.map(|(d, l)| (Digest::from_hex(d), hex::decode(l))) {
             done.insert(d, l);
         }
     }
-    Ok(done)
+}
+
+/// Opens the journal to append to it, cutting a torn last line first: what
+/// is appended would otherwise run on from it and be lost with it.
+fn append_to_journal(path: &Path) -> anyhow::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let bytes = std::fs::read(path)?;
+    let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if whole < bytes.len() {
+        file.set_len(whole as u64)?;
+        file.sync_all()?;
+    }
+    Ok(file)
 }
 
 /// Copies every blob not yet journaled; returns whether all are done.
@@ -494,7 +524,7 @@ async fn copy(
     let done = read_journal(journal)?;
     let stats = catalog.stats().await?;
     let progress = progress_bar(stats.blob_bytes.max(0) as u64, BYTES_BAR);
-    let mut out = std::fs::OpenOptions::new().create(true).append(true).open(journal)?;
+    let mut out = append_to_journal(journal)?;
     let (mut copied, mut copied_bytes, mut failed, mut left) = (0u64, 0u64, 0u64, 0u64);
     let budget = args.max_blobs.unwrap_or(u64::MAX);
     let mut after = None;
@@ -521,7 +551,9 @@ async fn copy(
         while let Some((blob, moved)) = results.next().await {
             match moved {
                 Ok(locator) => {
-                    writeln!(out, "{} {}", blob.digest.to_hex(), hex::encode(&locator))?;
+                    // One write a line: a run killed mid-line tears one
+                    // line at most.
+                    out.write_all(format!("{} {}\n", blob.digest.to_hex(), hex::encode(&locator)).as_bytes())?;
                     copied += 1;
                     copied_bytes += blob.size;
                 }
@@ -636,7 +668,21 @@ async fn recheck(
 /// Points the catalog at the copies. A blob collected while the store
 /// served between slices has no record left to point: its copy goes.
 async fn switch(catalog: &dyn Catalog, target: &DynEngine, journal: &Path) -> anyhow::Result<()> {
-    let moved: Vec<(Digest, Locator)> = read_journal(journal)?.into_iter().collect();
+    let journaled = read_journal(journal)?;
+    // Every blob the catalog knows must have its copy: one without would
+    // keep pointing into the old engine, which the cleanup empties.
+    let mut after = None;
+    let mut missing = 0u64;
+    loop {
+        let page = catalog.list_blobs(after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.digest);
+        missing += page.iter().filter(|b| !journaled.contains_key(&b.digest)).count() as u64;
+    }
+    if missing > 0 {
+        bail!("{missing} blobs have no copy in the journal; nothing was switched. Run the same command again");
+    }
+    let moved: Vec<(Digest, Locator)> = journaled.into_iter().collect();
     for batch in moved.chunks(1000) {
         catalog.set_locators(batch).await?;
         let digests: Vec<Digest> = batch.iter().map(|(digest, _)| *digest).collect();
