@@ -37,6 +37,10 @@ pub const IN_LOCATOR: u64 = 4096;
 /// Default largest blob kept in RocksDB.
 pub const DEFAULT_THRESHOLD: u64 = 256 * 1024;
 
+/// The largest threshold allowed: an upload of up to the threshold is held
+/// in memory until it is complete.
+pub const MAX_THRESHOLD: u64 = 64 << 20;
+
 /// The tiered engine.
 #[derive(Clone)]
 pub struct HybridEngine {
@@ -54,6 +58,15 @@ impl HybridEngine {
     /// [`HybridEngine::open`], with or without RocksDB's own compactions
     /// (see [`RocksEngine::open_with`]).
     pub fn open_with(root: &Path, threshold: u64, compactions: bool) -> Result<HybridEngine> {
+        if threshold > MAX_THRESHOLD {
+            return Err(EngineError::other(
+                NAME,
+                format!(
+                    "the inline threshold may be at most {MAX_THRESHOLD} bytes (64 MiB): an upload up to it is \
+                     held in memory"
+                ),
+            ));
+        }
         Ok(HybridEngine {
             small: RocksEngine::open_with(&root.join("rocksdb"), compactions)?,
             large: FsEngine::open(&root.join("files"))?,
@@ -248,6 +261,14 @@ mod tests {
     async fn conformance() {
         let dir = tempfile::tempdir().unwrap();
         conformance::run_all(&HybridEngine::open(dir.path(), DEFAULT_THRESHOLD).unwrap()).await;
+    }
+
+    #[test]
+    fn a_threshold_held_in_memory_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let too_large = HybridEngine::open(dir.path(), MAX_THRESHOLD + 1).err().unwrap();
+        assert!(too_large.to_string().contains("at most 67108864 bytes"), "{too_large}");
+        assert!(HybridEngine::open(dir.path(), MAX_THRESHOLD).is_ok());
     }
 
     #[tokio::test(flavor = "multi_thread")]
