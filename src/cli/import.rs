@@ -243,7 +243,13 @@ fn walk(root: &Path) -> anyhow::Result<Listing> {
                 continue;
             }
         };
-        if !entry.file_type().is_file() {
+        let kind = entry.file_type();
+        if !kind.is_file() {
+            // Directories are walked; anything else has no bytes to import,
+            // and says so.
+            if !kind.is_dir() {
+                listing.left_out.push(format!("{}: {}", printable_path(entry.path()), special_kind(kind)));
+            }
             continue;
         }
         let meta = match entry.metadata() {
@@ -270,6 +276,20 @@ fn walk(root: &Path) -> anyhow::Result<Listing> {
     Ok(listing)
 }
 
+/// What a file that is neither a regular file nor a directory is.
+fn special_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a named pipe, not a file"
+    } else if kind.is_socket() {
+        "a socket, not a file"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device, not a file"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// Why `path` leads nowhere, if it is a symbolic link to nothing, or to
 /// links that never end.
 fn link_to_nowhere(path: &Path, e: &walkdir::Error) -> Option<String> {
@@ -290,11 +310,18 @@ fn gridfs_item(file: &Document) -> anyhow::Result<Item> {
         .filter(|name| !name.is_empty())
         .with_context(|| format!("GridFS file {id} has no filename"))?
         .to_string();
-    let size = match file.get("length") {
-        Some(Bson::Int64(n)) => *n as u64,
-        Some(Bson::Int32(n)) => *n as u64,
-        Some(Bson::Double(n)) => *n as u64,
-        _ => bail!("GridFS file {key:?} has no length"),
+    let length = match file.get("length") {
+        Some(Bson::Int64(n)) => Some(*n as f64),
+        Some(Bson::Int32(n)) => Some(f64::from(*n)),
+        Some(Bson::Double(n)) => Some(*n),
+        _ => None,
+    };
+    // A length that is no count of bytes (negative, fractional, NaN) is a
+    // damaged file document, said so here rather than as a failed upload.
+    let size = match length {
+        Some(n) if n >= 0.0 && n.fract() == 0.0 && n < u64::MAX as f64 => n as u64,
+        Some(n) => bail!("GridFS file {key:?} has a length of {n}, which is no count of bytes"),
+        None => bail!("GridFS file {key:?} has no length"),
     };
     let modified = file.get_datetime("uploadDate").ok().map(|d| d.to_system_time());
     // The spec moved contentType into metadata; older writers put it on top.
@@ -491,6 +518,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_gridfs_length_must_count_bytes() {
+        use mongodb::bson::doc;
+        let file = |length: Bson| doc! { "_id": 1, "filename": "f", "length": length };
+        assert_eq!(gridfs_item(&file(Bson::Int64(5))).unwrap().size, 5);
+        assert_eq!(gridfs_item(&file(Bson::Double(7.0))).unwrap().size, 7);
+        for bad in [Bson::Int64(-1), Bson::Int32(-3), Bson::Double(f64::NAN), Bson::Double(1.5)] {
+            let err = gridfs_item(&file(bad.clone())).err().unwrap().to_string();
+            assert!(err.contains("which is no count of bytes"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn a_walk_follows_links_and_stops_at_loops() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -502,6 +541,8 @@ mod tests {
         std::os::unix::fs::symlink("d", root.join("alias")).unwrap();
         std::os::unix::fs::symlink("missing", root.join("dangling")).unwrap();
         std::os::unix::fs::symlink("circle", root.join("circle")).unwrap();
+        let (fifo, mode) = (rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600));
+        rustix::fs::mknodat(rustix::fs::CWD, root.join("pipe"), fifo, mode, 0).unwrap();
         let Listing { items, problems, left_out } = walk(root).unwrap();
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         // The link to `d` does not keep `d` itself from being walked.
@@ -510,7 +551,8 @@ mod tests {
         assert_eq!(loops, 3, "self, d/up and alias/up lead back up: {left_out:?}");
         assert!(left_out.iter().any(|p| p.contains("circle: a symbolic link to circle, which links on")));
         assert!(left_out.iter().any(|p| p.contains("dangling: a symbolic link to missing, which does not exist")));
-        assert_eq!(left_out.len(), 5, "{left_out:?}");
+        assert!(left_out.iter().any(|p| p.ends_with("pipe: a named pipe, not a file")), "{left_out:?}");
+        assert_eq!(left_out.len(), 6, "{left_out:?}");
         assert!(problems.is_empty(), "links that lead nowhere are no failures: {problems:?}");
     }
 }
