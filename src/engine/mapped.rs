@@ -122,10 +122,7 @@ pub fn fault_in(file: &File, offset: u64, len: usize) -> io::Result<bool> {
 /// A sink that could not be made (out of file descriptors, say) is tried
 /// again on the next call, rather than failing every later one on this
 /// thread; and one whose work failed is dropped for a new one, since its
-/// pipe may still hold bytes. Errors keep the system's code, which tells a
-/// passing shortage of descriptors from a fault (see [`EngineError::io`]).
-///
-/// [`EngineError::io`]: super::EngineError::io
+/// pipe may still hold bytes. Errors are the system's own.
 fn with_sink<T>(make: impl FnOnce() -> io::Result<Sink>, work: impl FnOnce(&Sink) -> io::Result<T>) -> io::Result<T> {
     SINK.with(|slot| {
         let sink = match slot.take() {

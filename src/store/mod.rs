@@ -650,7 +650,7 @@ impl Store {
         // A copy brings no bytes: its blobs are held from the collectors, as
         // a writer's are, until their new references are recorded, or the
         // source's being deleted meanwhile could let them go under the copy.
-        let (_guards, claims) = self.hold(&record.parts).await?;
+        let (_guards, claims) = self.hold_parts(&record.parts).await?;
         let blobs = self
             .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))
             .await;
@@ -665,19 +665,28 @@ impl Store {
         Ok(PutResult { record, replaced: outcome?.replaced.is_some(), deduplicated: true })
     }
 
-    /// Holds the blobs of `parts` from this node's collector and claims
-    /// them from the other nodes' (see [`Store::write_blob`]), waiting for
-    /// a delete of one in progress to end.
-    async fn hold(&self, parts: &[Part]) -> Result<(Vec<guards::Guard>, Vec<ClaimId>)> {
+    /// Holds `digest` from this node's collector and claims it from the
+    /// other nodes', waiting for a delete of it in progress to end: for a
+    /// writer about to reference its bytes.
+    async fn hold(&self, digest: Digest) -> Result<(guards::Guard, Option<ClaimId>)> {
+        let guard = self.guards.writing(digest).await;
+        let claim = self.catalog.claim_blob(&digest).await?;
+        Ok((guard, claim))
+    }
+
+    /// [`Store::hold`] for each blob of `parts`.
+    async fn hold_parts(&self, parts: &[Part]) -> Result<(Vec<guards::Guard>, Vec<ClaimId>)> {
         let digests = distinct(parts);
         let (mut held, mut claims) = (Vec::with_capacity(digests.len()), Vec::new());
         for digest in digests {
-            held.push(self.guards.writing(digest).await);
-            match self.catalog.claim_blob(&digest).await {
-                Ok(claim) => claims.extend(claim),
+            match self.hold(digest).await {
+                Ok((guard, claim)) => {
+                    held.push(guard);
+                    claims.extend(claim);
+                }
                 Err(e) => {
                     self.release(&claims).await;
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
@@ -806,12 +815,11 @@ impl Store {
             writer.abort().await;
             return Err(e);
         }
-        let guard = self.guards.writing(digest).await;
-        let claim = match self.catalog.claim_blob(&digest).await {
-            Ok(claim) => claim,
+        let (guard, claim) = match self.hold(digest).await {
+            Ok(held) => held,
             Err(e) => {
                 writer.abort().await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };

@@ -163,10 +163,11 @@ fn done_key(upload_id: &str) -> String {
     format!("d/{upload_id}")
 }
 
-/// The condition that a record (an upload's) is still there: rewritten
-/// unchanged beside a write that needs it.
-fn exists() -> Precondition {
-    Precondition { if_match: Some(vec!["*".into()]), ..Precondition::default() }
+/// The upload's record rewritten unchanged, on the condition that it is
+/// still there: committed beside a write that needs the upload.
+fn still_there(upload: ObjectRecord) -> ObjectPut {
+    let exists = Precondition { if_match: Some(vec!["*".into()]), ..Precondition::default() };
+    ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: exists }
 }
 
 /// Upload ids are 32 hex digits; anything else names no upload (and could
@@ -257,9 +258,7 @@ impl Store {
         // The part is recorded only if its upload is still there when the
         // body has streamed: an abort, completion or expiry meanwhile would
         // not see a part recorded after it, which nothing would release.
-        let still_there =
-            ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: exists() };
-        match self.put_unchecked(UPLOADS, &part_key(upload_id, part), body, opts, Some(still_there)).await {
+        match self.put_unchecked(UPLOADS, &part_key(upload_id, part), body, opts, Some(still_there(upload))).await {
             Ok(put) => Ok(put.record),
             Err(StoreError::PreconditionFailed) => Err(StoreError::NoSuchUpload(upload_id.to_string())),
             Err(e) => Err(e),
@@ -526,7 +525,7 @@ impl Store {
                 blobs: Vec::new(),
                 precondition: Precondition::default(),
             },
-            ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: exists() },
+            still_there(upload),
         ];
         match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
             // Another Complete of this upload (a client's retry while the
