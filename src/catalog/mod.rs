@@ -257,6 +257,22 @@ pub fn common_prefix<'k>(prefix: &str, delimiter: Option<&str>, key: &'k str) ->
     rest.find(d).map(|at| &key[..prefix.len() + at + d.len()])
 }
 
+/// The least string after every key that starts with `prefix`, in byte
+/// order (which UTF-8 keeps for code points): the prefix with its last
+/// character that can grow grown by one. None when no text follows.
+pub fn past(prefix: &str) -> Option<String> {
+    let mut p = prefix.to_string();
+    while let Some(last) = p.pop() {
+        // The next code point, over the surrogates, which no text holds.
+        let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
+        if let Some(next) = next {
+            p.push(next);
+            return Some(p);
+        }
+    }
+    None
+}
+
 impl ListQuery {
     /// [`common_prefix`] in this listing.
     pub fn common_prefix<'k>(&self, key: &'k str) -> Option<&'k str> {
@@ -566,6 +582,14 @@ impl std::str::FromStr for CatalogKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_is_the_least_string_after_the_prefix() {
+        assert_eq!(past("a/").as_deref(), Some("a0"));
+        assert_eq!(past("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(past("\u{D7FF}").as_deref(), Some("\u{E000}"), "over the surrogates");
+        assert_eq!(past("\u{10FFFF}\u{10FFFF}"), None);
+    }
 
     fn record(headers: Vec<(String, String)>) -> ObjectRecord {
         ObjectRecord {

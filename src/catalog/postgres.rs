@@ -46,7 +46,7 @@ use deadpool_postgres::{Pool, Transaction};
 
 use super::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, Millis, ObjectPut,
-    ObjectRecord, Precondition, PutOutcome, Result, now_millis,
+    ObjectRecord, Precondition, PutOutcome, Result, now_millis, past,
 };
 use crate::engine::{BlobRef, Digest, Locator};
 use crate::pg::{self, PgError};
@@ -836,22 +836,6 @@ impl PostgresCatalog {
     }
 }
 
-/// The least string after every key that starts with `prefix`, in byte
-/// order (which UTF-8 keeps for code points): the prefix with its last
-/// character that can grow grown by one. None when no text follows.
-fn past(prefix: &str) -> Option<String> {
-    let mut p = prefix.to_string();
-    while let Some(last) = p.pop() {
-        // The next code point, over the surrogates, which no text holds.
-        let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
-        if let Some(next) = next {
-            p.push(next);
-            return Some(p);
-        }
-    }
-    None
-}
-
 /// One page of a listing, rolling keys up to common prefixes; a run of
 /// keys under one common prefix is skipped with a fresh query starting
 /// past it, so a page costs a few index range scans however many keys
@@ -918,14 +902,6 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn past_is_the_least_string_after_the_prefix() {
-        assert_eq!(past("a/").as_deref(), Some("a0"));
-        assert_eq!(past("a\u{10FFFF}").as_deref(), Some("b"));
-        assert_eq!(past("\u{D7FF}").as_deref(), Some("\u{E000}"), "over the surrogates");
-        assert_eq!(past("\u{10FFFF}\u{10FFFF}"), None);
-    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn conformance() {

@@ -7,8 +7,14 @@
 //! | key | record |
 //! |---|---|
 //! | `u/{bucket}/{upload}` | the upload: target key, content type, user metadata, start time |
+//! | `i/{bucket}/{key}\x01\x01{start:012x}{upload}` | the upload's place in its bucket's listing: by key, then start time |
 //! | `p/{upload}/{part:05}` | one uploaded part, an ordinary object (its blob referenced, ETag = MD5) |
 //! | `d/{upload}` | a completed upload: its ETag, so a repeated Complete answers the same |
+//!
+//! An upload's `u/` and `i/` records are written and removed together.
+//! The `i/` key spells the target key with each `\x01` doubled as
+//! `\x01\x02`, so that the `\x01\x01` after it sorts a key's uploads
+//! before those of every longer key, as S3 lists them.
 //!
 //! Completing writes the object and the `d/` record in one catalog
 //! transaction, then removes the upload and its parts; a crash in between
@@ -25,7 +31,8 @@ use rand::Rng;
 use super::maintenance::DamagedObject;
 use super::{NewMetadata, PutOptions, Result, Store, StoreError, names};
 use crate::catalog::{
-    CHECKSUM_HEADER_PREFIX, CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis,
+    CHECKSUM_HEADER_PREFIX, CatalogError, CatalogExt, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition,
+    now_millis,
 };
 use crate::engine::{ByteRange, Digest};
 
@@ -93,6 +100,13 @@ pub struct UploadQuery {
     pub limit: usize,
 }
 
+impl UploadQuery {
+    /// [`crate::catalog::common_prefix`] in this listing.
+    fn common_prefix<'k>(&self, key: &'k str) -> Option<&'k str> {
+        crate::catalog::common_prefix(&self.prefix, self.delimiter.as_deref(), key)
+    }
+}
+
 /// One page of uploads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UploadPage {
@@ -102,53 +116,42 @@ pub struct UploadPage {
     pub next: Option<(String, Option<String>)>,
 }
 
-impl UploadQuery {
-    /// The page of `uploads` (as [`Store::list_uploads`] orders them: by
-    /// key, then by when they began) this query asks for. The uploads of
-    /// the marker key are those after the marker upload in that order; if
-    /// the marker upload is gone, the listing goes on with the next key.
-    pub fn page(&self, uploads: &[UploadInfo]) -> UploadPage {
-        let common_prefix = |key| crate::catalog::common_prefix(&self.prefix, self.delimiter.as_deref(), key);
-        let start = if self.key_marker.is_empty() {
-            0
-        } else if let Some(at) = uploads.iter().position(|u| u.key == self.key_marker && u.upload_id == self.id_marker)
-        {
-            at + 1
-        } else {
-            let skip_under = common_prefix(&self.key_marker) == Some(self.key_marker.as_str());
-            uploads
-                .iter()
-                .position(|u| u.key > self.key_marker && !(skip_under && u.key.starts_with(&self.key_marker)))
-                .unwrap_or(uploads.len())
-        };
-        let mut page = UploadPage::default();
-        let mut last: Option<(String, Option<String>)> = None;
-        for u in uploads[start..].iter().filter(|u| u.key.starts_with(&self.prefix)) {
-            let prefix = common_prefix(&u.key);
-            if prefix.is_some() && prefix == page.prefixes.last().map(String::as_str) {
-                continue;
-            }
-            if page.uploads.len() + page.prefixes.len() >= self.limit {
-                page.next = last;
-                break;
-            }
-            match prefix {
-                Some(p) => {
-                    last = Some((p.to_string(), None));
-                    page.prefixes.push(p.to_string());
-                }
-                None => {
-                    last = Some((u.key.clone(), Some(u.upload_id.clone())));
-                    page.uploads.push(u.clone());
-                }
-            }
-        }
-        page
-    }
-}
-
 fn upload_key(bucket: &str, upload_id: &str) -> String {
     format!("u/{bucket}/{upload_id}")
+}
+
+/// Where the listing of a bucket's uploads begins.
+fn index_base(bucket: &str) -> String {
+    format!("i/{bucket}/")
+}
+
+/// What ends a key in the listing of uploads.
+const KEY_END: &str = "\x01\x01";
+
+/// A key as the listing of uploads spells it: in the same order, and
+/// never holding [`KEY_END`].
+fn escaped(key: &str) -> String {
+    key.replace('\x01', "\x01\x02")
+}
+
+/// The key of an upload's entry in the listing, from its `u/` record.
+fn index_key(upload: &ObjectRecord) -> String {
+    let (bucket, upload_id) = upload_of(upload);
+    format!("{}{}{KEY_END}{:012x}{upload_id}", index_base(bucket), escaped(target(upload)), upload.modified)
+}
+
+/// The bucket and upload ID an upload's `u/` record is kept under.
+fn upload_of(upload: &ObjectRecord) -> (&str, &str) {
+    let rest = upload.key.strip_prefix("u/").unwrap_or("");
+    rest.split_once('/').unwrap_or(("", rest))
+}
+
+/// The key and upload ID of an entry in the listing of a bucket's uploads,
+/// its base stripped.
+fn listed_upload(entry: &str) -> Option<(String, &str)> {
+    let (key, rest) = entry.split_once(KEY_END)?;
+    let upload_id = rest.get(12..)?;
+    Some((key.replace("\x01\x02", "\x01"), upload_id))
 }
 
 fn part_prefix(upload_id: &str) -> String {
@@ -163,12 +166,40 @@ fn done_key(upload_id: &str) -> String {
     format!("d/{upload_id}")
 }
 
+/// A record with no body, made now.
+fn bare_record(key: String) -> ObjectRecord {
+    ObjectRecord {
+        key,
+        size: 0,
+        parts: Vec::new(),
+        etag: String::new(),
+        sha256: Digest([0; 32]),
+        content_type: String::new(),
+        modified: now_millis(),
+        metadata: Vec::new(),
+        headers: Vec::new(),
+    }
+}
+
+/// A record of the uploads bucket written as it is.
+fn upload_put(record: ObjectRecord) -> ObjectPut {
+    ObjectPut { bucket: UPLOADS.into(), record, blobs: Vec::new(), precondition: Precondition::default() }
+}
+
 /// The upload's record rewritten unchanged, on the condition that it is
 /// still there: committed beside a write that needs the upload.
 fn still_there(upload: ObjectRecord) -> ObjectPut {
     let exists = Precondition { if_match: Some(vec!["*".into()]), ..Precondition::default() };
-    ObjectPut { bucket: UPLOADS.into(), record: upload, blobs: Vec::new(), precondition: exists }
+    ObjectPut { precondition: exists, ..upload_put(upload) }
 }
+
+/// The upload's entry in the listing of its bucket's uploads.
+fn index_entry(upload: &ObjectRecord) -> ObjectPut {
+    upload_put(ObjectRecord { modified: upload.modified, ..bare_record(index_key(upload)) })
+}
+
+/// The record that says every upload has its entry in the listing.
+const LISTED: &str = "v/listed";
 
 /// Upload ids are 32 hex digits; anything else names no upload (and could
 /// otherwise reach other uploads' records through the key layout).
@@ -204,19 +235,13 @@ impl Store {
         let mut meta = vec![(TARGET.to_string(), key.to_string())];
         meta.extend(about.metadata);
         let record = ObjectRecord {
-            key: upload_key(bucket, &upload_id),
-            size: 0,
-            parts: Vec::new(),
-            etag: String::new(),
-            sha256: Digest([0; 32]),
             content_type: super::content_type_for(about.content_type, key),
-            modified: now_millis(),
             metadata: meta,
             headers: about.headers,
+            ..bare_record(upload_key(bucket, &upload_id))
         };
-        let put =
-            ObjectPut { bucket: UPLOADS.into(), record, blobs: Vec::new(), precondition: Precondition::default() };
-        let r = self.catalog.put_object(put).await.map_err(Into::into);
+        let puts = vec![index_entry(&record), upload_put(record)];
+        let r = self.catalog.put_objects(puts).await.map_err(Into::into);
         self.note(r)?;
         Ok(upload_id)
     }
@@ -290,35 +315,89 @@ impl Store {
         Ok(PartsPage { upload, parts, truncated: page.next.is_some() })
     }
 
-    /// Uploads in progress in a bucket whose keys start with `prefix`, by
-    /// key, then by start time.
-    pub async fn list_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>> {
+    /// A page of the uploads in progress in a bucket, by key, then by when
+    /// they began, as ListMultipartUploads asks: read from the listing's
+    /// entries after the markers, so a page costs about as many catalog
+    /// reads as it holds uploads. The uploads of the marker key are those
+    /// after the marker upload; if that upload is gone, the listing goes on
+    /// with the next key.
+    pub async fn list_uploads(&self, bucket: &str, query: &UploadQuery) -> Result<UploadPage> {
         self.bucket(bucket).await?;
-        let mut out = Vec::new();
-        self.each_upload_record(&format!("u/{bucket}/"), |r| {
-            let key = target(r);
-            if key.starts_with(prefix) {
-                let upload_id = r.key.rsplit('/').next().unwrap_or("").to_string();
-                out.push(UploadInfo {
-                    key: key.to_string(),
-                    upload_id,
-                    initiated: r.modified,
-                    headers: r.headers.clone(),
-                });
+        let mut page = UploadPage::default();
+        let Some(mut after) = self.uploads_after(bucket, query).await? else {
+            return Ok(page);
+        };
+        let base = index_base(bucket);
+        let mut last: Option<(String, Option<String>)> = None;
+        'listing: loop {
+            let entries = ListQuery {
+                prefix: format!("{base}{}", escaped(&query.prefix)),
+                after: after.clone(),
+                delimiter: None,
+                limit: (query.limit + 1 - page.uploads.len() - page.prefixes.len()).min(1000),
+            };
+            let entries = self.catalog.list_objects(UPLOADS, &entries).await?;
+            let listed: Vec<(String, String)> = entries
+                .objects
+                .iter()
+                .filter_map(|e| listed_upload(e.key.strip_prefix(&base)?).map(|(key, id)| (key, id.to_string())))
+                .collect();
+            // An upload is in progress while its record is there and no
+            // completion's is: a crash between a completion and the removal
+            // of its upload's records leaves them.
+            let wanted: Vec<String> =
+                listed.iter().flat_map(|(_, id)| [upload_key(bucket, id), done_key(id)]).collect();
+            let mut records = self.catalog.get_objects(UPLOADS, &wanted).await?.into_iter();
+            for (key, upload_id) in listed {
+                let (Some(upload), None) = (records.next().flatten(), records.next().flatten()) else {
+                    continue;
+                };
+                if page.uploads.len() + page.prefixes.len() >= query.limit {
+                    page.next = last;
+                    return Ok(page);
+                }
+                if let Some(prefix) = query.common_prefix(&key) {
+                    last = Some((prefix.to_string(), None));
+                    page.prefixes.push(prefix.to_string());
+                    // On past every key under the prefix.
+                    match crate::catalog::past(&format!("{base}{}", escaped(prefix))) {
+                        Some(past) => after = Some(past),
+                        None => return Ok(page),
+                    }
+                    continue 'listing;
+                }
+                last = Some((key.clone(), Some(upload_id.clone())));
+                page.uploads.push(UploadInfo { key, upload_id, initiated: upload.modified, headers: upload.headers });
             }
-        })
-        .await?;
-        // A crash between a completion and the removal of its upload's
-        // records leaves them: a completed upload is not in progress.
-        let done: Vec<String> = out.iter().map(|u| done_key(&u.upload_id)).collect();
-        let mut completed = Vec::with_capacity(done.len());
-        for keys in done.chunks(1000) {
-            completed.extend(self.catalog.get_objects(UPLOADS, keys).await?.into_iter().map(|d| d.is_some()));
+            match entries.next {
+                Some(next) => after = Some(next),
+                None => return Ok(page),
+            }
         }
-        let mut completed = completed.into_iter();
-        out.retain(|_| !completed.next().unwrap_or(false));
-        out.sort_by(|a, b| (&a.key, a.initiated, &a.upload_id).cmp(&(&b.key, b.initiated, &b.upload_id)));
-        Ok(out)
+    }
+
+    /// Where a listing of uploads starts: after this entry (none for the
+    /// first), or nowhere if nothing can follow its markers.
+    async fn uploads_after(&self, bucket: &str, query: &UploadQuery) -> Result<Option<Option<String>>> {
+        let marker = &query.key_marker;
+        if marker.is_empty() {
+            return Ok(Some(None));
+        }
+        if check_upload_id(&query.id_marker).is_ok()
+            && let Some(upload) = self.catalog.get_object(UPLOADS, &upload_key(bucket, &query.id_marker)).await?
+            && target(&upload) == marker
+        {
+            return Ok(Some(Some(index_key(&upload))));
+        }
+        let at = format!("{}{}", index_base(bucket), escaped(marker));
+        Ok(if query.common_prefix(marker) == Some(marker.as_str()) {
+            // Past every key under the marker's common prefix.
+            crate::catalog::past(&at).map(Some)
+        } else {
+            // Past the marker key's own uploads: `~` follows every digit
+            // of their start times.
+            Some(Some(format!("{at}{KEY_END}~")))
+        })
     }
 
     /// Calls `f` on every record of the uploads bucket under `prefix`.
@@ -361,30 +440,52 @@ impl Store {
             .collect())
     }
 
-    /// Every record key of an upload: the upload and its parts.
-    async fn upload_records(&self, bucket: &str, upload_id: &str) -> Result<Vec<String>> {
-        let mut keys = vec![upload_key(bucket, upload_id)];
-        self.each_upload_record(&part_prefix(upload_id), |r| keys.push(r.key.clone())).await?;
-        Ok(keys)
+    /// Removes an upload's records (given its `u/` record): that record,
+    /// its entry in the listing and its parts, which are released.
+    async fn remove_upload(&self, upload: &ObjectRecord) -> Result<()> {
+        let mut keys = vec![upload.key.clone(), index_key(upload)];
+        self.each_upload_record(&part_prefix(upload_of(upload).1), |r| keys.push(r.key.clone())).await?;
+        self.remove_upload_records(&keys).await
     }
 
-    /// Removes an upload's records, releasing its parts.
-    async fn remove_upload(&self, bucket: &str, upload_id: &str) -> Result<()> {
-        let keys = self.upload_records(bucket, upload_id).await?;
-        self.remove_upload_records(&keys).await
+    /// Writes the entries in the listing of uploads begun before uploads
+    /// were listed from entries (by earlier versions); returns how many.
+    /// Once every upload has one, a record says so, and later calls cost a
+    /// read.
+    pub async fn list_earlier_uploads(&self) -> Result<u64> {
+        if self.catalog.get_object(UPLOADS, LISTED).await?.is_some() {
+            return Ok(0);
+        }
+        self.check_writable()?;
+        let mut uploads = Vec::new();
+        self.each_upload_record("u/", |r| uploads.push(r.clone())).await?;
+        let mut written = 0;
+        for uploads in uploads.chunks(1000) {
+            let entries: Vec<String> = uploads.iter().map(index_key).collect();
+            let listed = self.catalog.get_objects(UPLOADS, &entries).await?;
+            for (upload, _) in uploads.iter().zip(listed).filter(|(_, listed)| listed.is_none()) {
+                // Only while the upload is there: one completed or aborted
+                // meanwhile is not listed again.
+                match self.catalog.put_objects(vec![index_entry(upload), still_there(upload.clone())]).await {
+                    Ok(_) => written += 1,
+                    Err(CatalogError::PreconditionFailed) => {}
+                    Err(e) => return self.note(Err(e.into())),
+                }
+            }
+        }
+        let r = self.catalog.put_object(upload_put(bare_record(LISTED.into()))).await.map_err(Into::into);
+        self.note(r)?;
+        Ok(written)
     }
 
     /// Removes the uploads in progress into `bucket`, which was just
     /// deleted: as in S3, they do not keep a bucket without objects from
     /// going.
     pub(super) async fn remove_uploads_into(&self, bucket: &str) -> Result<()> {
-        let mut ids = Vec::new();
-        self.each_upload_record(&format!("u/{bucket}/"), |r| {
-            ids.push(r.key.rsplit('/').next().unwrap_or("").to_string())
-        })
-        .await?;
-        for id in &ids {
-            self.remove_upload(bucket, id).await?;
+        let mut uploads = Vec::new();
+        self.each_upload_record(&format!("u/{bucket}/"), |r| uploads.push(r.clone())).await?;
+        for upload in &uploads {
+            self.remove_upload(upload).await?;
         }
         Ok(())
     }
@@ -400,8 +501,8 @@ impl Store {
     /// completion's record afterwards says the upload is gone.
     pub async fn abort_upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
         self.check_writable()?;
-        self.upload(bucket, key, upload_id).await?;
-        self.remove_upload(bucket, upload_id).await?;
+        let upload = self.upload(bucket, key, upload_id).await?;
+        self.remove_upload(&upload).await?;
         if self.catalog.get_object(UPLOADS, &done_key(upload_id)).await?.is_some() {
             return Err(StoreError::NoSuchUpload(upload_id.into()));
         }
@@ -432,10 +533,9 @@ impl Store {
             (target(&d) == key && d.content_type == bucket).then(|| ObjectRecord { key: key.to_string(), ..d })
         };
         if let Some(done) = done.and_then(made) {
-            if upload.is_some() {
+            if let Some(upload) = upload {
                 // A crash after completing left the upload's records.
-                let keys = self.upload_records(bucket, upload_id).await?;
-                self.remove_upload_records(&keys).await?;
+                self.remove_upload(&upload).await?;
             }
             return Ok(done);
         }
@@ -519,13 +619,8 @@ impl Store {
         // abort that removed it first wins (see `abort_upload`).
         let puts = vec![
             ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
-            ObjectPut {
-                bucket: UPLOADS.into(),
-                record: done,
-                blobs: Vec::new(),
-                precondition: Precondition::default(),
-            },
-            still_there(upload),
+            upload_put(done),
+            still_there(upload.clone()),
         ];
         match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
             // Another Complete of this upload (a client's retry while the
@@ -542,8 +637,7 @@ impl Store {
             }
             r => r?,
         };
-        let keys = self.upload_records(bucket, upload_id).await?;
-        self.remove_upload_records(&keys).await?;
+        self.remove_upload(&upload).await?;
         Ok(object)
     }
 
@@ -566,31 +660,33 @@ impl Store {
     }
 
     /// Aborts uploads started before `cutoff`, forgets completions older
-    /// than that and releases parts older than that whose upload is gone;
-    /// returns how many uploads it aborted.
+    /// than that and releases parts and listing entries older than that
+    /// whose upload is gone; returns how many uploads it aborted.
     pub(super) async fn expire_uploads(&self, cutoff: Millis) -> Result<u64> {
         let (mut stale, mut kept) = (Vec::new(), HashSet::new());
         self.each_upload_record("u/", |r| {
-            let mut path = r.key.splitn(3, '/').skip(1);
-            if let (Some(bucket), Some(id)) = (path.next(), path.next()) {
-                if r.modified < cutoff {
-                    stale.push((bucket.to_string(), id.to_string()));
-                } else {
-                    kept.insert(id.to_string());
-                }
-            }
-        })
-        .await?;
-        for (bucket, upload_id) in &stale {
-            self.remove_upload(bucket, upload_id).await?;
-        }
-        let mut gone = Vec::new();
-        self.each_upload_record("d/", |r| {
             if r.modified < cutoff {
-                gone.push(r.key.clone());
+                stale.push(r.clone());
+            } else {
+                kept.insert(upload_of(r).1.to_string());
             }
         })
         .await?;
+        for upload in &stale {
+            self.remove_upload(upload).await?;
+        }
+        // Completions old enough to forget, and entries in the listing
+        // that outlived their upload's record (every upload begun before
+        // the cutoff is gone by now).
+        let mut gone = Vec::new();
+        for prefix in ["d/", "i/"] {
+            self.each_upload_record(prefix, |r| {
+                if r.modified < cutoff {
+                    gone.push(r.key.clone());
+                }
+            })
+            .await?;
+        }
         // Parts left by a crash between an upload's removal and its parts',
         // or recorded while an abort listed them. A part of an upload begun
         // after the listing above is newer than the cutoff.
@@ -617,22 +713,26 @@ mod tests {
     use futures::StreamExt;
     use std::sync::Arc;
 
-    fn upload(key: &str, id: &str, initiated: Millis) -> UploadInfo {
-        UploadInfo { key: key.into(), upload_id: id.into(), initiated, headers: Vec::new() }
+    /// Every upload in progress in `bucket`, in one page.
+    async fn in_progress(s: &Store, bucket: &str) -> Vec<UploadInfo> {
+        let page = s.list_uploads(bucket, &UploadQuery { limit: 10_000, ..Default::default() }).await.unwrap();
+        assert_eq!(page.next, None);
+        page.uploads
     }
 
-    /// Pages one entry at a time, following the markers each page gives.
-    fn every_page(uploads: &[UploadInfo], prefix: &str, delimiter: Option<&str>) -> Vec<String> {
+    /// Pages `limit` entries at a time, following the markers each page
+    /// gives: uploads as "key id", common prefixes as themselves.
+    async fn every_page(s: &Store, limit: usize, prefix: &str, delimiter: Option<&str>) -> Vec<String> {
         let mut query = UploadQuery {
             prefix: prefix.into(),
             delimiter: delimiter.map(str::to_string),
-            limit: 1,
+            limit,
             ..Default::default()
         };
         let mut seen = Vec::new();
         loop {
-            let page = query.page(uploads);
-            assert!(page.uploads.len() + page.prefixes.len() <= 1);
+            let page = s.list_uploads("files", &query).await.unwrap();
+            assert!(page.uploads.len() + page.prefixes.len() <= limit);
             seen.extend(page.uploads.iter().map(|u| format!("{} {}", u.key, u.upload_id)));
             seen.extend(page.prefixes);
             match page.next {
@@ -642,25 +742,77 @@ mod tests {
         }
     }
 
-    #[test]
-    fn uploads_of_one_key_are_paged_in_the_order_they_began() {
-        // Upload IDs are random: "b9" began before "a1".
-        let uploads = [upload("k", "b9", 1), upload("k", "a1", 2), upload("k", "c5", 3), upload("l", "00", 1)];
-        assert_eq!(every_page(&uploads, "", None), ["k b9", "k a1", "k c5", "l 00"]);
+    /// Lists uploads of keys that sort close together (`\x01` is the
+    /// least character a key may hold) and a delimiter that the start
+    /// times spell too; pages of every size.
+    async fn uploads_are_listed_by_key_then_start(s: &Store) {
+        let keys = ["k", "l", "k", "k\x01", "k\x01\x01", "k0", "j", "d/a", "k", "d/b", "e/c", "f", "k\x01\x02"];
+        let mut begun = Vec::new();
+        for key in keys {
+            let id = s.create_upload("files", key, NewMetadata::default()).await.unwrap();
+            begun.push(format!("{key} {id}"));
+            // Uploads begun in one millisecond are listed in any order.
+            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        }
+        let mut by_key = begun.clone();
+        by_key.sort_by(|a, b| a.rsplit_once(' ').unwrap().0.cmp(b.rsplit_once(' ').unwrap().0));
+        let listed: Vec<String> =
+            in_progress(s, "files").await.iter().map(|u| format!("{} {}", u.key, u.upload_id)).collect();
+        assert_eq!(listed, by_key, "by key, then in the order they began");
+        for limit in [1, 2, 5] {
+            assert_eq!(every_page(s, limit, "", None).await, by_key, "{limit} at a time");
+        }
+        let named =
+            |key: &str| by_key.iter().filter(|u| u.rsplit_once(' ').unwrap().0 == key).cloned().collect::<Vec<_>>();
+        let mut rolled = vec!["d/".to_string(), "e/".to_string()];
+        rolled.extend(by_key[3..].iter().cloned());
+        assert_eq!(every_page(s, 1, "", Some("/")).await, rolled);
+        assert_eq!(every_page(s, 2, "d/", Some("/")).await, [named("d/a"), named("d/b")].concat());
+        // The start times are hex digits: "0" rolls up only the key "k0".
+        let under_k = every_page(s, 2, "k", Some("0")).await;
+        let mut expected = [named("k"), named("k\x01"), named("k\x01\x01"), named("k\x01\x02")].concat();
+        expected.push("k0".into());
+        assert_eq!(under_k, expected);
         // A marker upload that is gone: the listing goes on with the next key.
-        let query = UploadQuery { key_marker: "k".into(), id_marker: "gone".into(), limit: 10, ..Default::default() };
-        assert_eq!(query.page(&uploads).uploads, [upload("l", "00", 1)]);
+        let gone = UploadQuery { key_marker: "k".into(), id_marker: "0".repeat(32), limit: 1, ..Default::default() };
+        let page = s.list_uploads("files", &gone).await.unwrap();
+        assert_eq!(page.uploads[0].key, "k\x01");
+        // A marker common prefix skips the keys under it.
+        let past_d =
+            UploadQuery { key_marker: "d/".into(), delimiter: Some("/".into()), limit: 1, ..Default::default() };
+        assert_eq!(s.list_uploads("files", &past_d).await.unwrap().prefixes, ["e/"]);
     }
 
-    #[test]
-    fn uploads_roll_up_to_common_prefixes() {
-        let uploads = [upload("d/a", "1", 1), upload("d/b", "2", 1), upload("e/c", "3", 1), upload("f", "4", 1)];
-        let all = UploadQuery { delimiter: Some("/".into()), limit: 10, ..Default::default() }.page(&uploads);
-        assert_eq!(all.prefixes, ["d/", "e/"]);
-        assert_eq!(all.uploads, [upload("f", "4", 1)]);
-        assert_eq!(all.next, None);
-        assert_eq!(every_page(&uploads, "", Some("/")), ["d/", "e/", "f 4"]);
-        assert_eq!(every_page(&uploads, "d/", Some("/")), ["d/a 1", "d/b 2"]);
+    #[tokio::test(flavor = "multi_thread")]
+    async fn uploads_are_listed_by_key_then_start_with_a_local_catalog() {
+        let (s, _dir) = store().await;
+        uploads_are_listed_by_key_then_start(&s).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn uploads_are_listed_by_key_then_start_with_a_shared_catalog() {
+        let url = crate::pg::fresh_test_database().await;
+        let catalog = Arc::new(crate::catalog::postgres::PostgresCatalog::connect(&url).await.unwrap());
+        let s = Store::open(catalog, Arc::new(MemoryEngine::new()), StoreConfig::default()).await.unwrap();
+        uploads_are_listed_by_key_then_start(&s).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn uploads_begun_by_an_earlier_version_are_listed_once_noted() {
+        let (s, _dir) = store().await;
+        let id = "ab".repeat(16);
+        // An earlier version wrote the upload's record alone.
+        let record =
+            ObjectRecord { metadata: vec![(TARGET.into(), "old".into())], ..bare_record(upload_key("files", &id)) };
+        s.catalog.put_object(upload_put(record)).await.unwrap();
+        assert!(in_progress(&s, "files").await.is_empty());
+        assert_eq!(s.list_earlier_uploads().await.unwrap(), 1);
+        let listed = in_progress(&s, "files").await;
+        assert_eq!((listed[0].key.as_str(), listed[0].upload_id.as_str(), listed.len()), ("old", id.as_str(), 1));
+        assert_eq!(s.list_earlier_uploads().await.unwrap(), 0, "noted as done");
+        s.abort_upload("files", "old", &id).await.unwrap();
+        assert!(in_progress(&s, "files").await.is_empty());
+        assert_eq!(records_under(&s, "").await, 1, "only the note is left");
     }
 
     async fn store() -> (Store, tempfile::TempDir) {
@@ -722,7 +874,7 @@ mod tests {
         assert_eq!(counted(s.stats().await.unwrap()), (1, whole.len() as i64));
         // The upload's records are gone; only the object holds blobs: the
         // part never used is unreferenced.
-        assert!(s.list_uploads("files", "").await.unwrap().is_empty());
+        assert!(in_progress(&s, "files").await.is_empty());
         // As a crash right after the completion would leave it: the upload's
         // record is back, and still the upload is not listed.
         let put = ObjectPut {
@@ -732,7 +884,7 @@ mod tests {
             precondition: Precondition::default(),
         };
         s.catalog.put_object(put).await.unwrap();
-        assert!(s.list_uploads("files", "").await.unwrap().is_empty(), "a completed upload is not listed");
+        assert!(in_progress(&s, "files").await.is_empty(), "a completed upload is not listed");
         assert!(matches!(s.abort_upload("files", "k", &id).await, Err(StoreError::NoSuchUpload(_))));
         let unused = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"never used").into())).await.unwrap().unwrap();
         assert_eq!(unused.refs, 0);
@@ -773,13 +925,13 @@ mod tests {
         s.upload_part("work", "k", &id, 1, body(b"in progress".to_vec()), PutOptions::default()).await.unwrap();
         // An object keeps the bucket, and the upload stays.
         assert!(matches!(s.delete_bucket("work").await, Err(StoreError::BucketNotEmpty(_))));
-        assert_eq!(s.list_uploads("work", "").await.unwrap().len(), 1);
+        assert_eq!(in_progress(&s, "work").await.len(), 1);
         s.delete("work", "kept", &Precondition::default()).await.unwrap();
         s.delete_bucket("work").await.unwrap();
         let blob = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"in progress").into())).await.unwrap().unwrap();
         assert_eq!(blob.refs, 0, "the part is released");
         s.create_bucket("work", "", false).await.unwrap();
-        assert!(s.list_uploads("work", "").await.unwrap().is_empty(), "a new bucket of that name starts empty");
+        assert!(in_progress(&s, "work").await.is_empty(), "a new bucket of that name starts empty");
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -790,9 +942,9 @@ mod tests {
         s.abort_upload("files", "k", &aborted).await.unwrap();
         let expired = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         part(&s, &expired, 1, b"expired".to_vec()).await;
-        assert_eq!(s.list_uploads("files", "").await.unwrap().len(), 1);
+        assert_eq!(in_progress(&s, "files").await.len(), 1);
         assert_eq!(s.expire_uploads(now_millis() + 1).await.unwrap(), 1);
-        assert!(s.list_uploads("files", "").await.unwrap().is_empty());
+        assert!(in_progress(&s, "files").await.is_empty());
         for bytes in [&b"aborted"[..], b"expired"] {
             let blob = s.catalog.get_blob(&Digest(sha2::Sha256::digest(bytes).into())).await.unwrap().unwrap();
             assert_eq!(blob.refs, 0, "{:?}", String::from_utf8_lossy(bytes));
@@ -802,7 +954,11 @@ mod tests {
 
     /// Part records of an upload, whoever's they are.
     async fn part_records(s: &Store, id: &str) -> usize {
-        let query = ListQuery { prefix: part_prefix(id), after: None, delimiter: None, limit: 100 };
+        records_under(s, &part_prefix(id)).await
+    }
+
+    async fn records_under(s: &Store, prefix: &str) -> usize {
+        let query = ListQuery { prefix: prefix.into(), after: None, delimiter: None, limit: 100 };
         s.catalog.list_objects(UPLOADS, &query).await.unwrap().objects.len()
     }
 
@@ -848,11 +1004,12 @@ mod tests {
         let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
         part(&s, &id, 1, b"left behind".to_vec()).await;
         s.catalog.delete_objects(UPLOADS, &[upload_key("files", &id)], &Precondition::default()).await.unwrap();
-        assert_eq!(part_records(&s, &id).await, 1);
+        assert_eq!((part_records(&s, &id).await, records_under(&s, "i/").await), (1, 1));
+        assert!(in_progress(&s, "files").await.is_empty(), "an entry without its upload is not listed");
         assert_eq!(s.expire_uploads(now_millis() - 60_000).await.unwrap(), 0, "not old enough yet");
-        assert_eq!(part_records(&s, &id).await, 1);
+        assert_eq!((part_records(&s, &id).await, records_under(&s, "i/").await), (1, 1));
         assert_eq!(s.expire_uploads(now_millis() + 1).await.unwrap(), 0, "no upload to abort");
-        assert_eq!(part_records(&s, &id).await, 0);
+        assert_eq!((part_records(&s, &id).await, records_under(&s, "i/").await), (0, 0));
         assert_eq!(refs(&s, b"left behind").await, 0);
     }
 

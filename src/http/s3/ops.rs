@@ -1325,16 +1325,14 @@ impl S3 for DepotS3 {
         let input = req.input;
         let encoder = Encoder::new(input.encoding_type.as_ref())?;
         let limit = page_size(input.max_uploads)?;
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let all = self.store.list_uploads(&input.bucket, &prefix).await.map_err(to_s3)?;
         let query = UploadQuery {
             key_marker: input.key_marker.clone().unwrap_or_default(),
             id_marker: input.upload_id_marker.clone().unwrap_or_default(),
-            prefix,
+            prefix: input.prefix.clone().unwrap_or_default(),
             delimiter: delimiter(input.delimiter.as_deref()),
             limit,
         };
-        let page = query.page(&all);
+        let page = self.store.list_uploads(&input.bucket, &query).await.map_err(to_s3)?;
         let owner = self.bucket_owner(&input.bucket).await?;
         let truncated = page.next.is_some();
         let (next_key_marker, next_upload_id_marker) = match page.next {
