@@ -146,11 +146,12 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         title: "Chunk size of the chunking engines (seed: GridFS chunk size)".into(),
         method: vec![
             format!(
-                "Per engine and chunk size, a fresh depot (`depot serve --chunk-size`) takes {} files of {} MB \
+                "Per engine and chunk size, a fresh depot (`depot serve --chunk-size`) takes {} files of {} MiB \
                  ({} MB in all; the seed wrote 50 files of 2000 MB{}), one PUT at a time over HTTP/1.1 with \
                  Content-Length, then reads each back once per read size (8 KB, 64 KB, 1 MB: the size of every \
                  read(2) the client does on the socket, the seed's fread size). MB/s per file, median and \
-                 spread (min..max) over the files; MB = 10^6 bytes.",
+                 spread (min..max) over the files. Rates and totals count MB = 10^6 bytes; chunk and read \
+                 sizes, KB = 1024 bytes and MB = 1024 KB.",
                 scale.files,
                 scale.size / MB as u64,
                 thousands(mb(total) as u64),

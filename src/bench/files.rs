@@ -325,18 +325,21 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 "Plain files: the same bytes written with write + fsync per file by 1 and 20 threads, read back \
                  with the same pattern in reads of {} KiB into one buffer, as `dd bs=1M` does; depot's reader \
                  counts each answer's bytes as they arrive and keeps none. Each run of a phase through depot is \
-                 followed by the same phase on plain files (beside every engine). Writes run once; each read \
-                 phase runs {READ_ROUNDS} times, every time from a cold cache: median and spread of the runs. \
-                 × plain files: depot's MB/s over that of the plain files' run right after it.",
-                READ_SIZE >> 10
+                 followed by the same phase on plain files (beside every engine). Writes run once, each file \
+                 synced as `dd conv=fsync` syncs it (its directory is not; depot's engines sync theirs too); \
+                 each read phase runs {READ_ROUNDS} times, {}: median and spread of the runs. × plain files: \
+                 depot's MB/s over that of the plain files' run right after it.",
+                READ_SIZE >> 10,
+                if is_root() { "every time from a cold cache" } else { "warm" }
             ),
             format!(
                 "{NGINX}: each read run on plain files is followed by the same reads of the same files, from \
                  nginx serving them over HTTP (sendfile on, open_file_cache off, {} worker processes), by the same \
-                 client as depot's, from a cold cache. × nginx: depot's MB/s over that of nginx's run in the same \
+                 client as depot's, {}. × nginx: depot's MB/s over that of nginx's run in the same \
                  round; nginx's × plain files, its MB/s over the plain files' run right before it. What an HTTP \
                  server can make of the disk on this machine, its client on the same cores.",
-                settings.threads
+                settings.threads,
+                if is_root() { "from a cold cache" } else { "warm" }
             ),
         ],
         chart_metric: MBS.into(),

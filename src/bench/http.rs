@@ -385,9 +385,11 @@ async fn run_wrk(
         .ok_or_else(|| anyhow::anyhow!("wrk: {} {}", text.trim(), String::from_utf8_lossy(&out.stderr).trim()))
 }
 
-/// The request rate from wrk's summary, unless some answers were not 2xx/3xx.
+/// The request rate from wrk's summary, unless some answers were not
+/// 2xx/3xx or some requests failed on their socket (connect, read, write,
+/// timeout).
 fn parse_wrk(text: &str) -> Option<f64> {
-    if text.contains("Non-2xx or 3xx responses") {
+    if text.contains("Non-2xx or 3xx responses") || text.contains("Socket errors:") {
         return None;
     }
     text.lines().find_map(|l| l.trim().strip_prefix("Requests/sec:")).and_then(|v| v.trim().parse().ok())
@@ -404,6 +406,7 @@ mod tests {
         assert_eq!(parse_wrk(ok), Some(12345.67));
         assert_eq!(parse_wrk("  Non-2xx or 3xx responses: 5\nRequests/sec: 10.0\n"), None);
         assert_eq!(parse_wrk("unable to connect"), None);
+        assert_eq!(parse_wrk("  Socket errors: connect 0, read 0, write 0, timeout 3\nRequests/sec: 10.0\n"), None);
     }
 
     #[test]

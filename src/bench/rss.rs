@@ -84,14 +84,27 @@ pub fn loopback_port(url: &str) -> Result<u16, String> {
     }
 }
 
-/// Memory resident now in a process and all its descendants.
+/// Memory resident now in a process and all its descendants. Shared
+/// memory, which every process that touched it counts in its own resident
+/// set (PostgreSQL's buffers, mapped by each backend), counts once: as the
+/// most that any one of them has resident.
 pub fn tree_rss(pid: u32) -> u64 {
-    let mut total = status_bytes(pid, "VmRSS").unwrap_or(0);
+    let (own, shared) = tree_memory(pid);
+    own + shared
+}
+
+/// The private and file-backed memory resident in a process and its
+/// descendants, and the most shared memory resident in any one of them.
+fn tree_memory(pid: u32) -> (u64, u64) {
+    let field = |name| status_bytes(pid, name).unwrap_or(0);
+    let (mut own, mut shared) = (field("RssAnon") + field("RssFile"), field("RssShmem"));
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
     for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-        total += tree_rss(child);
+        let (o, s) = tree_memory(child);
+        own += o;
+        shared = shared.max(s);
     }
-    total
+    (own, shared)
 }
 
 /// The process listening on a TCP port (IPv4 or IPv6), found through the
@@ -185,6 +198,41 @@ mod tests {
         assert!(sampled > 1 << 20 && sampled <= peak_rss(std::process::id()).unwrap(), "{sampled}");
         drop(listener);
         assert_eq!(listener_pid(port), None);
+    }
+
+    /// Two processes that both touched 64 MiB of shared memory, as
+    /// PostgreSQL's backends touch its buffers, hold it once.
+    #[test]
+    fn shared_memory_counts_once_in_a_tree() {
+        const SHARED: u64 = 64 << 20;
+        let script = format!(
+            "import mmap, os, sys, time\n\
+             m = mmap.mmap(-1, {SHARED})\n\
+             m.write(b'x' * {SHARED})\n\
+             r, w = os.pipe()\n\
+             if os.fork() == 0:\n    sum(m[i] for i in range(0, {SHARED}, 4096)); os.write(w, b'.'); time.sleep(60); os._exit(0)\n\
+             os.read(r, 1)\n\
+             print('ready', flush=True)\n\
+             time.sleep(60)\n"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready");
+        let pid = child.id();
+        let shared_in = |p: u32| status_bytes(p, "RssShmem").unwrap();
+        let grandchild: u32 =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap().trim().parse().unwrap();
+        assert!(shared_in(pid) >= SHARED && shared_in(grandchild) >= SHARED, "both touched it all");
+        let total = tree_rss(pid);
+        let _ = child.kill();
+        let _ = std::process::Command::new("kill").arg(grandchild.to_string()).status();
+        let _ = child.wait();
+        assert!((SHARED..SHARED * 3 / 2).contains(&total), "{total} bytes for {SHARED} shared and two interpreters");
     }
 
     #[test]
