@@ -281,11 +281,14 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         });
     }
-    match app.store.list_earlier_uploads().await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!("listed {n} multipart upload(s) begun by an earlier version"),
-        Err(e) => tracing::warn!("could not list the multipart uploads begun by an earlier version: {e}"),
-    }
+    let lister = app.clone();
+    tokio::spawn(async move {
+        match lister.store.list_unlisted_uploads().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("listed {n} multipart upload(s) begun by an earlier version"),
+            Err(e) => tracing::warn!("could not list the multipart uploads begun by an earlier version: {e}"),
+        }
+    });
     if !settings.gc_interval.is_zero() {
         let (app, every) = (app.clone(), settings.gc_interval);
         tokio::spawn(async move {

@@ -56,6 +56,9 @@ fn bad_body(message: String) -> ApiError {
 /// many short lines costs no more memory than its body when refused.
 pub(super) fn keys_of(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the key list is not UTF-8"))?;
+    if text.contains('\0') {
+        return Err(ApiError::bad_request("the key list holds a NUL character, which no key does"));
+    }
     let keys = || text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).filter(|l| !l.is_empty());
     if keys().nth(max).is_some() {
         return Err(ApiError::new(

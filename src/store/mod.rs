@@ -406,6 +406,17 @@ pub struct PutSeconds {
     pub catalog: f64,
 }
 
+/// Refuses a listing's prefix, marker or delimiter that holds a NUL
+/// character, which no key does (and a PostgreSQL text cannot).
+fn check_listing(texts: &[&str]) -> Result<()> {
+    match texts.iter().any(|t| t.contains('\0')) {
+        true => {
+            Err(StoreError::InvalidArgument("a listing's prefix, marker or delimiter holds a NUL character".into()))
+        }
+        false => Ok(()),
+    }
+}
+
 impl Store {
     /// A store over `catalog` and `engine`; creates the default bucket.
     pub async fn open(catalog: Arc<dyn Catalog>, engine: DynEngine, config: StoreConfig) -> Result<Store> {
@@ -994,6 +1005,11 @@ impl Store {
 
     pub async fn list(&self, bucket: &str, query: &ListQuery) -> Result<ListPage> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        check_listing(&[
+            &query.prefix,
+            query.after.as_deref().unwrap_or(""),
+            query.delimiter.as_deref().unwrap_or(""),
+        ])?;
         Ok(self.catalog.list_objects(bucket, query).await?)
     }
 

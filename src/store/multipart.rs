@@ -198,8 +198,16 @@ fn index_entry(upload: &ObjectRecord) -> ObjectPut {
     upload_put(ObjectRecord { modified: upload.modified, ..bare_record(index_key(upload)) })
 }
 
-/// The record that says every upload has its entry in the listing.
-const LISTED: &str = "v/listed";
+/// When uploads began to have IDs that start with their start time
+/// (milliseconds, 12 hex digits); earlier IDs are random.
+const IDS_WITH_TIMES: Millis = 1_795_824_000_000;
+
+/// The start time an upload ID begins with, if it is one that does.
+fn started_at(upload_id: &str) -> Option<Millis> {
+    check_upload_id(upload_id).ok()?;
+    let started = Millis::from_str_radix(&upload_id[..12], 16).ok()?;
+    (IDS_WITH_TIMES..=now_millis() + 86_400_000).contains(&started).then_some(started)
+}
 
 /// Upload ids are 32 hex digits; anything else names no upload (and could
 /// otherwise reach other uploads' records through the key layout).
@@ -231,13 +239,15 @@ impl Store {
         super::check_about(about.content_type.as_deref(), &about.metadata, &about.headers)?;
         self.bucket(bucket).await?;
         self.check_writable()?;
-        let upload_id = hex::encode(rand::rng().random::<[u8; 16]>());
+        let started = now_millis();
+        let upload_id = format!("{started:012x}{}", hex::encode(rand::rng().random::<[u8; 10]>()));
         let mut meta = vec![(TARGET.to_string(), key.to_string())];
         meta.extend(about.metadata);
         let record = ObjectRecord {
             content_type: super::content_type_for(about.content_type, key),
             metadata: meta,
             headers: about.headers,
+            modified: started,
             ..bare_record(upload_key(bucket, &upload_id))
         };
         let puts = vec![index_entry(&record), upload_put(record)];
@@ -322,6 +332,7 @@ impl Store {
     /// after the marker upload; if that upload is gone, the listing goes on
     /// with the next key.
     pub async fn list_uploads(&self, bucket: &str, query: &UploadQuery) -> Result<UploadPage> {
+        super::check_listing(&[&query.prefix, &query.key_marker, query.delimiter.as_deref().unwrap_or("")])?;
         self.bucket(bucket).await?;
         let mut page = UploadPage::default();
         let Some(mut after) = self.uploads_after(bucket, query).await? else {
@@ -389,6 +400,16 @@ impl Store {
         {
             return Ok(Some(Some(index_key(&upload))));
         }
+        if let Some(started) = started_at(&query.id_marker) {
+            // The marker upload is gone (completed or aborted since the
+            // page that named it): its ID still says where it was.
+            return Ok(Some(Some(format!(
+                "{}{}{KEY_END}{started:012x}{}",
+                index_base(bucket),
+                escaped(marker),
+                query.id_marker
+            ))));
+        }
         let at = format!("{}{}", index_base(bucket), escaped(marker));
         Ok(if query.common_prefix(marker) == Some(marker.as_str()) {
             // Past every key under the marker's common prefix.
@@ -448,17 +469,19 @@ impl Store {
         self.remove_upload_records(&keys).await
     }
 
-    /// Writes the entries in the listing of uploads begun before uploads
-    /// were listed from entries (by earlier versions); returns how many.
-    /// Once every upload has one, a record says so, and later calls cost a
-    /// read.
-    pub async fn list_earlier_uploads(&self) -> Result<u64> {
-        if self.catalog.get_object(UPLOADS, LISTED).await?.is_some() {
-            return Ok(0);
-        }
+    /// Writes the entries in the listing of uploads that have none: those
+    /// begun by an earlier version, which kept no listing (or, with a
+    /// shared catalog, by a node still running one); returns how many.
+    pub async fn list_unlisted_uploads(&self) -> Result<u64> {
         self.check_writable()?;
         let mut uploads = Vec::new();
         self.each_upload_record("u/", |r| uploads.push(r.clone())).await?;
+        self.list_uploads_of(&uploads).await
+    }
+
+    /// Writes the entries in the listing that `uploads` lack, for those
+    /// still there; returns how many.
+    async fn list_uploads_of(&self, uploads: &[ObjectRecord]) -> Result<u64> {
         let mut written = 0;
         for uploads in uploads.chunks(1000) {
             let entries: Vec<String> = uploads.iter().map(index_key).collect();
@@ -473,8 +496,6 @@ impl Store {
                 }
             }
         }
-        let r = self.catalog.put_object(upload_put(bare_record(LISTED.into()))).await.map_err(Into::into);
-        self.note(r)?;
         Ok(written)
     }
 
@@ -659,22 +680,19 @@ impl Store {
         Ok(Digest(sha.finalize().into()))
     }
 
-    /// Aborts uploads started before `cutoff`, forgets completions older
-    /// than that and releases parts and listing entries older than that
-    /// whose upload is gone; returns how many uploads it aborted.
+    /// Aborts uploads started before `cutoff`, lists those kept that lack
+    /// their entry in the listing, forgets completions older than the
+    /// cutoff and releases parts and entries older than that whose upload
+    /// is gone; returns how many uploads it aborted.
     pub(super) async fn expire_uploads(&self, cutoff: Millis) -> Result<u64> {
-        let (mut stale, mut kept) = (Vec::new(), HashSet::new());
-        self.each_upload_record("u/", |r| {
-            if r.modified < cutoff {
-                stale.push(r.clone());
-            } else {
-                kept.insert(upload_of(r).1.to_string());
-            }
-        })
-        .await?;
+        let (mut stale, mut kept) = (Vec::new(), Vec::new());
+        self.each_upload_record("u/", |r| if r.modified < cutoff { &mut stale } else { &mut kept }.push(r.clone()))
+            .await?;
         for upload in &stale {
             self.remove_upload(upload).await?;
         }
+        self.list_uploads_of(&kept).await?;
+        let kept: HashSet<&str> = kept.iter().map(|u| upload_of(u).1).collect();
         // Completions old enough to forget, and entries in the listing
         // that outlived their upload's record (every upload begun before
         // the cutoff is gone by now).
@@ -781,6 +799,19 @@ mod tests {
         let past_d =
             UploadQuery { key_marker: "d/".into(), delimiter: Some("/".into()), limit: 1, ..Default::default() };
         assert_eq!(s.list_uploads("files", &past_d).await.unwrap().prefixes, ["e/"]);
+        // A marker upload aborted since the page that named it: the
+        // listing goes on with the next upload of its key.
+        let from_k = UploadQuery { key_marker: "j".into(), limit: 1, ..Default::default() };
+        let page = s.list_uploads("files", &from_k).await.unwrap();
+        let (key, id) = page.next.unwrap();
+        let id = id.unwrap();
+        assert_eq!(format!("{key} {id}"), named("k")[0]);
+        let upload = s.upload("files", &key, &id).await.unwrap();
+        assert_eq!(started_at(&id), Some(upload.modified), "an upload ID begins with its start time");
+        s.abort_upload("files", &key, &id).await.unwrap();
+        let after_gone = UploadQuery { key_marker: key, id_marker: id, limit: 1, ..Default::default() };
+        let page = s.list_uploads("files", &after_gone).await.unwrap();
+        assert_eq!(format!("{} {}", page.uploads[0].key, page.uploads[0].upload_id), named("k")[1]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -798,21 +829,31 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn uploads_begun_by_an_earlier_version_are_listed_once_noted() {
+    async fn uploads_begun_by_an_earlier_version_are_listed() {
         let (s, _dir) = store().await;
-        let id = "ab".repeat(16);
-        // An earlier version wrote the upload's record alone.
-        let record =
-            ObjectRecord { metadata: vec![(TARGET.into(), "old".into())], ..bare_record(upload_key("files", &id)) };
-        s.catalog.put_object(upload_put(record)).await.unwrap();
-        assert!(in_progress(&s, "files").await.is_empty());
-        assert_eq!(s.list_earlier_uploads().await.unwrap(), 1);
-        let listed = in_progress(&s, "files").await;
-        assert_eq!((listed[0].key.as_str(), listed[0].upload_id.as_str(), listed.len()), ("old", id.as_str(), 1));
-        assert_eq!(s.list_earlier_uploads().await.unwrap(), 0, "noted as done");
-        s.abort_upload("files", "old", &id).await.unwrap();
-        assert!(in_progress(&s, "files").await.is_empty());
-        assert_eq!(records_under(&s, "").await, 1, "only the note is left");
+        // An earlier version writes an upload's record alone.
+        let earlier = |key: &str, id: &str| {
+            let record =
+                ObjectRecord { metadata: vec![(TARGET.into(), key.into())], ..bare_record(upload_key("files", id)) };
+            s.catalog.put_object(upload_put(record))
+        };
+        let listed =
+            || async { in_progress(&s, "files").await.into_iter().map(|u| (u.key, u.upload_id)).collect::<Vec<_>>() };
+        let (a, b) = ("a".repeat(32), "b".repeat(32));
+        earlier("old", &a).await.unwrap();
+        assert!(listed().await.is_empty());
+        assert_eq!(s.list_unlisted_uploads().await.unwrap(), 1, "as a server starts");
+        assert_eq!(listed().await, [("old".to_string(), a.clone())]);
+        assert_eq!(s.list_unlisted_uploads().await.unwrap(), 0);
+        // One begun later by a node still running the earlier version is
+        // listed by the next expiry pass.
+        earlier("older", &b).await.unwrap();
+        assert_eq!(s.expire_uploads(now_millis() - 60_000).await.unwrap(), 0);
+        assert_eq!(listed().await, [("old".to_string(), a.clone()), ("older".to_string(), b.clone())]);
+        s.abort_upload("files", "old", &a).await.unwrap();
+        s.abort_upload("files", "older", &b).await.unwrap();
+        assert!(listed().await.is_empty());
+        assert_eq!(records_under(&s, "").await, 0, "no record is left");
     }
 
     async fn store() -> (Store, tempfile::TempDir) {

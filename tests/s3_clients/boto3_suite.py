@@ -1231,6 +1231,19 @@ def area_upload_listing(s3, buckets):
     r = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
     expect_equal(prefixes_of(r), ["d/", "e/"], "ListMultipartUploads Delimiter=/ rolls keys up")
     expect_equal(sorted(u["Key"] for u in r.get("Uploads", [])), ["same"] * 6, "... and lists the rest")
+    # No key holds a NUL character: a listing that names one is refused.
+    for listing, field in [
+        (s3.list_multipart_uploads, "Prefix"),
+        (s3.list_multipart_uploads, "KeyMarker"),
+        (s3.list_objects_v2, "Prefix"),
+        (s3.list_objects_v2, "StartAfter"),
+    ]:
+        expect_error(
+            f"{listing.__name__} with a NUL in its {field}",
+            "InvalidArgument",
+            400,
+            lambda: listing(Bucket=bucket, **{field: "d\x00"}),
+        )
 
 
 def area_multipart(s3, buckets):
