@@ -11,10 +11,11 @@
 //! | `p/{upload}/{part:05}` | one uploaded part, an ordinary object (its blob referenced, ETag = MD5) |
 //! | `d/{upload}` | a completed upload: its ETag, so a repeated Complete answers the same |
 //!
-//! An upload's `u/` and `i/` records are written and removed together.
-//! The `i/` key spells the target key with each `\x01` doubled as
-//! `\x01\x02`, so that the `\x01\x01` after it sorts a key's uploads
-//! before those of every longer key, as S3 lists them.
+//! An upload ID is its start time (milliseconds, 12 hex digits) and 20
+//! random hex digits. An upload's `u/` and `i/` records are written and
+//! removed together. The `i/` key spells the target key with each `\x01`
+//! written `\x01\x02`, so that the `\x01\x01` after it sorts a key's
+//! uploads before those of every longer key, as S3 lists them.
 //!
 //! Completing writes the object and the `d/` record in one catalog
 //! transaction, then removes the upload and its parts; a crash in between
@@ -137,7 +138,13 @@ fn escaped(key: &str) -> String {
 /// The key of an upload's entry in the listing, from its `u/` record.
 fn index_key(upload: &ObjectRecord) -> String {
     let (bucket, upload_id) = upload_of(upload);
-    format!("{}{}{KEY_END}{:012x}{upload_id}", index_base(bucket), escaped(target(upload)), upload.modified)
+    entry_key(bucket, target(upload), upload.modified, upload_id)
+}
+
+/// The key of the entry in the listing of an upload of bucket/key that
+/// began at `started`.
+fn entry_key(bucket: &str, key: &str, started: Millis, upload_id: &str) -> String {
+    format!("{}{}{KEY_END}{started:012x}{upload_id}", index_base(bucket), escaped(key))
 }
 
 /// The bucket and upload ID an upload's `u/` record is kept under.
@@ -329,8 +336,9 @@ impl Store {
     /// they began, as ListMultipartUploads asks: read from the listing's
     /// entries after the markers, so a page costs about as many catalog
     /// reads as it holds uploads. The uploads of the marker key are those
-    /// after the marker upload; if that upload is gone, the listing goes on
-    /// with the next key.
+    /// after the marker upload; if that upload is gone, those after where
+    /// its ID says it was (IDs begin with their start time), or for an ID
+    /// of an earlier version, the uploads of the next key.
     pub async fn list_uploads(&self, bucket: &str, query: &UploadQuery) -> Result<UploadPage> {
         super::check_listing(&[&query.prefix, &query.key_marker, query.delimiter.as_deref().unwrap_or("")])?;
         self.bucket(bucket).await?;
@@ -403,12 +411,7 @@ impl Store {
         if let Some(started) = started_at(&query.id_marker) {
             // The marker upload is gone (completed or aborted since the
             // page that named it): its ID still says where it was.
-            return Ok(Some(Some(format!(
-                "{}{}{KEY_END}{started:012x}{}",
-                index_base(bucket),
-                escaped(marker),
-                query.id_marker
-            ))));
+            return Ok(Some(Some(entry_key(bucket, marker, started, &query.id_marker))));
         }
         let at = format!("{}{}", index_base(bucket), escaped(marker));
         Ok(if query.common_prefix(marker) == Some(marker.as_str()) {
