@@ -600,6 +600,18 @@ async fn single_ranges_give_206_with_content_range() {
     ] {
         assert_partial(ranged(&s, "r", range, &[]).await, &body, want).await;
     }
+    // A HEAD answers what its GET would, without the body.
+    let r = head(&s, "r", &[("range", "bytes=900-")]).await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(
+        (header(&r, "content-range"), header(&r, "content-length")),
+        ("bytes 900-999/1000".into(), "100".into())
+    );
+    assert!(r.bytes().await.unwrap().is_empty());
+    let r = head(&s, "r", &[("range", "bytes=0-0,5-5")]).await;
+    assert_eq!(r.status(), 206);
+    assert!(header(&r, "content-type").starts_with("multipart/byteranges"));
+    assert_eq!(head(&s, "r", &[("range", "bytes=2000-")]).await.status(), 416);
 }
 
 /// The parts of a multipart/byteranges body: (Content-Range, bytes).
@@ -704,12 +716,13 @@ async fn if_range_serves_partially_only_while_the_validator_matches() {
     put_new(&s, "r", &body).await;
     let plain = get(&s, "r", &[]).await;
     let (etag, modified) = (header(&plain, "etag"), header(&plain, "last-modified"));
-    for current in [&etag, &modified] {
-        let r = ranged(&s, "r", "bytes=0-9", &[("if-range", current)]).await;
-        assert_partial(r, &body, 0..10).await;
-    }
+    let r = ranged(&s, "r", "bytes=0-9", &[("if-range", &etag)]).await;
+    assert_partial(r, &body, 0..10).await;
+    // A date is a weak validator: a second version within the same second,
+    // or one given the same time, would otherwise be spliced onto the
+    // first. The whole object is answered.
     let other_date = httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(86400));
-    for stale in ["\"0123456789abcdef0123456789abcdef\"", &other_date] {
+    for stale in ["\"0123456789abcdef0123456789abcdef\"", &other_date, &modified] {
         let r = ranged(&s, "r", "bytes=0-9", &[("if-range", stale)]).await;
         assert_eq!(r.status(), 200, "If-Range {stale}");
         assert_eq!(r.bytes().await.unwrap(), body);

@@ -507,21 +507,24 @@ pub(super) async fn serve(app: &Arc<App>, req: &Request, record: &ObjectRecord) 
         Verdict::Failed => return Err(StoreError::PreconditionFailed.into()),
     }
     let size = record.size;
+    let head_only = method == Method::HEAD;
     let mut answer = RangeAnswer::Full;
-    if method == Method::GET
+    // A HEAD answers the headers its GET would, ranges included.
+    if (method == Method::GET || head_only)
         && let Some(value) = headers.get(header::RANGE).and_then(|v| v.to_str().ok())
         && conditional::if_range_holds(headers, validators)
         && let Some(specs) = range::parse(value)
     {
         answer = range::resolve(&specs, size, app.limits.max_ranges);
     }
-    let head_only = method == Method::HEAD;
-    let mut response = match answer {
-        RangeAnswer::Full => {
-            let body =
-                if head_only { None } else { Some(app.store.read_to_send(record, ByteRange::full(size)).await?) };
-            body_response(StatusCode::OK, size, body)
+    let body = |range| async move {
+        match head_only {
+            true => Ok::<_, ApiError>(None),
+            false => Ok(Some(app.store.read_to_send(record, range).await?)),
         }
+    };
+    let mut response = match answer {
+        RangeAnswer::Full => body_response(StatusCode::OK, size, body(ByteRange::full(size)).await?),
         RangeAnswer::Unsatisfiable => {
             let mut r = super::error_response(&ApiError::new(
                 StatusCode::RANGE_NOT_SATISFIABLE,
@@ -535,8 +538,7 @@ pub(super) async fn serve(app: &Arc<App>, req: &Request, record: &ObjectRecord) 
         }
         RangeAnswer::Partial(ranges) if ranges.len() == 1 => {
             let r = ranges[0];
-            let mut resp =
-                body_response(StatusCode::PARTIAL_CONTENT, r.len(), Some(app.store.read_to_send(record, r).await?));
+            let mut resp = body_response(StatusCode::PARTIAL_CONTENT, r.len(), body(r).await?);
             let cr = format!("bytes {}-{}/{size}", r.start, r.end - 1);
             resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&cr).expect("ASCII"));
             resp
