@@ -391,18 +391,26 @@ impl CommitCutter {
     }
 }
 
+/// A node on the fs engine and a fresh catalog reached through a
+/// [`CommitCutter`], with `extra` settings; the catalog's own URL.
+async fn behind_a_cutter(extra: &[&str]) -> (Server, CommitCutter, String) {
+    let url = depot::pg::fresh_test_database().await;
+    let (head, database) = url.rsplit_once('/').unwrap();
+    let (credentials, upstream) = head.rsplit_once('@').unwrap();
+    let cutter = CommitCutter::start(upstream.parse().unwrap());
+    let proxied = format!("{credentials}@{}/{database}", cutter.addr);
+    let mut args = vec!["--catalog", proxied.as_str(), "--engine", "fs"];
+    args.extend_from_slice(extra);
+    (Server::start(&args), cutter, url)
+}
+
 /// A write whose COMMIT was applied but whose answer was lost is replayed;
 /// the replay then finds the first attempt's work (its `If-None-Match: *`
 /// no longer holds, its key is gone) and answers 503, outcome unknown,
 /// not the 412 or 404 it would be for another client's write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_whose_commit_answer_was_lost_is_not_answered_as_refused() {
-    let url = depot::pg::fresh_test_database().await;
-    let (head, database) = url.rsplit_once('/').unwrap();
-    let (_, upstream) = head.rsplit_once('@').unwrap();
-    let cutter = CommitCutter::start(upstream.parse().unwrap());
-    let proxied = format!("{}@{}/{database}", head.rsplit_once('@').unwrap().0, cutter.addr);
-    let server = Server::start(&["--catalog", &proxied, "--engine", "fs"]);
+    let (server, cutter, _) = behind_a_cutter(&[]).await;
     let http = client();
 
     cutter.arm("INSERT INTO depot_catalog_objects");
@@ -418,6 +426,19 @@ async fn a_write_whose_commit_answer_was_lost_is_not_answered_as_refused() {
     assert!(cutter.disarmed(), "no COMMIT was cut");
     assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
     let r = http.get(server.object_url("files", "new")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "the first attempt's delete was applied");
+
+    // Buckets: the one the first attempt made is this request's; a delete
+    // that finds its bucket gone cannot tell who took it.
+    cutter.arm("INSERT INTO depot_catalog_buckets");
+    let r = http.put(format!("{}/made", server.url)).send().await.unwrap();
+    assert!(cutter.disarmed(), "no COMMIT was cut");
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    cutter.arm("DELETE FROM depot_catalog_buckets");
+    let r = http.delete(format!("{}/made", server.url)).send().await.unwrap();
+    assert!(cutter.disarmed(), "no COMMIT was cut");
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    let r = http.get(format!("{}/made/?format=json", server.url)).send().await.unwrap();
     assert_eq!(r.status(), 404, "the first attempt's delete was applied");
 
     let r = http.put(server.object_url("files", "plain")).body("x").send().await.unwrap();
@@ -446,4 +467,39 @@ async fn a_nul_in_a_listing_or_a_batch_is_refused_with_the_shared_catalog() {
     let listed = http.get(format!("{}/files/?format=json", a.url)).send().await.unwrap().text().await.unwrap();
     assert!(listed.contains("\"k\""), "{listed}");
     a.assert_no_panic();
+}
+
+/// A collection whose COMMIT was applied but whose answer was lost: the
+/// replay finds the mark its first attempt left, so the bytes go and the
+/// mark with them. Given up instead, the blob waits for the sweep of bytes
+/// nothing records (an hour, by default: here the grace is 0, and the
+/// report says which of the two took it), while its mark keeps every
+/// writer of the content waiting for minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_collection_whose_commit_answer_was_lost_deletes_the_bytes_and_its_mark() {
+    let (server, cutter, url) = behind_a_cutter(&["--gc-interval", "1", "--gc-grace", "0"]).await;
+    let http = client();
+    let body = pattern(100_000, 3);
+    http.put(server.object_url("files", "k")).body(body.clone()).send().await.unwrap().error_for_status().unwrap();
+    let blob_files = || common::files_under(&server.data.join("fs")).len();
+    let stored = blob_files();
+    assert!(stored > 0);
+    cutter.arm("DELETE FROM depot_catalog_blobs");
+    http.delete(server.object_url("files", "k")).send().await.unwrap().error_for_status().unwrap();
+    let collected = || server.log.lock().unwrap().lines().find(|l| l.contains("garbage collected")).map(str::to_string);
+    for _ in 0..300 {
+        if cutter.disarmed() && blob_files() < stored && collected().is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(cutter.disarmed(), "no collection's COMMIT was cut");
+    assert!(blob_files() < stored, "the collected blob's bytes are still there");
+    let report = collected().expect("a collection was reported");
+    assert!(report.contains("dead_blobs: 1") && report.contains("orphans: 0"), "{report}");
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let marks: i64 = db.query_one("SELECT count(*) FROM depot_catalog_deleting", &[]).await.unwrap().get(0);
+    assert_eq!(marks, 0, "a delete mark outlived its delete");
+    server.assert_no_panic();
 }

@@ -146,6 +146,7 @@ CREATE TABLE IF NOT EXISTS depot_catalog_deleting (
     digest bytea PRIMARY KEY,
     since timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE depot_catalog_deleting ADD COLUMN IF NOT EXISTS token bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS depot_catalog_nodes (
     name text PRIMARY KEY,
     seen timestamptz NOT NULL DEFAULT now()
@@ -219,12 +220,14 @@ fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// The advisory-lock key of one object key.
+/// The advisory-lock key of one object key: the first 8 bytes of the
+/// SHA-256 of bucket, NUL, key. Every node must take the same lock for a
+/// key, whatever it was built with (the standard library's hasher may
+/// change between releases).
 fn key_lock(bucket: &str, key: &str) -> i64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (bucket, key).hash(&mut h);
-    h.finish() as i64
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::new().chain_update(bucket).chain_update([0]).chain_update(key).finalize();
+    i64::from_be_bytes(hash[..8].try_into().expect("eight bytes"))
 }
 
 fn blob_from_row(row: &tokio_postgres::Row) -> Result<BlobRecord, TxnError> {
@@ -328,11 +331,12 @@ async fn claimed(txn: &Transaction<'_>, digest: &Digest) -> Result<bool, TxnErro
 }
 
 /// Marks a delete of `digest`'s bytes in progress, under the lock of
-/// [`lock_digest`].
-async fn mark_deleting(txn: &Transaction<'_>, digest: &Digest) -> Result<(), TxnError> {
+/// [`lock_digest`], with a token that tells the transaction that made it.
+async fn mark_deleting(txn: &Transaction<'_>, digest: &Digest, token: i64) -> Result<(), TxnError> {
     txn.execute(
-        "INSERT INTO depot_catalog_deleting (digest) VALUES ($1) ON CONFLICT (digest) DO UPDATE SET since = now()",
-        &[&&digest.0[..]],
+        "INSERT INTO depot_catalog_deleting (digest, token) VALUES ($1, $2)
+             ON CONFLICT (digest) DO UPDATE SET since = now(), token = EXCLUDED.token",
+        &[&&digest.0[..], &token],
     )
     .await?;
     Ok(())
@@ -352,7 +356,7 @@ async fn lock_keys(txn: &Transaction<'_>, bucket_keys: &[(&str, &str)]) -> Resul
 #[async_trait]
 impl Catalog for PostgresCatalog {
     async fn create_bucket(&self, bucket: &BucketRecord) -> Result<()> {
-        in_txn!(self.pool, "creating a bucket", |txn| {
+        in_txn!(self.pool, "creating a bucket", |txn, replay| {
             let n = txn
                 .execute(
                     "INSERT INTO depot_catalog_buckets (name, created, public_read, owner) VALUES ($1, $2, $3, $4)
@@ -361,6 +365,14 @@ impl Catalog for PostgresCatalog {
                 )
                 .await?;
             if n == 0 {
+                // Run again after a COMMIT whose answer was lost: the bucket
+                // that attempt made, to the millisecond, is this one's.
+                let same = "SELECT 1 FROM depot_catalog_buckets WHERE name = $1 AND created = $2 AND owner = $3";
+                if replay
+                    && txn.query_opt(same, &[&bucket.name, &to_i64(bucket.created), &bucket.owner]).await?.is_some()
+                {
+                    return Ok(());
+                }
                 return Err(CatalogError::BucketExists(bucket.name.clone()).into());
             }
             Ok(())
@@ -380,9 +392,11 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn delete_bucket(&self, name: &str) -> Result<()> {
-        in_txn!(self.pool, "deleting a bucket", |txn| {
+        in_txn!(self.pool, "deleting a bucket", |txn, replay| {
             if !bucket_exists(txn, name, "FOR UPDATE").await? {
-                return Err(CatalogError::NoSuchBucket(name.to_string()).into());
+                // Run again after a COMMIT whose answer was lost: the
+                // bucket may be gone by that attempt.
+                return Err(if replay { unsure() } else { CatalogError::NoSuchBucket(name.to_string()) }.into());
             }
             let any = txn.query_opt("SELECT 1 FROM depot_catalog_objects WHERE bucket = $1 LIMIT 1", &[&name]).await?;
             if any.is_some() {
@@ -466,6 +480,15 @@ impl Catalog for PostgresCatalog {
                 stats.logical_bytes += counted * to_i64(put.record.size);
                 written.insert(id, put.record.clone());
                 replaced.push(current);
+            }
+            // A digest that gains references is locked as claims and
+            // deletes lock it, in digest order: a delete of its bytes that
+            // starts while this transaction runs (begun by this very write,
+            // if its COMMIT outlasts the wait for its answer and its bytes
+            // are given up as unrecorded) waits for it, and then sees the
+            // references it committed.
+            for (digest, _) in deltas.iter().filter(|(_, (n, _))| *n > 0) {
+                lock_digest(txn, digest).await?;
             }
             let existing = apply_refs(txn, &deltas, now, &mut stats).await?;
             for ((bucket, key), record) in &written {
@@ -583,8 +606,19 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
-        in_txn!(self.pool, "removing a dead blob", |txn| {
+        let token = rand::random::<i64>() | 1;
+        in_txn!(self.pool, "removing a dead blob", |txn, replay| {
             lock_digest(txn, digest).await?;
+            if replay {
+                // The first attempt's COMMIT may have been applied, its
+                // answer lost: if its mark is there, the blob is this
+                // call's to delete (else its mark would keep writers of the
+                // digest waiting, and its bytes would stay).
+                let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND token = $2";
+                if txn.query_opt(sql, &[&&digest.0[..], &token]).await?.is_some() {
+                    return Ok(true);
+                }
+            }
             if claimed(txn, digest).await? {
                 return Ok(false);
             }
@@ -598,7 +632,7 @@ impl Catalog for PostgresCatalog {
             let Some(row) = row else { return Ok(false) };
             let stats = CatalogStats { blobs: -1, blob_bytes: -row.get::<_, i64>(0), ..Default::default() };
             add_stats(txn, &stats).await?;
-            mark_deleting(txn, digest).await?;
+            mark_deleting(txn, digest, token).await?;
             Ok(true)
         })
     }
@@ -666,7 +700,7 @@ impl Catalog for PostgresCatalog {
             if recorded.is_some() || claimed(txn, &blob.digest).await? {
                 return Ok(false);
             }
-            mark_deleting(txn, &blob.digest).await?;
+            mark_deleting(txn, &blob.digest, 0).await?;
             Ok(true)
         })
     }
@@ -902,6 +936,14 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_takes_the_same_lock_on_every_build() {
+        // The first 8 bytes of SHA-256("files\0k"), as any build computes them.
+        assert_eq!(key_lock("files", "k"), -5_836_227_842_344_136_322);
+        assert_ne!(key_lock("files", "k"), key_lock("files", "k2"));
+        assert_ne!(key_lock("a", "bc"), key_lock("ab", "c"));
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn conformance() {

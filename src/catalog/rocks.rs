@@ -80,7 +80,7 @@ fn open_recovered(opts: &rocksdb::Options, path: &Path, cfs: impl Fn() -> Vec<Co
         .filter_map(|e| Some(e.ok()?.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "log") && p.file_stem().is_some_and(|n| n != "LOG"))
         .collect();
-    logs.sort();
+    oldest_first(&mut logs);
     let mut damaged_within = false;
     for (i, log) in logs.iter().enumerate() {
         let bytes = std::fs::read(log).map_err(err)?;
@@ -915,6 +915,12 @@ impl Catalog for RocksCatalog {
     }
 }
 
+/// Puts write-ahead logs in the order they were written: by number, as
+/// past 999999 their names grow a digit.
+fn oldest_first(logs: &mut [std::path::PathBuf]) {
+    logs.sort_by_key(|p| p.file_stem().and_then(|n| n.to_str()).and_then(|n| n.parse::<u64>().ok()));
+}
+
 /// The smallest string greater than every string starting with `prefix`
 /// (for a prefix ending in an ASCII delimiter: bump the last byte).
 fn past_prefix(prefix: &[u8]) -> Vec<u8> {
@@ -977,6 +983,14 @@ fn list_page(inner: &Inner, bucket: &str, query: &ListQuery) -> Result<ListPage>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logs_are_ordered_by_number() {
+        let mut logs: Vec<std::path::PathBuf> =
+            ["/c/1000002.log", "/c/999999.log", "/c/000012.log"].iter().map(Into::into).collect();
+        oldest_first(&mut logs);
+        assert_eq!(logs, ["/c/000012.log", "/c/999999.log", "/c/1000002.log"].map(std::path::PathBuf::from));
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn conformance() {
