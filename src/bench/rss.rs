@@ -10,16 +10,27 @@ use std::time::Duration;
 
 /// A field of `/proc/PID/status` in bytes (`VmHWM`, `VmRSS`).
 fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    status_fields(pid, [field]).map(|[bytes]| bytes)
+}
+
+/// Fields of `/proc/PID/status` in bytes, from one read of it.
+fn status_fields<const N: usize>(pid: u32, fields: [&str; N]) -> Option<[u64; N]> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))?
-        .trim_start_matches(':')
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    let bytes = |field: &str| -> Option<u64> {
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    };
+    let mut out = [0; N];
+    for (slot, field) in out.iter_mut().zip(fields) {
+        *slot = bytes(field)?;
+    }
+    Some(out)
 }
 
 /// The most memory a process has held resident since it started.
@@ -96,8 +107,8 @@ pub fn tree_rss(pid: u32) -> u64 {
 /// The private and file-backed memory resident in a process and its
 /// descendants, and the most shared memory resident in any one of them.
 fn tree_memory(pid: u32) -> (u64, u64) {
-    let field = |name| status_bytes(pid, name).unwrap_or(0);
-    let (mut own, mut shared) = (field("RssAnon") + field("RssFile"), field("RssShmem"));
+    let [anon, file, shmem] = status_fields(pid, ["RssAnon", "RssFile", "RssShmem"]).unwrap_or_default();
+    let (mut own, mut shared) = (anon + file, shmem);
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
     for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
         let (o, s) = tree_memory(child);

@@ -126,6 +126,12 @@ fn index_base(bucket: &str) -> String {
     format!("i/{bucket}/")
 }
 
+/// Where the entries of a bucket's uploads of keys starting with
+/// `key_prefix` begin in the listing.
+fn index_prefix(bucket: &str, key_prefix: &str) -> String {
+    format!("{}{}", index_base(bucket), escaped(key_prefix))
+}
+
 /// What ends a key in the listing of uploads.
 const KEY_END: &str = "\x01\x01";
 
@@ -144,7 +150,7 @@ fn index_key(upload: &ObjectRecord) -> String {
 /// The key of the entry in the listing of an upload of bucket/key that
 /// began at `started`.
 fn entry_key(bucket: &str, key: &str, started: Millis, upload_id: &str) -> String {
-    format!("{}{}{KEY_END}{started:012x}{upload_id}", index_base(bucket), escaped(key))
+    format!("{}{KEY_END}{started:012x}{upload_id}", index_prefix(bucket, key))
 }
 
 /// The bucket and upload ID an upload's `u/` record is kept under.
@@ -350,7 +356,7 @@ impl Store {
         let mut last: Option<(String, Option<String>)> = None;
         'listing: loop {
             let entries = ListQuery {
-                prefix: format!("{base}{}", escaped(&query.prefix)),
+                prefix: index_prefix(bucket, &query.prefix),
                 after: after.clone(),
                 delimiter: None,
                 limit: (query.limit + 1 - page.uploads.len() - page.prefixes.len()).min(1000),
@@ -379,7 +385,7 @@ impl Store {
                     last = Some((prefix.to_string(), None));
                     page.prefixes.push(prefix.to_string());
                     // On past every key under the prefix.
-                    match crate::catalog::past(&format!("{base}{}", escaped(prefix))) {
+                    match crate::catalog::past(&index_prefix(bucket, prefix)) {
                         Some(past) => after = Some(past),
                         None => return Ok(page),
                     }
@@ -413,7 +419,7 @@ impl Store {
             // page that named it): its ID still says where it was.
             return Ok(Some(Some(entry_key(bucket, marker, started, &query.id_marker))));
         }
-        let at = format!("{}{}", index_base(bucket), escaped(marker));
+        let at = index_prefix(bucket, marker);
         Ok(if query.common_prefix(marker) == Some(marker.as_str()) {
             // Past every key under the marker's common prefix.
             crate::catalog::past(&at).map(Some)
@@ -444,9 +450,8 @@ impl Store {
     pub(super) async fn upload_parts_named(&self, keys: &[String]) -> Result<Vec<DamagedObject>> {
         let mut uploads = HashMap::new();
         self.each_upload_record("u/", |r| {
-            if let Some((bucket, id)) = r.key.strip_prefix("u/").and_then(|rest| rest.split_once('/')) {
-                uploads.insert(id.to_string(), (bucket.to_string(), target(r).to_string()));
-            }
+            let (bucket, id) = upload_of(r);
+            uploads.insert(id.to_string(), (bucket.to_string(), target(r).to_string()));
         })
         .await?;
         Ok(keys
