@@ -445,6 +445,27 @@ async fn a_write_whose_commit_answer_was_lost_is_not_answered_as_refused() {
     assert_eq!(r.status(), 201, "unarmed, writes go on");
 }
 
+/// A claim on a content whose COMMIT was applied but whose answer was lost:
+/// the replay finds the claim made, and the write releases it when done.
+/// A second claim would be nobody's to release, and would hold the
+/// content from the collectors for ten minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_whose_commit_answer_was_lost_is_released_once_written() {
+    let (server, cutter, url) = behind_a_cutter(&[]).await;
+    let http = client();
+    cutter.arm("INSERT INTO depot_catalog_claims");
+    let r = http.put(server.object_url("files", "claimed")).body(pattern(50_000, 4)).send().await.unwrap();
+    assert!(cutter.disarmed(), "no claim's COMMIT was cut");
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let claims: i64 = db.query_one("SELECT count(*) FROM depot_catalog_claims", &[]).await.unwrap().get(0);
+    assert_eq!(claims, 0, "a claim outlived its write");
+    let r = http.get(server.object_url("files", "claimed")).send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap(), pattern(50_000, 4));
+    server.assert_no_panic();
+}
+
 /// A NUL character, which no key holds and a PostgreSQL text cannot, in a
 /// listing's prefix or marker or in a batch's keys: a clear 400, and the
 /// node goes on serving.

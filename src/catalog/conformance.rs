@@ -1,6 +1,8 @@
 //! The conformance suite every [`Catalog`] runs: plain async functions
 //! taking `&dyn Catalog`. Each asserts one promise of the trait.
 
+use std::time::Duration;
+
 use super::{
     BucketRecord, Catalog, CatalogError, CatalogExt, ListQuery, ObjectPut, ObjectRecord, Part, Precondition, now_millis,
 };
@@ -47,6 +49,7 @@ pub async fn run_all(catalog: &dyn Catalog) {
     objects_and_references(catalog).await;
     preconditions(catalog).await;
     batches_are_all_or_nothing(catalog).await;
+    writes_that_change_no_count_report_what_they_stored(catalog).await;
     listing(catalog).await;
     dead_blobs_wait_for_grace(catalog).await;
     concurrent_same_content(catalog).await;
@@ -160,6 +163,32 @@ pub async fn batches_are_all_or_nothing(c: &dyn Catalog) {
     assert_eq!(c.get_blob(&digest(33)).await.unwrap().unwrap().refs, 0);
 }
 
+/// A write whose references to a digest net out to no change still answers
+/// for the bytes it stored: as redundant when the catalog has them elsewhere,
+/// as a dead blob when the same batch stored and released them.
+pub async fn writes_that_change_no_count_report_what_they_stored(c: &dyn Catalog) {
+    c.create_bucket(&bucket("net")).await.unwrap();
+    c.put_object(put("net", "k", &[blob(40, 3)])).await.unwrap();
+    let elsewhere = BlobRef { locator: vec![98], ..blob(40, 3) };
+    let again = c.put_object(put("net", "k", std::slice::from_ref(&elsewhere))).await.unwrap();
+    assert_eq!(again.redundant, vec![elsewhere]);
+    assert!(again.deduplicated);
+    let kept = c.get_blob(&digest(40)).await.unwrap().unwrap();
+    assert_eq!((kept.refs, kept.locator.as_slice()), (1, &[40u8][..]));
+    let before = c.stats().await.unwrap();
+    let twice = c.put_objects(vec![put("net", "twice", &[blob(41, 2)]), put("net", "twice", &[blob(42, 4)])]).await;
+    let twice = twice.unwrap();
+    assert!(!twice[0].deduplicated && !twice[1].deduplicated);
+    let released = c.get_blob(&digest(41)).await.unwrap().expect("bytes the batch stored are recorded");
+    assert_eq!(released.refs, 0);
+    assert!(released.unreferenced_since.is_some());
+    assert!(c.dead_blobs(Duration::ZERO, 1000).await.unwrap().iter().any(|b| b.digest == digest(41)));
+    assert_eq!(c.get_blob(&digest(42)).await.unwrap().unwrap().refs, 1);
+    let after = c.stats().await.unwrap();
+    assert_eq!((after.objects - before.objects, after.logical_bytes - before.logical_bytes), (1, 4));
+    assert_eq!((after.blobs - before.blobs, after.blob_bytes - before.blob_bytes), (2, 6));
+}
+
 /// The keys and common prefixes of `bucket`, page by page from `query`,
 /// following each page's `next`.
 async fn every_page(c: &dyn Catalog, bucket: &str, mut query: ListQuery) -> Vec<String> {
@@ -234,20 +263,24 @@ pub async fn listing(c: &dyn Catalog) {
 pub async fn dead_blobs_wait_for_grace(c: &dyn Catalog) {
     c.create_bucket(&bucket("gc")).await.unwrap();
     c.put_object(put("gc", "k", &[blob(50, 7)])).await.unwrap();
+    let deleted = now_millis();
     c.delete_object("gc", "k", &Precondition::default()).await.unwrap();
     let since = c.get_blob(&digest(50)).await.unwrap().unwrap().unreferenced_since.unwrap();
-    let early = c.dead_blobs(since - 1, 100).await.unwrap();
+    assert!((deleted.saturating_sub(1000)..=now_millis() + 1000).contains(&since), "{since} against {deleted}");
+    let hour = Duration::from_secs(3600);
+    let early = c.dead_blobs(hour, 100).await.unwrap();
     assert!(!early.iter().any(|b| b.digest == digest(50)), "not dead before its grace");
-    assert!(!c.remove_dead_blob(&digest(50), since - 1).await.unwrap());
-    let due = c.dead_blobs(since, 100).await.unwrap();
+    assert!(!c.remove_dead_blob(&digest(50), hour).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let due = c.dead_blobs(Duration::from_millis(10), 100).await.unwrap();
     assert!(due.iter().any(|b| b.digest == digest(50)));
     // A new reference revives it.
     c.put_object(put("gc", "k2", &[blob(50, 7)])).await.unwrap();
-    assert!(!c.dead_blobs(u64::MAX, 100).await.unwrap().iter().any(|b| b.digest == digest(50)));
-    assert!(!c.remove_dead_blob(&digest(50), u64::MAX).await.unwrap());
+    assert!(!c.dead_blobs(Duration::ZERO, 100).await.unwrap().iter().any(|b| b.digest == digest(50)));
+    assert!(!c.remove_dead_blob(&digest(50), Duration::ZERO).await.unwrap());
     c.delete_object("gc", "k2", &Precondition::default()).await.unwrap();
     let before = c.stats().await.unwrap();
-    assert!(c.remove_dead_blob(&digest(50), u64::MAX).await.unwrap());
+    assert!(c.remove_dead_blob(&digest(50), Duration::ZERO).await.unwrap());
     assert!(c.get_blob(&digest(50)).await.unwrap().is_none());
     assert_eq!(c.stats().await.unwrap().blobs, before.blobs - 1);
 }
@@ -294,10 +327,10 @@ pub async fn repairs_set_counts_and_totals(c: &dyn Catalog) {
     assert_eq!((raised.refs, raised.unreferenced_since), (3, None));
     assert_eq!(zeroed.refs, 0);
     assert!(zeroed.unreferenced_since.is_some(), "a count set to zero starts the grace period");
-    assert!(c.dead_blobs(u64::MAX, 1000).await.unwrap().iter().any(|b| b.digest == digest(211)));
+    assert!(c.dead_blobs(Duration::ZERO, 1000).await.unwrap().iter().any(|b| b.digest == digest(211)));
     assert!(blobs[2].is_none(), "setting a count creates no record");
     c.set_refs(&[(digest(211), 1)]).await.unwrap();
-    assert!(!c.dead_blobs(u64::MAX, 1000).await.unwrap().iter().any(|b| b.digest == digest(211)));
+    assert!(!c.dead_blobs(Duration::ZERO, 1000).await.unwrap().iter().any(|b| b.digest == digest(211)));
 
     let totals = super::CatalogStats { objects: 7, logical_bytes: 70, blobs: 3, blob_bytes: 30 };
     c.set_stats(totals).await.unwrap();

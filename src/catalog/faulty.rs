@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, Millis, ObjectPut,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, ObjectPut,
     ObjectRecord, Precondition, PutOutcome, Result,
 };
 pub use crate::engine::faulty::{Switch, Trigger};
@@ -131,13 +131,13 @@ impl Catalog for FaultyCatalog {
         self.inner.get_blobs(digests).await
     }
 
-    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>> {
+    async fn dead_blobs(&self, grace: Duration, limit: usize) -> Result<Vec<BlobRecord>> {
         self.read()?;
-        self.inner.dead_blobs(before, limit).await
+        self.inner.dead_blobs(grace, limit).await
     }
 
-    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
-        self.commit(self.inner.remove_dead_blob(digest, before)).await
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool> {
+        self.commit(self.inner.remove_dead_blob(digest, grace)).await
     }
 
     // Claims and deletes in progress pass through: the faults are those of

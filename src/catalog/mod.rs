@@ -412,14 +412,16 @@ pub trait Catalog: Send + Sync + 'static {
     /// Blob records, in the same order as `digests`.
     async fn get_blobs(&self, digests: &[Digest]) -> Result<Vec<Option<BlobRecord>>>;
 
-    /// Up to `limit` blobs unreferenced since at or before `before`.
-    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>>;
+    /// Up to `limit` blobs that have had no reference for `grace` or longer,
+    /// by the catalog's clock: the database's for a shared catalog, so the
+    /// nodes' clocks need not agree.
+    async fn dead_blobs(&self, grace: Duration, limit: usize) -> Result<Vec<BlobRecord>>;
 
-    /// Removes a blob record if it is still unreferenced since at or before
-    /// `before` and no writer claims its digest; returns whether it did.
+    /// Removes a blob record if it has still had no reference for `grace`
+    /// and no writer claims its digest; returns whether it did.
     /// The caller then deletes the bytes and calls [`Catalog::end_delete`],
     /// as after [`Catalog::begin_delete`].
-    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool>;
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool>;
 
     /// Announces a writer about to make bytes of `digest` durable and then
     /// reference them: until the claim is released, no node deletes bytes

@@ -45,8 +45,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{Pool, Transaction};
 
 use super::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, Millis, ObjectPut,
-    ObjectRecord, Precondition, PutOutcome, Result, now_millis, past,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogStats, ClaimId, ListPage, ListQuery, ObjectPut,
+    ObjectRecord, Precondition, PutOutcome, Result, past,
 };
 use crate::engine::{BlobRef, Digest, Locator};
 use crate::pg::{self, PgError};
@@ -220,6 +220,10 @@ fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+fn grace_millis(grace: Duration) -> i64 {
+    i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// The advisory-lock key of one object key: the first 8 bytes of the
 /// SHA-256 of bucket, NUL, key. Every node must take the same lock for a
 /// key, whatever it was built with (the standard library's hasher may
@@ -257,26 +261,59 @@ async fn read_object(txn: &Transaction<'_>, bucket: &str, key: &str) -> Result<O
     }
 }
 
-/// Applies net reference changes in digest order; returns, for each digest
-/// that gained references, the locator already stored (`None`: inserted now).
+/// The database's clock, in milliseconds since the epoch, as SQL. Blobs'
+/// times are read from it, and the grace of dead blobs is counted by it, so
+/// the nodes' own clocks need not agree.
+macro_rules! db_millis {
+    () => {
+        "(extract(epoch from now()) * 1000)::bigint"
+    };
+}
+
+/// How one write changes a digest's references.
+#[derive(Default)]
+struct RefChange {
+    /// References its new records add.
+    gained: i64,
+    /// References the records it replaces or deletes held.
+    lost: i64,
+    /// Where it stored the bytes, for a digest it gains.
+    stored: Option<BlobRef>,
+}
+
+/// Applies reference changes in digest order; returns, for each digest that
+/// gained references, the locator already stored (`None`: inserted now).
+///
+/// A digest that gains references gets a row even when it loses as many
+/// (a batch that writes a key twice): its bytes were stored, and are
+/// collected as any dead blob's would be. One that had a row reports that
+/// row's locator even when its count does not change, so bytes written again
+/// under another locator are reported redundant.
 async fn apply_refs(
     txn: &Transaction<'_>,
-    deltas: &BTreeMap<Digest, (i64, Option<BlobRef>)>,
-    now: Millis,
+    changes: &BTreeMap<Digest, RefChange>,
     stats: &mut CatalogStats,
 ) -> Result<BTreeMap<Digest, Option<Vec<u8>>>, TxnError> {
     let mut existing = BTreeMap::new();
-    for (digest, (delta, stored)) in deltas {
-        if *delta > 0 {
+    for (digest, change) in changes {
+        let delta = change.gained - change.lost;
+        if change.gained > 0 {
             let stored =
-                stored.as_ref().ok_or_else(|| CatalogError::Internal(format!("no blob given for {digest}")))?;
+                change.stored.as_ref().ok_or_else(|| CatalogError::Internal(format!("no blob given for {digest}")))?;
             let row = txn
                 .query_one(
-                    "INSERT INTO depot_catalog_blobs AS b (digest, size, locator, refs, unreferenced_since)
-                     VALUES ($1, $2, $3, $4, NULL)
-                     ON CONFLICT (digest) DO UPDATE SET refs = b.refs + EXCLUDED.refs, unreferenced_since = NULL
-                     RETURNING locator, (xmax = 0) AS inserted",
-                    &[&&digest.0[..], &to_i64(stored.size), &stored.locator, delta],
+                    concat!(
+                        "INSERT INTO depot_catalog_blobs AS b (digest, size, locator, refs, unreferenced_since)
+                         VALUES ($1, $2, $3, GREATEST($4::bigint, 0), CASE WHEN $4::bigint > 0 THEN NULL ELSE ",
+                        db_millis!(),
+                        " END)
+                         ON CONFLICT (digest) DO UPDATE SET refs = GREATEST(b.refs + $4::bigint, 0),
+                             unreferenced_since = CASE WHEN b.refs + $4::bigint > 0 THEN NULL ELSE ",
+                        db_millis!(),
+                        " END
+                         RETURNING locator, (xmax = 0) AS inserted"
+                    ),
+                    &[&&digest.0[..], &to_i64(stored.size), &stored.locator, &delta],
                 )
                 .await?;
             if row.get::<_, bool>("inserted") {
@@ -286,13 +323,17 @@ async fn apply_refs(
             } else {
                 existing.insert(*digest, Some(row.get("locator")));
             }
-        } else if *delta < 0 {
+        } else if delta < 0 {
             txn.execute(
-                "UPDATE depot_catalog_blobs
-                 SET refs = GREATEST(refs + $2, 0),
-                     unreferenced_since = CASE WHEN refs + $2 <= 0 THEN $3 ELSE unreferenced_since END
-                 WHERE digest = $1",
-                &[&&digest.0[..], delta, &to_i64(now)],
+                concat!(
+                    "UPDATE depot_catalog_blobs
+                     SET refs = GREATEST(refs + $2, 0),
+                         unreferenced_since = CASE WHEN refs + $2 <= 0 THEN ",
+                    db_millis!(),
+                    " ELSE unreferenced_since END
+                     WHERE digest = $1"
+                ),
+                &[&&digest.0[..], &delta],
             )
             .await?;
         }
@@ -439,11 +480,10 @@ impl Catalog for PostgresCatalog {
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
         let puts = &puts;
         in_txn!(self.pool, "writing objects", |txn, replay| {
-            let now = now_millis();
             let ids: Vec<(&str, &str)> = puts.iter().map(|p| (p.bucket.as_str(), p.record.key.as_str())).collect();
             lock_keys(txn, &ids).await?;
             let mut stats = CatalogStats::default();
-            let mut deltas: BTreeMap<Digest, (i64, Option<BlobRef>)> = BTreeMap::new();
+            let mut changes: BTreeMap<Digest, RefChange> = BTreeMap::new();
             let mut replaced = Vec::with_capacity(puts.len());
             // Within one batch a key may repeat: what an earlier entry
             // wrote is what a later one replaces.
@@ -461,11 +501,10 @@ impl Catalog for PostgresCatalog {
                     return Err(if replay { unsure() } else { CatalogError::PreconditionFailed }.into());
                 }
                 for part in &put.record.parts {
-                    let stored = put.blobs.iter().find(|b| b.digest == part.digest).cloned();
-                    let entry = deltas.entry(part.digest).or_insert((0, None));
-                    entry.0 += 1;
-                    if entry.1.is_none() {
-                        entry.1 = stored;
+                    let change = changes.entry(part.digest).or_default();
+                    change.gained += 1;
+                    if change.stored.is_none() {
+                        change.stored = put.blobs.iter().find(|b| b.digest == part.digest).cloned();
                     }
                 }
                 let counted = super::counted(&put.bucket) as i64;
@@ -473,7 +512,7 @@ impl Catalog for PostgresCatalog {
                     stats.objects -= counted;
                     stats.logical_bytes -= counted * to_i64(old.size);
                     for part in &old.parts {
-                        deltas.entry(part.digest).or_insert((0, None)).0 -= 1;
+                        changes.entry(part.digest).or_default().lost += 1;
                     }
                 }
                 stats.objects += counted;
@@ -487,10 +526,10 @@ impl Catalog for PostgresCatalog {
             // if its COMMIT outlasts the wait for its answer and its bytes
             // are given up as unrecorded) waits for it, and then sees the
             // references it committed.
-            for (digest, _) in deltas.iter().filter(|(_, (n, _))| *n > 0) {
+            for (digest, _) in changes.iter().filter(|(_, c)| c.gained > 0) {
                 lock_digest(txn, digest).await?;
             }
-            let existing = apply_refs(txn, &deltas, now, &mut stats).await?;
+            let existing = apply_refs(txn, &changes, &mut stats).await?;
             for ((bucket, key), record) in &written {
                 txn.execute(
                     "INSERT INTO depot_catalog_objects (bucket, key, record) VALUES ($1, $2, $3)
@@ -508,7 +547,6 @@ impl Catalog for PostgresCatalog {
                 let mut redundant = Vec::new();
                 for part in &put.record.parts {
                     match existing.get(&part.digest) {
-                        Some(None) => deduplicated &= !claimed.insert(part.digest),
                         Some(Some(locator)) => {
                             if let Some(b) = put.blobs.iter().find(|b| b.digest == part.digest)
                                 && &b.locator != locator
@@ -517,8 +555,8 @@ impl Catalog for PostgresCatalog {
                                 redundant.push(b.clone());
                             }
                         }
-                        // No net change: the record replaced itself.
-                        None => {}
+                        // Inserted by this write, by the first entry to bring it.
+                        _ => deduplicated &= !claimed.insert(part.digest),
                     }
                 }
                 outcomes.push(PutOutcome { replaced, deduplicated, redundant });
@@ -539,10 +577,9 @@ impl Catalog for PostgresCatalog {
             }
             let ids: Vec<(&str, &str)> = keys.iter().map(|k| (bucket, k.as_str())).collect();
             lock_keys(txn, &ids).await?;
-            let now = now_millis();
             let counted = super::counted(bucket) as i64;
             let mut stats = CatalogStats::default();
-            let mut deltas: BTreeMap<Digest, (i64, Option<BlobRef>)> = BTreeMap::new();
+            let mut changes: BTreeMap<Digest, RefChange> = BTreeMap::new();
             let mut out = Vec::with_capacity(keys.len());
             let mut gone = std::collections::HashSet::new();
             for key in keys {
@@ -557,7 +594,7 @@ impl Catalog for PostgresCatalog {
                     stats.objects -= counted;
                     stats.logical_bytes -= counted * to_i64(c.size);
                     for part in &c.parts {
-                        deltas.entry(part.digest).or_insert((0, None)).0 -= 1;
+                        changes.entry(part.digest).or_default().lost += 1;
                     }
                     txn.execute("DELETE FROM depot_catalog_objects WHERE bucket = $1 AND key = $2", &[&bucket, key])
                         .await?;
@@ -565,7 +602,7 @@ impl Catalog for PostgresCatalog {
                 }
                 out.push(current);
             }
-            apply_refs(txn, &deltas, now, &mut stats).await?;
+            apply_refs(txn, &changes, &mut stats).await?;
             add_stats(txn, &stats).await?;
             Ok(out)
         })
@@ -589,23 +626,28 @@ impl Catalog for PostgresCatalog {
         })
     }
 
-    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>> {
+    async fn dead_blobs(&self, grace: Duration, limit: usize) -> Result<Vec<BlobRecord>> {
+        let grace = grace_millis(grace);
         in_txn!(self.pool, "finding dead blobs", |txn| {
             // The claims of writers whose node crashed go with each pass.
             let sql = format!("DELETE FROM depot_catalog_claims WHERE since <= now() - interval '{CLAIM_LIFE}'");
             txn.execute(&sql, &[]).await?;
             let rows = txn
                 .query(
-                    "SELECT * FROM depot_catalog_blobs WHERE refs = 0 AND unreferenced_since <= $1
-                         ORDER BY unreferenced_since LIMIT $2",
-                    &[&to_i64(before), &(limit as i64)],
+                    concat!(
+                        "SELECT * FROM depot_catalog_blobs WHERE refs = 0 AND unreferenced_since <= ",
+                        db_millis!(),
+                        " - $1 ORDER BY unreferenced_since LIMIT $2"
+                    ),
+                    &[&grace, &(limit as i64)],
                 )
                 .await?;
             rows.iter().map(blob_from_row).collect()
         })
     }
 
-    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool> {
+        let grace = grace_millis(grace);
         let token = rand::random::<i64>() | 1;
         in_txn!(self.pool, "removing a dead blob", |txn, replay| {
             lock_digest(txn, digest).await?;
@@ -624,9 +666,12 @@ impl Catalog for PostgresCatalog {
             }
             let row = txn
                 .query_opt(
-                    "DELETE FROM depot_catalog_blobs WHERE digest = $1 AND refs = 0 AND unreferenced_since <= $2
-                         RETURNING size",
-                    &[&&digest.0[..], &to_i64(before)],
+                    concat!(
+                        "DELETE FROM depot_catalog_blobs WHERE digest = $1 AND refs = 0 AND unreferenced_since <= ",
+                        db_millis!(),
+                        " - $2 RETURNING size"
+                    ),
+                    &[&&digest.0[..], &grace],
                 )
                 .await?;
             let Some(row) = row else { return Ok(false) };
@@ -638,6 +683,11 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
+        // The writer picks the claim's id, so a replay after a COMMIT whose
+        // answer was lost finds the claim made rather than adding a second
+        // that nobody would release. Negative: apart from the ids earlier
+        // versions drew from the table's sequence.
+        let id = rand::random::<i64>() | i64::MIN;
         loop {
             let claim = in_txn!(self.pool, "claiming a blob", |txn| {
                 lock_digest(txn, digest).await?;
@@ -651,10 +701,12 @@ impl Catalog for PostgresCatalog {
                 if deleting.is_some() {
                     return Ok(None);
                 }
-                let row = txn
-                    .query_one("INSERT INTO depot_catalog_claims (digest) VALUES ($1) RETURNING id", &[&&digest.0[..]])
-                    .await?;
-                Ok(Some(row.get::<_, i64>(0)))
+                txn.execute(
+                    "INSERT INTO depot_catalog_claims (id, digest) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                    &[&id, &&digest.0[..]],
+                )
+                .await?;
+                Ok(Some(id))
             })?;
             match claim {
                 Some(id) => return Ok(Some(id)),
@@ -804,13 +856,17 @@ impl Catalog for PostgresCatalog {
     async fn set_refs(&self, counted: &[(Digest, u64)]) -> Result<()> {
         let digests: Vec<&[u8]> = counted.iter().map(|(d, _)| &d.0[..]).collect();
         let refs: Vec<i64> = counted.iter().map(|(_, n)| to_i64(*n)).collect();
-        let (digests, refs, now) = (&digests, &refs, to_i64(now_millis()));
+        let (digests, refs) = (&digests, &refs);
         in_txn!(self.pool, "setting reference counts", within SCAN_WITHIN, |txn| {
             txn.execute(
-                "UPDATE depot_catalog_blobs AS b SET refs = c.refs,
-                     unreferenced_since = CASE WHEN c.refs = 0 THEN COALESCE(b.unreferenced_since, $3) END
-                     FROM unnest($1::bytea[], $2::bigint[]) AS c(digest, refs) WHERE b.digest = c.digest",
-                &[digests, refs, &now],
+                concat!(
+                    "UPDATE depot_catalog_blobs AS b SET refs = c.refs,
+                         unreferenced_since = CASE WHEN c.refs = 0 THEN COALESCE(b.unreferenced_since, ",
+                    db_millis!(),
+                    ") END
+                     FROM unnest($1::bytea[], $2::bigint[]) AS c(digest, refs) WHERE b.digest = c.digest"
+                ),
+                &[digests, refs],
             )
             .await?;
             Ok(())
@@ -1025,14 +1081,14 @@ mod tests {
 
         // A claim keeps the dead blob, its bytes and any leftover of them.
         let claim = a.claim_blob(&x.digest).await.unwrap().expect("a shared catalog claims");
-        assert!(!b.remove_dead_blob(&x.digest, u64::MAX).await.unwrap());
+        assert!(!b.remove_dead_blob(&x.digest, Duration::ZERO).await.unwrap());
         assert!(!b.begin_delete(&BlobRef { locator: vec![99], ..x.clone() }).await.unwrap());
         a.release_claims(&[claim]).await.unwrap();
         // Bytes the record points at are not leftovers.
         assert!(!b.begin_delete(&x).await.unwrap());
 
         // Once `b` has removed the record, a claim waits for its delete.
-        assert!(b.remove_dead_blob(&x.digest, u64::MAX).await.unwrap());
+        assert!(b.remove_dead_blob(&x.digest, Duration::ZERO).await.unwrap());
         let waiting = tokio::spawn({
             let a = a.clone();
             async move { a.claim_blob(&x.digest).await }

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard, RwLock};
@@ -222,6 +223,11 @@ impl quick_cache::Weighter<Vec<u8>, Arc<ObjectRecord>> for RecordWeight {
         let parts = r.parts.len() * std::mem::size_of::<super::Part>();
         (2 * id.len() + r.etag.len() + r.content_type.len() + parts + strings + 256) as u64
     }
+}
+
+/// The latest `unreferenced_since` of a blob dead for `grace` or longer.
+fn unreferenced_before(grace: Duration) -> Millis {
+    now_millis().saturating_sub(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn dead_key(since: Millis, digest: &Digest) -> [u8; 40] {
@@ -788,7 +794,8 @@ impl Catalog for RocksCatalog {
         .await
     }
 
-    async fn dead_blobs(&self, before: Millis, limit: usize) -> Result<Vec<BlobRecord>> {
+    async fn dead_blobs(&self, grace: Duration, limit: usize) -> Result<Vec<BlobRecord>> {
+        let before = unreferenced_before(grace);
         self.blocking(move |inner| {
             let mut out = Vec::new();
             for item in inner.db.iterator_cf(inner.cf("dead"), IteratorMode::Start) {
@@ -807,8 +814,8 @@ impl Catalog for RocksCatalog {
         .await
     }
 
-    async fn remove_dead_blob(&self, digest: &Digest, before: Millis) -> Result<bool> {
-        let digest = *digest;
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool> {
+        let (digest, before) = (*digest, unreferenced_before(grace));
         self.transact(usize::MAX, move |inner| {
             let _lock = inner.lock(&inner.digest_stripes, &[digest]);
             let Some(b) = inner.read_blob(&digest)? else {

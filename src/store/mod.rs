@@ -1103,16 +1103,15 @@ impl Store {
         // Expired uploads first: the blobs they release join the dead ones.
         let expiry = to_millis(std::time::UNIX_EPOCH + self.config.upload_expiry);
         report.uploads_expired = self.expire_uploads(now_millis().saturating_sub(expiry)).await?;
-        let grace = to_millis(std::time::UNIX_EPOCH + self.config.gc_grace);
-        let before = now_millis().saturating_sub(grace);
+        let grace = self.config.gc_grace;
         loop {
-            let dead = self.catalog.dead_blobs(before, 512).await?;
+            let dead = self.catalog.dead_blobs(grace, 512).await?;
             let mut progressed = false;
             for blob in dead {
                 let Some(_guard) = self.guards.collecting(blob.digest) else {
                     continue;
                 };
-                if self.catalog.remove_dead_blob(&blob.digest, before).await? {
+                if self.catalog.remove_dead_blob(&blob.digest, grace).await? {
                     self.delete_bytes(&blob.blob_ref()).await?;
                     report.dead_blobs += 1;
                     report.bytes_freed += blob.size;
@@ -1301,7 +1300,7 @@ mod tests {
         let dead = b.catalog.get_blob(&digest).await.unwrap().unwrap();
 
         // `b`'s collector takes the dead blob; `a` stores the same bytes.
-        assert!(b.catalog.remove_dead_blob(&digest, now_millis()).await.unwrap());
+        assert!(b.catalog.remove_dead_blob(&digest, Duration::ZERO).await.unwrap());
         let upload = tokio::spawn({
             let a = a.clone();
             async move { a.put("shared", "new", body(b"the same bytes, twice"), PutOptions::default()).await }
@@ -1338,7 +1337,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!copy.is_finished(), "the copy went on while its blob was being collected");
-        assert!(s.catalog.remove_dead_blob(&source.sha256, now_millis()).await.unwrap());
+        assert!(s.catalog.remove_dead_blob(&source.sha256, Duration::ZERO).await.unwrap());
         s.delete_bytes(&blob).await.unwrap();
         drop(collecting);
         let copied = copy.await.unwrap();
