@@ -136,7 +136,7 @@ impl Catalog for FaultyCatalog {
         self.inner.dead_blobs(grace, limit).await
     }
 
-    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool> {
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Option<Duration>) -> Result<bool> {
         self.commit(self.inner.remove_dead_blob(digest, grace)).await
     }
 

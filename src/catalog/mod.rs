@@ -418,10 +418,11 @@ pub trait Catalog: Send + Sync + 'static {
     async fn dead_blobs(&self, grace: Duration, limit: usize) -> Result<Vec<BlobRecord>>;
 
     /// Removes a blob record if it has still had no reference for `grace`
+    /// (`None`: however long, for maintenance on a store nobody writes to)
     /// and no writer claims its digest; returns whether it did.
     /// The caller then deletes the bytes and calls [`Catalog::end_delete`],
     /// as after [`Catalog::begin_delete`].
-    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool>;
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Option<Duration>) -> Result<bool>;
 
     /// Announces a writer about to make bytes of `digest` durable and then
     /// reference them: until the claim is released, no node deletes bytes

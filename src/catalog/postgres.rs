@@ -281,8 +281,15 @@ struct RefChange {
     stored: Option<BlobRef>,
 }
 
-/// Applies reference changes in digest order; returns, for each digest that
-/// gained references, the locator already stored (`None`: inserted now).
+/// Where the catalog has a digest's bytes, after a write that references it.
+struct Recorded {
+    locator: Vec<u8>,
+    /// The write recorded them: no row had the digest before.
+    inserted: bool,
+}
+
+/// Applies reference changes in digest order; returns where the bytes of
+/// each digest that gained references are recorded.
 ///
 /// A digest that gains references gets a row even when it loses as many
 /// (a batch that writes a key twice): its bytes were stored, and are
@@ -293,8 +300,8 @@ async fn apply_refs(
     txn: &Transaction<'_>,
     changes: &BTreeMap<Digest, RefChange>,
     stats: &mut CatalogStats,
-) -> Result<BTreeMap<Digest, Option<Vec<u8>>>, TxnError> {
-    let mut existing = BTreeMap::new();
+) -> Result<BTreeMap<Digest, Recorded>, TxnError> {
+    let mut recorded = BTreeMap::new();
     for (digest, change) in changes {
         let delta = change.gained - change.lost;
         if change.gained > 0 {
@@ -316,13 +323,12 @@ async fn apply_refs(
                     &[&&digest.0[..], &to_i64(stored.size), &stored.locator, &delta],
                 )
                 .await?;
-            if row.get::<_, bool>("inserted") {
+            let inserted = row.get::<_, bool>("inserted");
+            if inserted {
                 stats.blobs += 1;
                 stats.blob_bytes += to_i64(stored.size);
-                existing.insert(*digest, None);
-            } else {
-                existing.insert(*digest, Some(row.get("locator")));
             }
+            recorded.insert(*digest, Recorded { locator: row.get("locator"), inserted });
         } else if delta < 0 {
             txn.execute(
                 concat!(
@@ -338,7 +344,7 @@ async fn apply_refs(
             .await?;
         }
     }
-    Ok(existing)
+    Ok(recorded)
 }
 
 async fn add_stats(txn: &Transaction<'_>, s: &CatalogStats) -> Result<(), TxnError> {
@@ -529,7 +535,7 @@ impl Catalog for PostgresCatalog {
             for (digest, _) in changes.iter().filter(|(_, c)| c.gained > 0) {
                 lock_digest(txn, digest).await?;
             }
-            let existing = apply_refs(txn, &changes, &mut stats).await?;
+            let recorded = apply_refs(txn, &changes, &mut stats).await?;
             for ((bucket, key), record) in &written {
                 txn.execute(
                     "INSERT INTO depot_catalog_objects (bucket, key, record) VALUES ($1, $2, $3)
@@ -546,17 +552,17 @@ impl Catalog for PostgresCatalog {
                 let mut deduplicated = true;
                 let mut redundant = Vec::new();
                 for part in &put.record.parts {
-                    match existing.get(&part.digest) {
-                        Some(Some(locator)) => {
-                            if let Some(b) = put.blobs.iter().find(|b| b.digest == part.digest)
-                                && &b.locator != locator
-                                && !redundant.contains(b)
-                            {
-                                redundant.push(b.clone());
-                            }
-                        }
-                        // Inserted by this write, by the first entry to bring it.
-                        _ => deduplicated &= !claimed.insert(part.digest),
+                    let Some(recorded) = recorded.get(&part.digest) else { continue };
+                    if recorded.inserted {
+                        deduplicated &= !claimed.insert(part.digest);
+                    }
+                    // Bytes of the digest under another locator, recorded
+                    // before or by an earlier entry of the batch.
+                    if let Some(b) = put.blobs.iter().find(|b| b.digest == part.digest)
+                        && b.locator != recorded.locator
+                        && !redundant.contains(b)
+                    {
+                        redundant.push(b.clone());
                     }
                 }
                 outcomes.push(PutOutcome { replaced, deduplicated, redundant });
@@ -646,8 +652,8 @@ impl Catalog for PostgresCatalog {
         })
     }
 
-    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool> {
-        let grace = grace_millis(grace);
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Option<Duration>) -> Result<bool> {
+        let grace = grace.map(grace_millis);
         let token = rand::random::<i64>() | 1;
         in_txn!(self.pool, "removing a dead blob", |txn, replay| {
             lock_digest(txn, digest).await?;
@@ -667,9 +673,10 @@ impl Catalog for PostgresCatalog {
             let row = txn
                 .query_opt(
                     concat!(
-                        "DELETE FROM depot_catalog_blobs WHERE digest = $1 AND refs = 0 AND unreferenced_since <= ",
+                        "DELETE FROM depot_catalog_blobs WHERE digest = $1 AND refs = 0
+                         AND ($2::bigint IS NULL OR unreferenced_since <= ",
                         db_millis!(),
-                        " - $2 RETURNING size"
+                        " - $2) RETURNING size"
                     ),
                     &[&&digest.0[..], &grace],
                 )
@@ -1081,14 +1088,14 @@ mod tests {
 
         // A claim keeps the dead blob, its bytes and any leftover of them.
         let claim = a.claim_blob(&x.digest).await.unwrap().expect("a shared catalog claims");
-        assert!(!b.remove_dead_blob(&x.digest, Duration::ZERO).await.unwrap());
+        assert!(!b.remove_dead_blob(&x.digest, None).await.unwrap());
         assert!(!b.begin_delete(&BlobRef { locator: vec![99], ..x.clone() }).await.unwrap());
         a.release_claims(&[claim]).await.unwrap();
         // Bytes the record points at are not leftovers.
         assert!(!b.begin_delete(&x).await.unwrap());
 
         // Once `b` has removed the record, a claim waits for its delete.
-        assert!(b.remove_dead_blob(&x.digest, Duration::ZERO).await.unwrap());
+        assert!(b.remove_dead_blob(&x.digest, None).await.unwrap());
         let waiting = tokio::spawn({
             let a = a.clone();
             async move { a.claim_blob(&x.digest).await }

@@ -814,8 +814,8 @@ impl Catalog for RocksCatalog {
         .await
     }
 
-    async fn remove_dead_blob(&self, digest: &Digest, grace: Duration) -> Result<bool> {
-        let (digest, before) = (*digest, unreferenced_before(grace));
+    async fn remove_dead_blob(&self, digest: &Digest, grace: Option<Duration>) -> Result<bool> {
+        let (digest, before) = (*digest, grace.map_or(Millis::MAX, unreferenced_before));
         self.transact(usize::MAX, move |inner| {
             let _lock = inner.lock(&inner.digest_stripes, &[digest]);
             let Some(b) = inner.read_blob(&digest)? else {

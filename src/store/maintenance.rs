@@ -9,7 +9,6 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::TryStreamExt;
 use indicatif::ProgressBar;
@@ -423,7 +422,7 @@ impl Store {
         for blob in &scan.unreferenced {
             // Verification runs on a store nobody writes to: the grace
             // period protects writers that are not there.
-            if self.catalog.remove_dead_blob(&blob.digest, Duration::ZERO).await? {
+            if self.catalog.remove_dead_blob(&blob.digest, None).await? {
                 self.delete_bytes(&blob.blob_ref()).await?;
             }
             totals.blobs -= 1;
@@ -540,7 +539,7 @@ impl Store {
                     // is held off; a blob nothing refers to may already
                     // have gone before the checkpoint.
                     Err(EngineError::NotFound(_)) if blob.refs == 0 => {
-                        copy.remove_dead_blob(&blob.digest, Duration::ZERO).await?;
+                        copy.remove_dead_blob(&blob.digest, None).await?;
                     }
                     Err(e) => return Err(naming_blob("copying", &blob.digest, e)),
                 }

@@ -1111,7 +1111,7 @@ impl Store {
                 let Some(_guard) = self.guards.collecting(blob.digest) else {
                     continue;
                 };
-                if self.catalog.remove_dead_blob(&blob.digest, grace).await? {
+                if self.catalog.remove_dead_blob(&blob.digest, Some(grace)).await? {
                     self.delete_bytes(&blob.blob_ref()).await?;
                     report.dead_blobs += 1;
                     report.bytes_freed += blob.size;
@@ -1300,7 +1300,7 @@ mod tests {
         let dead = b.catalog.get_blob(&digest).await.unwrap().unwrap();
 
         // `b`'s collector takes the dead blob; `a` stores the same bytes.
-        assert!(b.catalog.remove_dead_blob(&digest, Duration::ZERO).await.unwrap());
+        assert!(b.catalog.remove_dead_blob(&digest, None).await.unwrap());
         let upload = tokio::spawn({
             let a = a.clone();
             async move { a.put("shared", "new", body(b"the same bytes, twice"), PutOptions::default()).await }
@@ -1337,7 +1337,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!copy.is_finished(), "the copy went on while its blob was being collected");
-        assert!(s.catalog.remove_dead_blob(&source.sha256, Duration::ZERO).await.unwrap());
+        assert!(s.catalog.remove_dead_blob(&source.sha256, None).await.unwrap());
         s.delete_bytes(&blob).await.unwrap();
         drop(collecting);
         let copied = copy.await.unwrap();
