@@ -41,6 +41,40 @@ struct Inner {
     next_tmp: AtomicU64,
     /// `host-pid-`: names this process's staging files.
     prefix: String,
+    durable: DurableDirs,
+}
+
+/// The fan-out directories whose entries this process has made durable in
+/// their parents, one bit each: the 256 of the first level, then the 65,536
+/// of the second. A directory is synced into its parent once per process,
+/// whoever created it: another writer, here or on a node sharing the
+/// directory, may have created it and not synced it yet.
+#[derive(Debug)]
+struct DurableDirs(Box<[AtomicU64]>);
+
+impl DurableDirs {
+    fn new() -> DurableDirs {
+        DurableDirs((0..(256 + 65_536) / 64).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// The bits of the two directories above `digest`'s blob.
+    fn of(digest: &Digest) -> [usize; 2] {
+        let first = digest.0[0] as usize;
+        [first, 256 + (first << 8 | digest.0[1] as usize)]
+    }
+
+    fn has(&self, bit: usize) -> bool {
+        self.0[bit / 64].load(Ordering::Acquire) & (1 << (bit % 64)) != 0
+    }
+
+    fn set(&self, bit: usize, on: bool) {
+        let mask = 1 << (bit % 64);
+        if on {
+            self.0[bit / 64].fetch_or(mask, Ordering::Release);
+        } else {
+            self.0[bit / 64].fetch_and(!mask, Ordering::Release);
+        }
+    }
 }
 
 /// Staging files of another host are left alone this long: several nodes
@@ -74,7 +108,10 @@ impl FsEngine {
         let tmp = root.join("tmp");
         for dir in [&blobs, &tmp] {
             fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
+            // Durable in the parent, which may itself be new.
+            sync_dir(dir.parent().expect("engine directories have parents"))?;
         }
+        sync_dir(root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
         let host = hostname();
         for entry in fs::read_dir(&tmp).map_err(|e| EngineError::io(NAME, e))? {
             let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
@@ -91,7 +128,13 @@ impl FsEngine {
             }
         }
         Ok(FsEngine {
-            inner: Arc::new(Inner { blobs, tmp, next_tmp: AtomicU64::new(0), prefix: staging_prefix(&host) }),
+            inner: Arc::new(Inner {
+                blobs,
+                tmp,
+                next_tmp: AtomicU64::new(0),
+                prefix: staging_prefix(&host),
+                durable: DurableDirs::new(),
+            }),
         })
     }
 
@@ -151,14 +194,21 @@ fn sync_dir(path: &Path) -> Result<()> {
     dir.sync_all().map_err(EngineError::SyncFailed)
 }
 
-/// Creates `dir` if missing; a new directory's entry is made durable in its
-/// parent so the blob renamed into it cannot vanish with a crash.
-fn ensure_dir(dir: &Path) -> Result<()> {
-    match fs::create_dir(dir) {
-        Ok(()) => sync_dir(dir.parent().expect("blob directories have parents")),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(EngineError::io(NAME, e)),
+/// Creates `dir` if missing, and makes its entry durable in its parent (once
+/// per process: `bit` of `durable`), so a blob renamed into it cannot vanish
+/// with a crash.
+fn ensure_dir(dir: &Path, durable: &DurableDirs, bit: usize) -> Result<()> {
+    if durable.has(bit) {
+        return Ok(());
     }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(EngineError::io(NAME, e)),
+    }
+    sync_dir(dir.parent().expect("blob directories have parents"))?;
+    durable.set(bit, true);
+    Ok(())
 }
 
 struct FsWriter {
@@ -314,11 +364,26 @@ fn place(inner: &Inner, file: &File, tmp: &Path, digest: &Digest) -> Result<()> 
     file.sync_data().map_err(EngineError::SyncFailed)?;
     let dest = inner.blob_path(digest);
     let leaf = dest.parent().expect("blob path has a directory");
-    ensure_dir(leaf.parent().expect("two levels"))?;
-    ensure_dir(leaf)?;
+    let [first, second] = DurableDirs::of(digest);
+    let ensure = || {
+        ensure_dir(leaf.parent().expect("two levels"), &inner.durable, first)?;
+        ensure_dir(leaf, &inner.durable, second)
+    };
+    ensure()?;
     // Renaming over an existing blob of the same digest replaces
     // identical bytes and refreshes the file's age for the collector.
-    fs::rename(tmp, &dest).map_err(|e| EngineError::io(NAME, e))?;
+    let renamed = match fs::rename(tmp, &dest) {
+        // The directories were removed from outside since they were
+        // made: made again.
+        Err(e) if e.kind() == io::ErrorKind::NotFound && tmp.exists() => {
+            inner.durable.set(first, false);
+            inner.durable.set(second, false);
+            ensure()?;
+            fs::rename(tmp, &dest)
+        }
+        renamed => renamed,
+    };
+    renamed.map_err(|e| EngineError::io(NAME, e))?;
     sync_dir(leaf)
 }
 
@@ -441,7 +506,12 @@ fn walk_blobs(blobs: &Path, mut visit: impl FnMut(&Path, &fs::Metadata)) -> Resu
                 let Some(digest) = f.file_name().to_str().and_then(Digest::from_hex) else {
                     continue;
                 };
-                let meta = f.metadata().map_err(io)?;
+                let meta = match f.metadata() {
+                    Ok(meta) => meta,
+                    // Deleted since the directory was read: not there.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io(e)),
+                };
                 visit(&f.path(), &meta);
                 out.push(BlobInfo {
                     digest,
@@ -601,6 +671,20 @@ mod tests {
             let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().collect();
             assert!(left.is_empty(), "staging files left: {left:?}");
         }
+    }
+
+    /// Fan-out directories removed from outside while the engine runs (it
+    /// remembers them as made) are made again by the next write into them.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn directories_removed_under_a_running_engine_are_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FsEngine::open(dir.path()).unwrap();
+        let body = conformance::pattern(5000, 3);
+        let blob = engine.put_bytes(body.clone()).await.unwrap();
+        let first_level = engine.blob_path(&blob.digest).ancestors().nth(2).unwrap().to_path_buf();
+        std::fs::remove_dir_all(&first_level).unwrap();
+        assert_eq!(engine.put_bytes(body.clone()).await.unwrap(), blob);
+        assert!(engine.read_to_vec(&blob, ByteRange::full(5000)).await.unwrap() == body);
     }
 
     /// Drops a file's pages from the page cache, written back first.

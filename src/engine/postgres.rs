@@ -225,7 +225,8 @@ impl Inner {
             match client.query_opt(&stmt, &[&key]).await? {
                 Some(row) => {
                     let (id, size, chunk): (i64, i64, i32) = (col(&row, 0)?, col(&row, 1)?, col(&row, 2)?);
-                    Ok(Some((id, size as u64, chunk as u64)))
+                    // A chunk size that is not positive reads as 0: damage.
+                    Ok(Some((id, size as u64, u64::try_from(chunk).unwrap_or(0))))
                 }
                 None => Ok(None),
             }
@@ -576,6 +577,9 @@ impl BlobEngine for PostgresEngine {
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
         }
+        if chunk == 0 {
+            return Err(EngineError::damaged(NAME, "the blob's chunk size is not positive"));
+        }
         let first = range.start / chunk;
         let last = (range.end - 1) / chunk;
         // The part of chunk `n` inside the range: (n, from, len, whole chunk).
@@ -802,6 +806,19 @@ mod tests {
         let err = writer.finish(Digest(crate::engine::sha2_digest(&data))).await.unwrap_err();
         assert!(err.to_string().contains("only 3 of the upload's 4 chunks"), "{err}");
         assert!(engine.list().await.unwrap().is_empty());
+    }
+
+    /// A chunk size that is not positive is damage, not a division by zero.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_blob_whose_chunk_size_is_not_positive_is_damage() {
+        let (engine, _) = engine(64 * 1024).await;
+        let blob = engine.put_bytes(conformance::pattern(1000, 6)).await.unwrap();
+        let client = engine.inner.pool.get().await.unwrap();
+        for size in [0, -5] {
+            client.execute("UPDATE depot_engine_blobs SET chunk_size = $1", &[&size]).await.unwrap();
+            let read = engine.read_to_vec(&blob, ByteRange::full(1000)).await;
+            assert!(matches!(read, Err(EngineError::Damaged { .. })), "chunk size {size}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -557,15 +557,23 @@ impl BlobEngine for RocksEngine {
                 out.push(inline.map(Bytes::copy_from_slice).unwrap_or_default());
                 if inline.is_none() {
                     let chunks = head.size.div_ceil(CHUNK as u64) as u32;
-                    chunked.push((i, (0..chunks).map(|n| chunk_key(&head.id, n)).collect::<Vec<_>>()));
+                    let keys = (0..chunks).map(|n| chunk_key(&head.id, n)).collect::<Vec<_>>();
+                    chunked.push((i, head.size, keys));
                 }
             }
-            let values = inner.db.multi_get(chunked.iter().flat_map(|(_, keys)| keys));
+            let values = inner.db.multi_get(chunked.iter().flat_map(|(_, _, keys)| keys));
             let mut values = values.into_iter();
-            for (i, keys) in &chunked {
-                let mut blob = BytesMut::new();
+            for (i, size, keys) in &chunked {
+                let mut blob = BytesMut::with_capacity(*size as usize);
                 for (n, value) in values.by_ref().take(keys.len()).enumerate() {
-                    blob.extend_from_slice(&value.map_err(|e| inner.read_err(e))?.ok_or_else(|| chunk_missing(n))?);
+                    let chunk = value.map_err(|e| inner.read_err(e))?.ok_or_else(|| chunk_missing(n))?;
+                    // Every chunk but the last is whole; the last holds the rest.
+                    let want = (*size - blob.len() as u64).min(CHUNK as u64);
+                    if chunk.len() as u64 != want {
+                        let message = format!("chunk {n} of the blob holds {} bytes, not {want}", chunk.len());
+                        return Err(EngineError::damaged(NAME, message));
+                    }
+                    blob.extend_from_slice(&chunk);
                 }
                 out[*i] = blob.freeze();
             }
@@ -733,6 +741,15 @@ mod tests {
             "{:?}",
             read.map(|v| v.len())
         );
+        // Batch reads check every chunk's length too, short or long.
+        let small = engine.read_small(std::slice::from_ref(&blob)).await;
+        assert!(
+            matches!(&small, Err(EngineError::Damaged { message, .. }) if message.contains("chunk 1 of the blob holds")),
+            "{:?}",
+            small.map(|v| v.len())
+        );
+        engine.inner.db.put(chunk_key(&id, 1), conformance::pattern(CHUNK + 1, 5)).unwrap();
+        assert!(matches!(engine.read_small(&[blob]).await, Err(EngineError::Damaged { .. })));
     }
 
     #[tokio::test(flavor = "multi_thread")]

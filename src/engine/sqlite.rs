@@ -322,8 +322,10 @@ impl SqliteWriter {
         let data = self.buf.split_to(self.inner.chunk).freeze();
         let (inner, staged, n) = (self.inner.clone(), self.staged.clone(), self.spilled);
         // Counted before the write, so a writer dropped while it is in
-        // flight knows to clean up.
+        // flight knows to clean up; failed until it succeeds, so one
+        // cancelled in flight is never finished.
         self.spilled += 1;
+        let failed_before = std::mem::replace(&mut self.failed, true);
         let result = blocking(move || {
             let mut conn = inner.writer.lock();
             if staged.abandoned.load(Ordering::SeqCst) {
@@ -348,7 +350,7 @@ impl SqliteWriter {
             Ok(())
         })
         .await;
-        self.failed |= result.is_err();
+        self.failed = failed_before || result.is_err();
         result
     }
 }
@@ -514,6 +516,9 @@ impl BlobEngine for SqliteEngine {
         }
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
+        }
+        if head.chunk == 0 {
+            return Err(EngineError::damaged(NAME, "the blob's chunk size is 0"));
         }
         let first = range.start / head.chunk;
         let last = (range.end - 1) / head.chunk;
@@ -765,6 +770,18 @@ mod tests {
         let blob = engine.put_bytes(data.clone()).await.unwrap();
         engine.delete(&blob).await.unwrap();
         assert_eq!(rows(&dir), (0, 0));
+    }
+
+    /// A chunk size of 0 is damage, not a division by zero.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_blob_whose_chunk_size_is_0_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = open(&dir, 4096);
+        let blob = engine.put_bytes(conformance::pattern(10_000, 5)).await.unwrap();
+        let c = Connection::open(dir.path().join("blobs.sqlite")).unwrap();
+        c.execute("UPDATE blobs SET chunk = 0", []).unwrap();
+        let read = engine.read_to_vec(&blob, ByteRange::full(10_000)).await;
+        assert!(matches!(read, Err(EngineError::Damaged { .. })), "{:?}", read.map(|v| v.len()));
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -867,6 +867,43 @@ def area_delete(s3, buckets):
         lambda: s3.head_object(Bucket=bucket, Key="d1"),
     )
 
+    expect_error(
+        "DeleteObject If-Match of a key that does not exist is NoSuchKey",
+        "NoSuchKey",
+        404,
+        lambda: s3.delete_object(Bucket=bucket, Key="never-was", IfMatch=etag_of(b"x")),
+    )
+    expect_error(
+        "DeleteObject of another VersionId is InvalidArgument (buckets are not versioned)",
+        "InvalidArgument",
+        400,
+        lambda: s3.delete_object(Bucket=bucket, Key="d2", VersionId="3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"),
+    )
+    expect_equal(s3.head_object(Bucket=bucket, Key="d2")["ContentLength"], 2, "... and deleted nothing")
+
+    # Conditional entries: deleted only with their ETag still current.
+    for key in ["c1", "c2", "c3"]:
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    r = s3.delete_objects(
+        Bucket=bucket,
+        Delete={
+            "Objects": [
+                {"Key": "c1", "ETag": etag_of(b"c1")},
+                {"Key": "c2", "ETag": etag_of(b"stale")},
+                {"Key": "c3", "VersionId": "3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"},
+                {"Key": "never-was", "ETag": etag_of(b"x")},
+            ]
+        },
+    )
+    expect_equal(sorted(d["Key"] for d in r.get("Deleted", [])), ["c1"], "DeleteObjects with ETags deletes the matches")
+    expect_equal(
+        sorted((e["Key"], e["Code"]) for e in r.get("Errors", [])),
+        [("c2", "PreconditionFailed"), ("c3", "InvalidArgument"), ("never-was", "NoSuchKey")],
+        "DeleteObjects: a stale ETag, another version and a gone key are errors",
+    )
+    expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket, Prefix="c")), ["c2", "c3"], "... and those are kept")
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "c2"}, {"Key": "c3"}]})
+
     r = s3.delete_objects(
         Bucket=bucket,
         Delete={"Objects": [{"Key": "d2"}, {"Key": "d3"}, {"Key": "never-was"}]},
@@ -940,6 +977,16 @@ def area_copy(s3, buckets):
 
     r = s3.copy_object(Bucket=bucket, Key="dst/copy", CopySource=source)
     expect_equal(r["CopyObjectResult"]["ETag"], src_etag, "CopyObject answers the source's ETag")
+    versioned = {**source, "VersionId": "3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"}
+    expect_error(
+        "CopyObject from another version is InvalidArgument (buckets are not versioned)",
+        "InvalidArgument",
+        400,
+        lambda: s3.copy_object(Bucket=bucket, Key="dst/versioned", CopySource=versioned),
+    )
+    expect_error("... and copied nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="dst/versioned"))
+    r = s3.copy_object(Bucket=bucket, Key="dst/versioned", CopySource={**source, "VersionId": "null"})
+    expect_equal(r["CopyObjectResult"]["ETag"], src_etag, "CopyObject from version null copies")
 
     # The destination's own conditions, as on PutObject.
     s3.put_object(Bucket=bucket, Key="dst/precious", Body=b"precious")
@@ -1345,8 +1392,17 @@ def area_multipart(s3, buckets):
             MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n - 1]} for n in (2, 1, 3)]},
         ),
     )
+    expect_error(
+        "CompleteMultipartUpload If-Match on a key that does not exist is NoSuchKey, as PutObject's",
+        "NoSuchKey",
+        404,
+        lambda: s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=completion, IfMatch=etag_of(b"x")
+        ),
+    )
     done = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=completion)
     expect_equal(done["ETag"], multipart_etag(parts), "CompleteMultipartUpload: ETag is md5(part md5s)-3")
+    expect_equal(done["Location"], f"{ENDPOINT}/{bucket}/{key}", "CompleteMultipartUpload: Location is the object's URL")
     got = s3.get_object(Bucket=bucket, Key=key)
     expect(body_of(got) == b"".join(parts), "the completed object is the parts in order")
     expect_equal(got["ETag"], multipart_etag(parts), "GetObject: the multipart ETag")
@@ -1439,6 +1495,23 @@ def area_multipart(s3, buckets):
         Bucket=bucket, Key="mp/small", UploadId=retry, MultipartUpload=completion, IfNoneMatch=etag_of(b"other")
     )
     expect_equal(completed["ETag"], multipart_etag([b"again"]), "... and with another ETag it completes")
+
+    odd = "mp/a key #1?%.txt"
+    oddly = s3.create_multipart_upload(Bucket=bucket, Key=odd)["UploadId"]
+    o1 = s3.upload_part(Bucket=bucket, Key=odd, UploadId=oddly, PartNumber=1, Body=b"odd")
+    done = s3.complete_multipart_upload(
+        Bucket=bucket, Key=odd, UploadId=oddly, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": o1["ETag"]}]}
+    )
+    expect_equal(
+        urllib.parse.unquote(done["Location"]),
+        f"{ENDPOINT}/{bucket}/{odd}",
+        "CompleteMultipartUpload: Location names the key",
+    )
+    expect(
+        " " not in done["Location"] and "#" not in done["Location"] and "?" not in done["Location"],
+        "CompleteMultipartUpload: Location is percent-encoded",
+        done["Location"],
+    )
 
     aborted = s3.create_multipart_upload(Bucket=bucket, Key="mp/aborted")["UploadId"]
     s3.upload_part(Bucket=bucket, Key="mp/aborted", UploadId=aborted, PartNumber=1, Body=b"x" * 100)

@@ -321,6 +321,27 @@ fn check_version(version_id: Option<&str>) -> S3Result<()> {
     }
 }
 
+/// Where a completed object is, as S3 answers: an absolute URL, with the
+/// host and path the request came with (encoded as the client sent them).
+fn location(headers: &http::HeaderMap, uri: &http::Uri) -> String {
+    let scheme = match headers.get("x-forwarded-proto").map(http::HeaderValue::as_bytes) {
+        Some(b"https") => "https",
+        _ => "http",
+    };
+    let host = headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    format!("{scheme}://{host}{}", uri.path())
+}
+
+/// One key's error in a DeleteObjects answer.
+fn key_error(key: String, e: &S3Error) -> Error {
+    Error {
+        code: Some(e.code().as_str().to_string()),
+        message: e.message().map(str::to_string),
+        key: Some(key),
+        ..Default::default()
+    }
+}
+
 fn bad_argument(message: String) -> S3Error {
     S3Error::with_message(S3ErrorCode::InvalidArgument, message)
 }
@@ -410,9 +431,10 @@ impl DepotS3 {
 
     /// The record of a copy source the caller may read.
     async fn copy_source(&self, source: &CopySource, caller: &str) -> S3Result<ObjectRecord> {
-        let CopySource::Bucket { bucket, key, .. } = source else {
+        let CopySource::Bucket { bucket, key, version_id } = source else {
             return Err(s3_error!(NotImplemented, "copying from access points is not supported"));
         };
+        check_version(version_id.as_deref())?;
         let b = self.store.bucket(bucket).await.map_err(to_s3)?;
         if !(b.public_read || may_use(&b, caller)) {
             return Err(s3_error!(AccessDenied, "the source bucket belongs to another access key"));
@@ -934,9 +956,12 @@ impl S3 for DepotS3 {
         // exists).
         let condition =
             Precondition { if_match: conditional::write_precondition(&req.headers).if_match, ..Default::default() };
+        check_version(input.version_id.as_deref())?;
         match self.store.delete(&input.bucket, &input.key, &condition).await {
-            // Deleting what is not there succeeds, as in S3.
-            Ok(_) | Err(StoreError::NoSuchKey(_)) => ok(DeleteObjectOutput::default()),
+            // Deleting what is not there succeeds, as in S3, unless the
+            // delete was conditional: then S3 says NoSuchKey.
+            Ok(_) => ok(DeleteObjectOutput::default()),
+            Err(StoreError::NoSuchKey(_)) if condition.if_match.is_none() => ok(DeleteObjectOutput::default()),
             Err(e) => Err(to_s3(e)),
         }
     }
@@ -948,36 +973,46 @@ impl S3 for DepotS3 {
             return Err(s3_error!(MalformedXML, "at most 1000 keys may be deleted at once"));
         }
         let quiet = input.delete.quiet.unwrap_or(false);
-        let (valid, invalid): (Vec<_>, Vec<_>) =
-            objects.into_iter().partition(|o| self.store.check_stored_key(&o.key).is_ok());
-        let keys: Vec<String> = valid.into_iter().map(|o| o.key).collect();
-        let mut errors: Vec<Error> = invalid
-            .into_iter()
-            .map(|o| Error {
-                code: Some("InvalidArgument".into()),
-                message: Some("the key is empty, too long or contains NUL".into()),
-                key: Some(o.key),
-                ..Default::default()
-            })
-            .collect();
+        let (mut keys, mut conditional, mut errors) = (Vec::new(), Vec::new(), Vec::new());
+        for o in objects {
+            let refused = if self.store.check_stored_key(&o.key).is_err() {
+                Some(bad_argument("the key is empty, too long or contains NUL".into()))
+            } else if o.size.is_some() || o.last_modified_time.is_some() {
+                Some(s3_error!(NotImplemented, "deletes conditional on size or time are not supported"))
+            } else {
+                check_version(o.version_id.as_deref()).err()
+            };
+            match (refused, o.e_tag) {
+                (Some(e), _) => errors.push(key_error(o.key, &e)),
+                // Only a strong ETag can match, as for If-Match.
+                (None, Some(ETag::Strong(tag))) => conditional.push((o.key, vec![tag])),
+                (None, Some(ETag::Weak(_))) => conditional.push((o.key, Vec::new())),
+                (None, None) => keys.push(o.key),
+            }
+        }
         let mut deleted = Vec::new();
         match self.store.delete_many(&input.bucket, &keys).await {
-            Ok(_) => {
-                if !quiet {
-                    deleted = keys.into_iter().map(|k| DeletedObject { key: Some(k), ..Default::default() }).collect();
-                }
-            }
+            Ok(_) => deleted = keys,
             Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
             Err(e) => {
                 let e = to_s3(e);
-                errors.extend(keys.into_iter().map(|k| Error {
-                    code: Some(e.code().as_str().to_string()),
-                    message: e.message().map(str::to_string),
-                    key: Some(k),
-                    ..Default::default()
-                }));
+                errors.extend(keys.into_iter().map(|k| key_error(k, &e)));
             }
         }
+        // A key with an ETag is deleted only if it still has that ETag;
+        // if it is gone, S3 says NoSuchKey.
+        for (key, tags) in conditional {
+            let condition = Precondition { if_match: Some(tags), ..Default::default() };
+            match self.store.delete(&input.bucket, &key, &condition).await {
+                Ok(_) => deleted.push(key),
+                Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
+                Err(e) => errors.push(key_error(key, &to_s3(e))),
+            }
+        }
+        if quiet {
+            deleted.clear();
+        }
+        let deleted = deleted.into_iter().map(|k| DeletedObject { key: Some(k), ..Default::default() }).collect();
         ok(DeleteObjectsOutput { deleted: Some(deleted), errors: Some(errors), ..Default::default() })
     }
 
@@ -1229,6 +1264,7 @@ impl S3 for DepotS3 {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let condition = conditional::write_precondition(&req.headers);
+        let location = location(&req.headers, &req.uri);
         let input = req.input;
         let mut parts = Vec::new();
         for p in input.multipart_upload.iter().flat_map(|m| m.parts.iter().flatten()) {
@@ -1243,6 +1279,11 @@ impl S3 for DepotS3 {
         }
         if parts.is_empty() {
             return Err(s3_error!(MalformedXML, "a multipart upload is completed with at least one part"));
+        }
+        if condition.if_match.is_some() {
+            // As for PutObject: NoSuchKey, not 412. A retried Complete
+            // finds the object its first attempt made.
+            self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
         }
         let record = self
             .store
@@ -1260,7 +1301,7 @@ impl S3 for DepotS3 {
         ok(with_checksum!(
             checksum,
             CompleteMultipartUploadOutput {
-                location: Some(format!("/{}/{}", input.bucket, input.key)),
+                location: Some(location),
                 bucket: Some(input.bucket),
                 key: Some(input.key),
                 e_tag: Some(etag(&record)),
