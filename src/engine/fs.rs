@@ -106,12 +106,15 @@ impl FsEngine {
     pub fn open(root: &Path) -> Result<FsEngine> {
         let blobs = root.join("blobs");
         let tmp = root.join("tmp");
+        let new_root = !root.exists();
         for dir in [&blobs, &tmp] {
             fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
             // Durable in the parent, which may itself be new.
             sync_dir(dir.parent().expect("engine directories have parents"))?;
         }
-        sync_dir(root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+        if new_root {
+            sync_dir(root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+        }
         let host = hostname();
         for entry in fs::read_dir(&tmp).map_err(|e| EngineError::io(NAME, e))? {
             let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
@@ -203,6 +206,8 @@ fn ensure_dir(dir: &Path, durable: &DurableDirs, bit: usize) -> Result<()> {
     }
     match fs::create_dir(dir) {
         Ok(()) => {}
+        // A file in its place fails the write at the rename, unmarked.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !dir.is_dir() => return Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(EngineError::io(NAME, e)),
     }

@@ -310,9 +310,19 @@ fn chunk_missing(n: impl fmt::Display) -> EngineError {
     EngineError::damaged(NAME, format!("chunk {n} of the blob is missing"))
 }
 
-/// A blob whose chunk `n` holds fewer bytes than its head says.
-fn chunk_short(n: impl fmt::Display) -> EngineError {
-    EngineError::damaged(NAME, format!("chunk {n} of the blob is shorter than its head says"))
+/// Chunk `n` of a blob of `size` bytes, if it holds what the head says:
+/// every chunk but the last is whole, and the last holds the rest.
+fn whole_chunk<V: AsRef<[u8]>>(chunk: V, size: u64, n: u32) -> Result<V> {
+    let want = size.saturating_sub(n as u64 * CHUNK as u64).min(CHUNK as u64);
+    let got = chunk.as_ref().len() as u64;
+    if got == want {
+        return Ok(chunk);
+    }
+    let how = if got < want { "shorter" } else { "longer" };
+    Err(EngineError::damaged(
+        NAME,
+        format!("chunk {n} of the blob is {how} than its head says ({got} bytes, not {want})"),
+    ))
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -470,21 +480,19 @@ impl BlobEngine for RocksEngine {
             // One value (at most a chunk): read it on this thread, where a
             // cached read costs less than a hand-off to the blocking pool.
             let v = self.inner.db.get_pinned(chunk_key(&head.id, first)).map_err(|e| self.inner.read_err(e))?;
-            let v = v.ok_or_else(|| chunk_missing(first))?;
+            let v = whole_chunk(v.ok_or_else(|| chunk_missing(first))?, head.size, first)?;
             let at = (range.start % CHUNK as u64) as usize;
-            let bytes =
-                v.get(at..at + range.len() as usize).map(Bytes::copy_from_slice).ok_or_else(|| chunk_short(first))?;
+            let bytes = Bytes::copy_from_slice(&v[at..at + range.len() as usize]);
             return Ok(Box::pin(futures::stream::once(async { Ok(bytes) })));
         }
         let inner = self.inner.clone();
         Ok(super::read_blocking(NAME, first..=last, move |n| {
             let chunk_start = n as u64 * CHUNK as u64;
             let v = inner.db.get_pinned(chunk_key(&head.id, n)).map_err(|e| inner.read_err(e))?;
-            let v = v.ok_or_else(|| chunk_missing(n))?;
+            let v = whole_chunk(v.ok_or_else(|| chunk_missing(n))?, head.size, n)?;
             let from = range.start.saturating_sub(chunk_start) as usize;
-            // Every chunk but the last is whole: a shorter one lost bytes.
             let to = ((range.end - chunk_start) as usize).min(CHUNK);
-            v.get(from..to).map(Bytes::copy_from_slice).ok_or_else(|| chunk_short(n))
+            Ok(Bytes::copy_from_slice(&v[from..to]))
         }))
     }
 
@@ -545,15 +553,19 @@ impl BlobEngine for RocksEngine {
     /// the blocking pool.
     async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
         let inner = self.inner.clone();
-        let digests: Vec<Digest> = blobs.iter().map(|b| b.digest).collect();
+        let wanted: Vec<(Digest, u64)> = blobs.iter().map(|b| (b.digest, b.size)).collect();
         blocking(move || {
-            let heads = inner.db.multi_get(digests.iter().map(head_key));
+            let heads = inner.db.multi_get(wanted.iter().map(|(digest, _)| head_key(digest)));
             // Blobs in their heads are done; the others need their chunks.
-            let mut out = Vec::with_capacity(digests.len());
+            let mut out = Vec::with_capacity(wanted.len());
             let mut chunked = Vec::new();
-            for (i, (digest, head)) in digests.iter().zip(heads).enumerate() {
+            for (i, ((digest, size), head)) in wanted.iter().zip(heads).enumerate() {
                 let v = head.map_err(|e| inner.read_err(e))?.ok_or(EngineError::NotFound(*digest))?;
                 let (head, inline) = Head::decode(&v)?;
+                if head.size != *size {
+                    let message = format!("{} bytes stored, where {size} are recorded", head.size);
+                    return Err(EngineError::damaged(NAME, message));
+                }
                 out.push(inline.map(Bytes::copy_from_slice).unwrap_or_default());
                 if inline.is_none() {
                     let chunks = head.size.div_ceil(CHUNK as u64) as u32;
@@ -564,16 +576,10 @@ impl BlobEngine for RocksEngine {
             let values = inner.db.multi_get(chunked.iter().flat_map(|(_, _, keys)| keys));
             let mut values = values.into_iter();
             for (i, size, keys) in &chunked {
-                let mut blob = BytesMut::with_capacity(*size as usize);
+                let mut blob = BytesMut::new();
                 for (n, value) in values.by_ref().take(keys.len()).enumerate() {
                     let chunk = value.map_err(|e| inner.read_err(e))?.ok_or_else(|| chunk_missing(n))?;
-                    // Every chunk but the last is whole; the last holds the rest.
-                    let want = (*size - blob.len() as u64).min(CHUNK as u64);
-                    if chunk.len() as u64 != want {
-                        let message = format!("chunk {n} of the blob holds {} bytes, not {want}", chunk.len());
-                        return Err(EngineError::damaged(NAME, message));
-                    }
-                    blob.extend_from_slice(&chunk);
+                    blob.extend_from_slice(&whole_chunk(chunk, *size, n as u32)?);
                 }
                 out[*i] = blob.freeze();
             }
@@ -744,12 +750,19 @@ mod tests {
         // Batch reads check every chunk's length too, short or long.
         let small = engine.read_small(std::slice::from_ref(&blob)).await;
         assert!(
-            matches!(&small, Err(EngineError::Damaged { message, .. }) if message.contains("chunk 1 of the blob holds")),
+            matches!(&small, Err(EngineError::Damaged { message, .. }) if message.contains("chunk 1 of the blob is shorter")),
             "{:?}",
             small.map(|v| v.len())
         );
+        // One too long is damage too, to a batch and to a read within it.
         engine.inner.db.put(chunk_key(&id, 1), conformance::pattern(CHUNK + 1, 5)).unwrap();
-        assert!(matches!(engine.read_small(&[blob]).await, Err(EngineError::Damaged { .. })));
+        assert!(matches!(engine.read_small(std::slice::from_ref(&blob)).await, Err(EngineError::Damaged { .. })));
+        let within = engine.read_to_vec(&blob, ByteRange { start: CHUNK as u64 + 1, end: CHUNK as u64 + 9 }).await;
+        assert!(matches!(&within, Err(EngineError::Damaged { message, .. }) if message.contains("is longer")));
+        // A head whose size is not the recorded one is damage, not a plan to
+        // read that many chunks.
+        let wrong = BlobRef { size: blob.size + 1, ..blob };
+        assert!(matches!(engine.read_small(&[wrong]).await, Err(EngineError::Damaged { .. })));
     }
 
     #[tokio::test(flavor = "multi_thread")]

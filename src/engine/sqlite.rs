@@ -246,7 +246,9 @@ impl Inner {
         self.read(|c| {
             c.prepare_cached("SELECT id, size, chunk FROM blobs WHERE digest = ?1")?
                 .query_row([&digest.0[..]], |r| {
-                    Ok(Head { id: r.get(0)?, size: r.get::<_, i64>(1)? as u64, chunk: r.get::<_, i64>(2)? as u64 })
+                    // A chunk size that is not positive reads as 0: damage.
+                    let chunk = u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0);
+                    Ok(Head { id: r.get(0)?, size: r.get::<_, i64>(1)? as u64, chunk })
                 })
                 .optional()
         })
@@ -518,7 +520,7 @@ impl BlobEngine for SqliteEngine {
             return Ok(Box::pin(futures::stream::empty()));
         }
         if head.chunk == 0 {
-            return Err(EngineError::damaged(NAME, "the blob's chunk size is 0"));
+            return Err(EngineError::damaged(NAME, "the blob's chunk size is not positive"));
         }
         let first = range.start / head.chunk;
         let last = (range.end - 1) / head.chunk;
@@ -772,16 +774,19 @@ mod tests {
         assert_eq!(rows(&dir), (0, 0));
     }
 
-    /// A chunk size of 0 is damage, not a division by zero.
+    /// A chunk size that is not positive is damage, not a division by zero
+    /// (or, negative, a huge chunk a range within would be served from).
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_blob_whose_chunk_size_is_0_is_damage() {
+    async fn a_blob_whose_chunk_size_is_not_positive_is_damage() {
         let dir = tempfile::tempdir().unwrap();
         let engine = open(&dir, 4096);
         let blob = engine.put_bytes(conformance::pattern(10_000, 5)).await.unwrap();
         let c = Connection::open(dir.path().join("blobs.sqlite")).unwrap();
-        c.execute("UPDATE blobs SET chunk = 0", []).unwrap();
-        let read = engine.read_to_vec(&blob, ByteRange::full(10_000)).await;
-        assert!(matches!(read, Err(EngineError::Damaged { .. })), "{:?}", read.map(|v| v.len()));
+        for size in [0, -5] {
+            c.execute("UPDATE blobs SET chunk = ?1", [size]).unwrap();
+            let read = engine.read_to_vec(&blob, ByteRange { start: 10, end: 20 }).await;
+            assert!(matches!(read, Err(EngineError::Damaged { .. })), "chunk size {size}: {:?}", read.map(|v| v.len()));
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]

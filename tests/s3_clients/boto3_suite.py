@@ -902,7 +902,17 @@ def area_delete(s3, buckets):
         "DeleteObjects: a stale ETag, another version and a gone key are errors",
     )
     expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket, Prefix="c")), ["c2", "c3"], "... and those are kept")
-    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "c2"}, {"Key": "c3"}]})
+    versioned = [e.get("VersionId") for e in r.get("Errors", []) if e["Key"] == "c3"]
+    expect_equal(versioned, ["3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"], "DeleteObjects: an entry's error names its VersionId")
+    # In the document's order: the condition holds when its entry comes.
+    r = s3.delete_objects(
+        Bucket=bucket, Delete={"Objects": [{"Key": "c2", "ETag": etag_of(b"c2")}, {"Key": "c2"}, {"Key": "c3"}]}
+    )
+    expect_equal(
+        (sorted(d["Key"] for d in r.get("Deleted", [])), r.get("Errors", [])),
+        (["c2", "c2", "c3"], []),
+        "DeleteObjects: entries are taken in order",
+    )
 
     r = s3.delete_objects(
         Bucket=bucket,

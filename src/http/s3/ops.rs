@@ -332,14 +332,68 @@ fn location(headers: &http::HeaderMap, uri: &http::Uri) -> String {
     format!("{scheme}://{host}{}", uri.path())
 }
 
-/// One key's error in a DeleteObjects answer.
-fn key_error(key: String, e: &S3Error) -> Error {
+/// A DeleteObjects entry: its key and the version it names.
+type Entry = (String, Option<String>);
+
+/// One entry's error in a DeleteObjects answer.
+fn key_error((key, version_id): Entry, e: &S3Error) -> Error {
     Error {
         code: Some(e.code().as_str().to_string()),
         message: e.message().map(str::to_string),
         key: Some(key),
-        ..Default::default()
+        version_id,
     }
+}
+
+/// A DeleteObjects answer as it is made.
+struct Deletes<'a> {
+    store: &'a Store,
+    bucket: &'a str,
+    /// Entries without a condition, waiting to be deleted together.
+    run: Vec<Entry>,
+    deleted: Vec<DeletedObject>,
+    errors: Vec<Error>,
+}
+
+impl<'a> Deletes<'a> {
+    fn new(store: &'a Store, bucket: &'a str) -> Deletes<'a> {
+        Deletes { store, bucket, run: Vec::new(), deleted: Vec::new(), errors: Vec::new() }
+    }
+
+    /// Deletes the run of unconditional entries in one transaction. Keys
+    /// that are not there count as deleted, as in S3.
+    async fn delete_run(&mut self) -> S3Result<()> {
+        let run = std::mem::take(&mut self.run);
+        if run.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = run.iter().map(|(key, _)| key.clone()).collect();
+        match self.store.delete_many(self.bucket, &keys).await {
+            Ok(_) => self.deleted.extend(run.into_iter().map(deleted_object)),
+            Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
+            Err(e) => {
+                let e = to_s3(e);
+                self.errors.extend(run.into_iter().map(|entry| key_error(entry, &e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes an entry's object if its ETag is one of `tags`; one that is
+    /// gone is `NoSuchKey`, as S3 says.
+    async fn delete_if(&mut self, entry: Entry, tags: Vec<String>) -> S3Result<()> {
+        let condition = Precondition { if_match: Some(tags), ..Default::default() };
+        match self.store.delete(self.bucket, &entry.0, &condition).await {
+            Ok(_) => self.deleted.push(deleted_object(entry)),
+            Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
+            Err(e) => self.errors.push(key_error(entry, &to_s3(e))),
+        }
+        Ok(())
+    }
+}
+
+fn deleted_object((key, version_id): Entry) -> DeletedObject {
+    DeletedObject { key: Some(key), version_id, ..Default::default() }
 }
 
 fn bad_argument(message: String) -> S3Error {
@@ -973,7 +1027,10 @@ impl S3 for DepotS3 {
             return Err(s3_error!(MalformedXML, "at most 1000 keys may be deleted at once"));
         }
         let quiet = input.delete.quiet.unwrap_or(false);
-        let (mut keys, mut conditional, mut errors) = (Vec::new(), Vec::new(), Vec::new());
+        let mut answer = Deletes::new(&self.store, &input.bucket);
+        // In the document's order: entries without an ETag are deleted a run
+        // at a time, in one transaction; one with an ETag alone, and only
+        // if its object still has that ETag.
         for o in objects {
             let refused = if self.store.check_stored_key(&o.key).is_err() {
                 Some(bad_argument("the key is empty, too long or contains NUL".into()))
@@ -982,38 +1039,26 @@ impl S3 for DepotS3 {
             } else {
                 check_version(o.version_id.as_deref()).err()
             };
+            let entry = (o.key, o.version_id);
             match (refused, o.e_tag) {
-                (Some(e), _) => errors.push(key_error(o.key, &e)),
-                // Only a strong ETag can match, as for If-Match.
-                (None, Some(ETag::Strong(tag))) => conditional.push((o.key, vec![tag])),
-                (None, Some(ETag::Weak(_))) => conditional.push((o.key, Vec::new())),
-                (None, None) => keys.push(o.key),
+                (Some(e), _) => answer.errors.push(key_error(entry, &e)),
+                (None, None) => answer.run.push(entry),
+                (None, Some(tag)) => {
+                    answer.delete_run().await?;
+                    // Only a strong ETag can match, as for If-Match.
+                    let tags = match tag {
+                        ETag::Strong(t) => vec![t],
+                        ETag::Weak(_) => Vec::new(),
+                    };
+                    answer.delete_if(entry, tags).await?;
+                }
             }
         }
-        let mut deleted = Vec::new();
-        match self.store.delete_many(&input.bucket, &keys).await {
-            Ok(_) => deleted = keys,
-            Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
-            Err(e) => {
-                let e = to_s3(e);
-                errors.extend(keys.into_iter().map(|k| key_error(k, &e)));
-            }
-        }
-        // A key with an ETag is deleted only if it still has that ETag;
-        // if it is gone, S3 says NoSuchKey.
-        for (key, tags) in conditional {
-            let condition = Precondition { if_match: Some(tags), ..Default::default() };
-            match self.store.delete(&input.bucket, &key, &condition).await {
-                Ok(_) => deleted.push(key),
-                Err(e @ StoreError::NoSuchBucket(_)) => return Err(to_s3(e)),
-                Err(e) => errors.push(key_error(key, &to_s3(e))),
-            }
-        }
+        answer.delete_run().await?;
         if quiet {
-            deleted.clear();
+            answer.deleted.clear();
         }
-        let deleted = deleted.into_iter().map(|k| DeletedObject { key: Some(k), ..Default::default() }).collect();
-        ok(DeleteObjectsOutput { deleted: Some(deleted), errors: Some(errors), ..Default::default() })
+        ok(DeleteObjectsOutput { deleted: Some(answer.deleted), errors: Some(answer.errors), ..Default::default() })
     }
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
