@@ -30,7 +30,10 @@
 //! the journal (`w: majority, j: true`).
 //!
 //! Abandoned writes: `abort`, or dropping a writer (through a spawned task),
-//! deletes its chunks. What a crash leaves behind (chunks whose `files_id`
+//! deletes its chunks. It first takes the writer's file id with a files
+//! document named `depot-discarding`, so that a finish still on its way
+//! fails rather than land a file whose chunks are going; a crash that
+//! leaves such a hold is cleaned up as orphaned chunks are. What a crash leaves behind (chunks whose `files_id`
 //! has no files document) is deleted when any node connects, but only when
 //! the newest chunk of that file is older than [`ORPHAN_AGE`] (ObjectIds
 //! carry the time they were made), because another node may be writing it
@@ -85,6 +88,10 @@ const CHUNK_LIMITS: std::ops::RangeInclusive<usize> = 512..=15 * 1024 * 1024;
 /// Age after which chunks without a files document are taken for the
 /// leftovers of a crashed writer.
 pub const ORPHAN_AGE: Duration = Duration::from_secs(3600);
+/// The `filename` of a files document that holds a discarded writer's id
+/// while its chunks go (see `discard`): not a digest, so no reader or writer
+/// of a blob takes it, and the listing passes over it.
+const DISCARDING: &str = "depot-discarding";
 /// How long finding a server, or opening a connection, may take before the
 /// engine reports it unavailable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -366,19 +373,39 @@ impl Inner {
         Ok(())
     }
 
-    /// Removes what an unfinished writer stored under `id`. A files document
-    /// of that id means the upload finished after all (its reply lost): it
-    /// stays. One that appears while the chunks go is a finish that was in
-    /// flight when its writer was dropped; having lost its chunks, it goes.
+    /// Removes what an unfinished writer stored under `id`.
+    ///
+    /// The id is taken first, by a files document named [`DISCARDING`]: a
+    /// finish still in flight (its writer dropped) then fails on the id,
+    /// rather than land a files document over chunks that are going, which
+    /// a writer of the same content could take up meanwhile. Taken already
+    /// by a files document of the blob, the upload finished after all (its
+    /// reply lost): it stays.
     async fn discard(&self, id: ObjectId) -> Result<()> {
-        let finished = doc! { "_id": id };
-        if self.files.find_one(finished.clone()).await.map_err(mongo_err)?.is_some() {
-            return Ok(());
+        let hold = doc! {
+            "_id": id,
+            "length": 0i64,
+            "chunkSize": 1i32,
+            "uploadDate": DateTime::now(),
+            "filename": DISCARDING,
+        };
+        if let Err(e) = self.files.insert_one(hold).await {
+            if !duplicate_key(&e) {
+                return Err(mongo_err(e));
+            }
+            // A hold left by an earlier attempt is this discard's to finish.
+            let held = doc! { "_id": id, "filename": DISCARDING };
+            if self.files.find_one(held).await.map_err(mongo_err)?.is_none() {
+                return Ok(());
+            }
         }
+        self.release_hold(id).await
+    }
+
+    /// Deletes the chunks of a discarded writer's `id`, then its hold.
+    async fn release_hold(&self, id: ObjectId) -> Result<()> {
         self.chunks.delete_many(doc! { "files_id": id }).await.map_err(mongo_err)?;
-        if self.files.find_one(finished).await.map_err(mongo_err)?.is_some() {
-            self.delete_file(&Bson::ObjectId(id)).await?;
-        }
+        self.files.delete_one(doc! { "_id": id, "filename": DISCARDING }).await.map_err(mongo_err)?;
         Ok(())
     }
 
@@ -422,6 +449,22 @@ impl Inner {
     /// newest chunk is at least `age` old. Returns how many files' chunks.
     async fn remove_orphans(&self, age: Duration) -> Result<usize> {
         let cutoff = SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH);
+        // Holds of discards that a crash cut short, with their chunks.
+        let stale = doc! { "filename": DISCARDING, "uploadDate": { "$lte": DateTime::from_system_time(cutoff) } };
+        let holds: Vec<Document> = self
+            .files
+            .find(stale)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(mongo_err)?
+            .try_collect()
+            .await
+            .map_err(mongo_err)?;
+        for hold in &holds {
+            if let Ok(id) = hold.get_object_id("_id") {
+                self.release_hold(id).await?;
+            }
+        }
         // Sorted first so that MongoDB walks the `files_id, n` index.
         let mut ids = self
             .chunks
@@ -1033,12 +1076,18 @@ mod tests {
         done(engine).await;
     }
 
+    /// A writer that has stored `data` and not finished.
+    async fn writing(engine: &GridfsEngine, data: &Bytes) -> Box<dyn BlobWriter> {
+        let mut writer = engine.writer(None).await.unwrap();
+        writer.write(data.clone()).await.unwrap();
+        writer
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_writer_that_lost_chunks_keeps_no_file() {
         let (engine, _) = engine(64 * 1024).await;
         let data = pattern(200_000, 16);
-        let mut writer = engine.writer(None).await.unwrap();
-        writer.write(data.clone()).await.unwrap();
+        let writer = writing(&engine, &data).await;
         // What orphan cleanup does to an upload that stalled for too long.
         engine.inner.chunks.delete_one(doc! { "n": 1 }).await.unwrap();
         let err = writer.finish(Digest(sha2_digest(&data))).await.unwrap_err();
@@ -1056,6 +1105,58 @@ mod tests {
         let file = engine.inner.files.find_one(doc! {}).await.unwrap().unwrap();
         engine.inner.discard(file.get_object_id("_id").unwrap()).await.unwrap();
         assert!(engine.read_to_vec(&blob, ByteRange::full(200_000)).await.unwrap() == data);
+        done(engine).await;
+    }
+
+    /// A finish still on its way when its dropped writer's chunks are
+    /// discarded fails on the discard's hold of its id, rather than land a
+    /// files document over chunks that are gone, which a writer of the same
+    /// content would then take up; and the hold goes with the chunks.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_finish_that_lands_during_its_discard_leaves_no_file() {
+        let (engine, _) = engine(64 * 1024).await;
+        let data = pattern(200_000, 19);
+        let writer = writing(&engine, &data).await;
+        let id = engine.inner.chunks.find_one(doc! {}).await.unwrap().unwrap().get_object_id("files_id").unwrap();
+        let file = doc! {
+            "_id": id,
+            "length": 200_000i64,
+            "chunkSize": 64 * 1024i32,
+            "uploadDate": DateTime::now(),
+            "filename": Digest(sha2_digest(&data)).to_hex(),
+        };
+        // The discard takes the id just before the finish's insert lands.
+        let hold = doc! { "_id": id, "length": 0i64, "chunkSize": 1i32, "filename": DISCARDING };
+        engine.inner.files.insert_one(hold).await.unwrap();
+        assert!(insert(&engine.inner.files, &file).await.is_err(), "the finish landed over a discard");
+        // The discard goes on from its hold.
+        writer.abort().await;
+        assert_eq!(count(&engine.inner.chunks, doc! {}).await, 0, "the discarded writer's chunks remain");
+        assert_eq!(count(&engine.inner.files, doc! {}).await, 0, "a files document outlived its discard");
+        // A writer of the same content stores its own file, whole.
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        assert!(engine.read_to_vec(&blob, ByteRange::full(200_000)).await.unwrap() == data);
+        done(engine).await;
+    }
+
+    /// A hold that a crash left behind goes, with its chunks, once as old
+    /// as orphaned chunks.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn holds_left_by_a_crash_go_once_old_enough() {
+        let (engine, _) = engine(64 * 1024).await;
+        let (old, new) = (ObjectId::new(), ObjectId::new());
+        for (id, age) in [(old, Duration::from_secs(7200)), (new, Duration::ZERO)] {
+            let at = DateTime::from_system_time(SystemTime::now() - age);
+            let hold = doc! { "_id": id, "length": 0i64, "chunkSize": 1i32, "uploadDate": at, "filename": DISCARDING };
+            engine.inner.files.insert_one(hold).await.unwrap();
+            let data = Binary { subtype: BinarySubtype::Generic, bytes: vec![1; 100] };
+            engine.inner.chunks.insert_one(doc! { "files_id": id, "n": 0, "data": data }).await.unwrap();
+        }
+        engine.inner.remove_orphans(ORPHAN_AGE).await.unwrap();
+        assert_eq!(count(&engine.inner.files, doc! { "_id": old }).await, 0);
+        assert_eq!(count(&engine.inner.chunks, doc! { "files_id": old }).await, 0);
+        assert_eq!(count(&engine.inner.files, doc! { "_id": new }).await, 1, "a discard in progress lost its hold");
+        assert!(engine.list().await.unwrap().is_empty(), "a hold is listed as a blob");
         done(engine).await;
     }
 
