@@ -404,6 +404,13 @@ async fn behind_a_cutter(extra: &[&str]) -> (Server, CommitCutter, String) {
     (Server::start(&args), cutter, url)
 }
 
+/// The rows of `table` in the catalog at `url`.
+async fn rows(url: &str, table: &str) -> i64 {
+    let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    db.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap().get(0)
+}
+
 /// A write whose COMMIT was applied but whose answer was lost is replayed;
 /// the replay then finds the first attempt's work (its `If-None-Match: *`
 /// no longer holds, its key is gone) and answers 503, outcome unknown,
@@ -457,9 +464,7 @@ async fn a_claim_whose_commit_answer_was_lost_is_released_once_written() {
     let r = http.put(server.object_url("files", "claimed")).body(pattern(50_000, 4)).send().await.unwrap();
     assert!(cutter.disarmed(), "no claim's COMMIT was cut");
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    let claims: i64 = db.query_one("SELECT count(*) FROM depot_catalog_claims", &[]).await.unwrap().get(0);
+    let claims = rows(&url, "depot_catalog_claims").await;
     assert_eq!(claims, 0, "a claim outlived its write");
     let r = http.get(server.object_url("files", "claimed")).send().await.unwrap();
     assert_eq!(r.bytes().await.unwrap(), pattern(50_000, 4));
@@ -518,9 +523,7 @@ async fn a_collection_whose_commit_answer_was_lost_deletes_the_bytes_and_its_mar
     assert!(blob_files() < stored, "the collected blob's bytes are still there");
     let report = collected().expect("a collection was reported");
     assert!(report.contains("dead_blobs: 1") && report.contains("orphans: 0"), "{report}");
-    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    let marks: i64 = db.query_one("SELECT count(*) FROM depot_catalog_deleting", &[]).await.unwrap().get(0);
+    let marks = rows(&url, "depot_catalog_deleting").await;
     assert_eq!(marks, 0, "a delete mark outlived its delete");
     server.assert_no_panic();
 }
