@@ -391,6 +391,20 @@ async fn the_html_listings_next_page_keeps_its_search_by_prefix() {
     assert!(html.contains("x3") && !html.contains("y1"), "{html}");
 }
 
+/// A search by prefix within a folder names the keys found as the folder
+/// does, and links to the folder's parent.
+#[tokio::test]
+async fn a_search_within_a_folder_shows_the_folders_names() {
+    let s = Server::start(&[]);
+    for key in ["docs/hello.txt", "docs/help/a", "docs/other"] {
+        put_new(&s, key, b"x").await;
+    }
+    let url = format!("{}/{B}/docs/?prefix=he", s.url);
+    let html = send(Method::GET, &url, &[("accept", "*/*")], None).await.text().await.unwrap();
+    assert!(html.contains(">hello.txt<") && html.contains(">help/<") && !html.contains("other"), "{html}");
+    assert!(html.contains(&format!("href=\"/{B}/\">../<")), "{html}");
+}
+
 #[tokio::test]
 async fn listing_pages_with_after_and_limit_visit_every_key_once() {
     let s = Server::start(&[]);
@@ -780,8 +794,15 @@ async fn headers_given_with_a_put_come_back_with_the_object() {
     for (name, _) in given {
         assert!(r.headers().get(*name).is_none(), "{name} outlived the object it came with");
     }
-    // Refused whole: an Expires that is not a date, a value that is not ASCII.
+    // A list given in several lines is kept whole, as one line.
+    let r = put(&s, "listed", b"x", &[("cache-control", "public"), ("cache-control", "max-age=60")]).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&get(&s, "listed", &[]).await, "cache-control"), "public, max-age=60");
+    // Refused whole: an Expires that is not a date, or two of them, a value
+    // that is not ASCII.
     let r = put(&s, "bad", b"x", &[("expires", "tomorrow")]).await;
+    expect_error(r, 400, "InvalidRequest").await;
+    let r = put(&s, "bad", b"x", &[("expires", expires), ("expires", "Thu, 01 Jan 2037 00:00:00 GMT")]).await;
     expect_error(r, 400, "InvalidRequest").await;
     for name in ["Content-Language", "Content-Type"] {
         let r = raw(&s, "PUT", &format!("/{B}/bad"), &[(name, "français")], b"x");
@@ -1114,6 +1135,11 @@ async fn a_folder_takes_an_empty_marker_only() {
     let s = Server::start(&[]);
     let r = put(&s, "docs/", b"bytes", &[]).await;
     expect_error(r, 400, "InvalidRequest").await;
+    assert_eq!(list(&s, "docs/", "").await["entries"], json!([]));
+    // Nor through a batch put, where it used to be stored.
+    let batch = client().post(format!("{}/_/batch/put?bucket={B}", s.url)).body("docs/\n5\nbytes\n").send();
+    let refused = error_body(batch.await.unwrap(), 400).await;
+    assert!(refused["message"].as_str().is_some_and(|m| m.contains("makes it a folder")), "{refused}");
     assert_eq!(list(&s, "docs/", "").await["entries"], json!([]));
     // Sent chunked, as a stream of nothing, it is empty too.
     let chunked = |bytes: &'static [u8]| {

@@ -209,15 +209,63 @@ fn target_config(args: &MigrateArgs, from: &EngineConfig) -> EngineConfig {
 
 /// Whether two engine settings name the same storage: moving there would
 /// copy nothing and then delete everything.
+/// Settings are compared as the engine reads them, not as spelled: a
+/// default port written out, the bucket from `AWS_BUCKET`, a slash at the
+/// end of an endpoint. (A resumed migration given the new engine's
+/// settings, spelled otherwise, for the old one would otherwise empty the
+/// new engine, where the store now lives.)
 fn same_place(from: EngineKind, a: &EngineConfig, to: EngineKind, b: &EngineConfig) -> bool {
     from == to
         && match from {
-            EngineKind::Gridfs => a.url == b.url && a.gridfs_bucket == b.gridfs_bucket,
-            EngineKind::S3 => a.url == b.url && a.s3.bucket == b.s3.bucket,
-            EngineKind::Postgres => a.url == b.url,
+            EngineKind::Gridfs => {
+                same_url(a, b, mongo_place)
+                    && a.gridfs_bucket.as_deref().unwrap_or("fs") == b.gridfs_bucket.as_deref().unwrap_or("fs")
+            }
+            EngineKind::S3 => {
+                let bucket = |c: &EngineConfig| c.s3.bucket.clone().or_else(|| std::env::var("AWS_BUCKET").ok());
+                same_url(a, b, |u| Some(u.trim_end_matches('/').to_string())) && bucket(a) == bucket(b)
+            }
+            EngineKind::Postgres => same_url(a, b, postgres_place),
             // The embedded engines live in the data directory, one per kind.
             _ => true,
         }
+}
+
+/// Whether two engine URLs name one place, as `place` reads each; URLs
+/// it cannot read are compared as written.
+fn same_url(a: &EngineConfig, b: &EngineConfig, place: impl Fn(&str) -> Option<String>) -> bool {
+    match (a.url.as_deref(), b.url.as_deref()) {
+        (Some(x), Some(y)) => match (place(x), place(y)) {
+            (Some(p), Some(q)) => p == q,
+            _ => x == y,
+        },
+        (x, y) => x == y,
+    }
+}
+
+/// A PostgreSQL URL's hosts, ports (5432 unless given), database (the
+/// user's name unless given) and user.
+fn postgres_place(url: &str) -> Option<String> {
+    let c = url.parse::<tokio_postgres::Config>().ok()?;
+    let mut ports = c.get_ports().to_vec();
+    if ports.is_empty() {
+        ports.push(5432);
+    }
+    Some(format!("{:?} {ports:?} {:?} {:?}", c.get_hosts(), c.get_dbname().or(c.get_user()), c.get_user()))
+}
+
+/// A MongoDB URL's hosts and default database.
+fn mongo_place(url: &str) -> Option<String> {
+    let c = mongodb::options::ConnectionString::parse(url).ok()?;
+    let hosts = match &c.host_info {
+        mongodb::options::HostInfo::HostIdentifiers(hosts) => {
+            let mut hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+            hosts.sort();
+            hosts.join(",")
+        }
+        other => format!("{other:?}"),
+    };
+    Some(format!("{hosts} {:?}", c.default_database))
 }
 
 fn engine_root(data: &Path, kind: EngineKind) -> PathBuf {

@@ -47,6 +47,11 @@ fn bucket_param(req: &Request) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::bad_request("the batch routes need ?bucket=NAME"))
 }
 
+/// A line with nothing on it (`\r\n` counts as a line's end here too).
+fn is_blank(line: &[u8]) -> bool {
+    line.is_empty() || line == b"\r"
+}
+
 fn bad_body(message: String) -> ApiError {
     ApiError::bad_request(format!("batch body: {message}"))
 }
@@ -179,6 +184,9 @@ pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
                     format!("more than {most} entries in one batch put; send them in several"),
                 ));
             }
+            if key.ends_with('/') && len > 0 {
+                return Err(super::native::folder_not_empty(&key));
+            }
             batch.add(&key, len, body.take(len)).await?;
             body.end_of_entry(&key, len).await?;
         }
@@ -214,9 +222,18 @@ where
     /// them with [`Framed::take`], then call [`Framed::end_of_entry`]);
     /// `None` at the end of the body.
     pub(super) async fn entry(&mut self, max_key: usize) -> Result<Option<(String, u64)>, ApiError> {
-        let Some(key) = self.line(max_key).await? else {
+        let Some(mut key) = self.line(max_key).await? else {
             return Ok(None);
         };
+        // Blank lines may end the body, as batch get and delete allow.
+        while is_blank(&key) {
+            match self.line(max_key).await? {
+                None => return Ok(None),
+                Some(line) if is_blank(&line) => {}
+                Some(_) => return Err(bad_body("a blank line where a key belongs".into())),
+            }
+            key = Vec::new();
+        }
         let key = String::from_utf8(key).map_err(|_| bad_body("a key is not UTF-8".into()))?;
         if key.ends_with('\r') {
             // Batch get and delete take `\r\n` as a line's end, so they
@@ -355,6 +372,21 @@ mod tests {
         assert!(e.to_string().contains("ends in \\r"), "{e}");
         let mut f = framed(&[b"k\rey\n1\nx\n"]);
         assert_eq!(f.entry(100).await.unwrap(), Some(("k\rey".to_string(), 1)));
+    }
+
+    /// Blank lines may end a body (as an editor or `echo` leaves them);
+    /// one before another entry is an error.
+    #[tokio::test]
+    async fn blank_lines_end_a_body_but_do_not_start_an_entry() {
+        let mut f = framed(&[b"a\n1\nx\n\n\r\n", b"\n"]);
+        assert_eq!(f.entry(100).await.unwrap(), Some(("a".to_string(), 1)));
+        let body: Vec<Bytes> = f.take(1).map(|r| r.unwrap()).collect().await;
+        assert_eq!(body.concat(), b"x");
+        f.end_of_entry("a", 1).await.unwrap();
+        assert_eq!(f.entry(100).await.unwrap(), None);
+        let mut f = framed(&[b"\n\nb\n1\ny\n"]);
+        let e = f.entry(100).await.unwrap_err();
+        assert!(e.to_string().contains("a blank line where a key belongs"), "{e}");
     }
 
     #[test]

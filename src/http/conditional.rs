@@ -86,8 +86,15 @@ fn list(headers: &HeaderMap, name: &header::HeaderName) -> Option<String> {
     Some(lines.filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(","))
 }
 
+/// A date condition's value; `None` when it is absent, not a date, or
+/// given in more than one line, which RFC 9110 (sections 13.1.3 and
+/// 13.1.4) says to ignore rather than pick one of.
 fn date(headers: &HeaderMap, name: &header::HeaderName) -> Option<SystemTime> {
-    header_str(headers, name).and_then(|v| httpdate::parse_http_date(v).ok())
+    let mut lines = headers.get_all(name).iter();
+    match (lines.next(), lines.next()) {
+        (Some(v), None) => v.to_str().ok().and_then(|v| httpdate::parse_http_date(v).ok()),
+        _ => None,
+    }
 }
 
 /// HTTP dates have whole seconds; compare at that precision.
@@ -203,6 +210,11 @@ mod tests {
         // If-None-Match takes precedence over If-Modified-Since.
         let h = headers(&[("if-none-match", "\"zzz\""), ("if-modified-since", &same)]);
         assert_eq!(evaluate(&Method::GET, &h, cur()), Verdict::Proceed);
+        // Two lines of a date are ignored, not read as the first.
+        let twice = headers(&[("if-modified-since", &same), ("if-modified-since", &earlier)]);
+        assert_eq!(evaluate(&Method::GET, &twice, cur()), Verdict::Proceed);
+        let twice = headers(&[("if-unmodified-since", &earlier), ("if-unmodified-since", &same)]);
+        assert_eq!(evaluate(&Method::GET, &twice, cur()), Verdict::Proceed);
     }
 
     #[test]

@@ -77,7 +77,7 @@ struct Entry<'a> {
     content_type: &'a str,
 }
 
-pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix: &str) -> Result<Response, ApiError> {
+pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, folder: &str) -> Result<Response, ApiError> {
     let q = query(req);
     let limit = match query_value(&q, "limit") {
         None => DEFAULT_LIMIT,
@@ -88,8 +88,9 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
             .ok_or_else(|| ApiError::bad_request(format!("limit must be a number from 1 to {MAX_LIMIT}")))?,
     };
     // `?prefix=` narrows a folder to the keys that start with more: a
-    // search by prefix.
-    let prefix = &format!("{prefix}{}", query_value(&q, "prefix").unwrap_or(""));
+    // search by prefix. The page still shows the folder's names, and its
+    // parent.
+    let prefix = &format!("{folder}{}", query_value(&q, "prefix").unwrap_or(""));
     let list = ListQuery {
         prefix: prefix.to_string(),
         after: query_value(&q, "after").map(str::to_string),
@@ -120,21 +121,21 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, prefix:
         escape(&format!("/{bucket}/{path}"))
     };
     let mut rows = String::new();
-    if let Some(parent) = parent_of(prefix) {
+    if let Some(parent) = parent_of(folder) {
         rows.push_str(&format!("<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n", link(parent)));
     }
     for d in &page_of.prefixes {
         rows.push_str(&format!(
             "<tr><td><a href=\"{}\">{}</a></td><td>-</td><td></td></tr>\n",
             link(d),
-            escape(&d[prefix.len()..])
+            escape(&d[folder.len()..])
         ));
     }
     for o in &page_of.objects {
         rows.push_str(&format!(
             "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td></tr>\n",
             link(&o.key),
-            escape(&o.key[prefix.len()..]),
+            escape(&o.key[folder.len()..]),
             o.size,
             rfc3339(o.shown_modified())
         ));

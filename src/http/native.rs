@@ -243,6 +243,14 @@ fn one<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>
     }
 }
 
+/// A GET of a key ending in `/` lists the folder: such a key holds an
+/// empty folder marker, or bytes no native GET could give back.
+pub(super) fn folder_not_empty(key: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "{key:?} ends in /, which makes it a folder: its marker is empty (the S3 API stores bytes there)"
+    ))
+}
+
 async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Result<Response, ApiError> {
     let headers = req.headers();
     // RFC 9110 section 9.3.4: a partial PUT must not be taken for the
@@ -250,16 +258,9 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     if headers.contains_key(header::CONTENT_RANGE) {
         return Err(ApiError::bad_request("a PUT replaces the whole object: Content-Range is not supported"));
     }
-    // A GET of a key ending in `/` lists the folder: such a key holds an
-    // empty folder marker, or bytes no native GET could give back.
     let folder = key.ends_with('/');
-    let not_empty = || {
-        ApiError::bad_request(format!(
-            "{key:?} ends in /, which makes it a folder: its marker is empty (the S3 API stores bytes there)"
-        ))
-    };
     if folder && content_length(headers).is_some_and(|n| n > 0) {
-        return Err(not_empty());
+        return Err(folder_not_empty(key));
     }
     let expected_sha256 = match one(headers, "x-depot-sha256")? {
         None => None,
@@ -315,7 +316,7 @@ async fn put_object(app: &Arc<App>, req: Request, bucket: &str, key: &str) -> Re
     };
     let body = req.into_body().into_data_stream();
     let put = match app.store.put(bucket, key, body, opts).await {
-        Err(StoreError::IncompleteBody { .. }) if folder => return Err(not_empty()),
+        Err(StoreError::IncompleteBody { .. }) if folder => return Err(folder_not_empty(key)),
         put => put?,
     };
     let r = &put.record;
@@ -428,13 +429,31 @@ fn quoted(etag: &str) -> HeaderValue {
 /// (S3's), checked as a later answer will carry them.
 fn stored_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, ApiError> {
     let mut stored = Vec::new();
+    let text = |name: &str, value: &HeaderValue| {
+        value.to_str().map(str::to_string).map_err(|_| ApiError::bad_request(format!("{name} is not visible ASCII")))
+    };
     for name in STORED_HEADERS {
-        let Some(value) = headers.get(name) else { continue };
-        let value = value.to_str().map_err(|_| ApiError::bad_request(format!("{name} is not visible ASCII")))?;
-        if name == "expires" && httpdate::parse_http_date(value).is_err() {
+        let value = match name {
+            // One value each: two different ones are refused, as for the
+            // digests, rather than the first kept.
+            "content-disposition" | "expires" => match one(headers, name)? {
+                None => continue,
+                Some(v) => text(name, v)?,
+            },
+            // Lists (RFC 9110 section 5.3): their lines joined, as nginx
+            // and S3 do, rather than all but the first dropped.
+            _ => {
+                let lines = headers.get_all(name).iter().map(|v| text(name, v)).collect::<Result<Vec<_>, _>>()?;
+                if lines.is_empty() {
+                    continue;
+                }
+                lines.join(", ")
+            }
+        };
+        if name == "expires" && httpdate::parse_http_date(&value).is_err() {
             return Err(ApiError::bad_request("Expires must be an HTTP date"));
         }
-        stored.push((name.to_string(), value.to_string()));
+        stored.push((name.to_string(), value));
     }
     Ok(stored)
 }

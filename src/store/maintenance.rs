@@ -23,6 +23,9 @@ use crate::engine::{
 
 /// Records read per catalog call while scanning.
 const PAGE: usize = 1000;
+/// The file a backup holds its directory by while it writes there, made
+/// with `O_EXCL` before the directory is seen empty and removed at the end.
+const BACKUP_CLAIM: &str = ".depot-backup-in-progress";
 
 /// Something wrong with a store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -419,18 +422,22 @@ impl Store {
             self.engine.delete(&leftover.blob_ref()).await?;
         }
         let mut totals = counted;
+        let mut removed = HashSet::new();
         for blob in &scan.unreferenced {
             // Verification runs on a store nobody writes to: the grace
-            // period protects writers that are not there.
+            // period protects writers that are not there. A shared
+            // catalog may still hold a claim a node that crashed left on
+            // the content: then the blob stays, and stays counted.
             if self.catalog.remove_dead_blob(&blob.digest, None).await? {
                 self.delete_bytes(&blob.blob_ref()).await?;
+                totals.blobs -= 1;
+                totals.blob_bytes -= blob.size as i64;
+                removed.insert(blob.digest);
             }
-            totals.blobs -= 1;
-            totals.blob_bytes -= blob.size as i64;
         }
         self.catalog.set_stats(totals).await?;
         // Lost bytes of a blob nothing refers to went with its record.
-        let dropped = |d: &Digest| scan.unreferenced.iter().any(|b| b.digest == *d);
+        let dropped = |d: &Digest| removed.contains(d);
         // Damaged bytes of a blob still referred to cannot be mended, only
         // removed: then the next upload of the content stores it afresh,
         // where engines that keep the first copy of a content (sqlite,
@@ -449,7 +456,7 @@ impl Store {
             p => p.repairable(),
         });
         report.repaired = fixed.count() as u64;
-        report.removed = (report.leftovers.len() + scan.unreferenced.len()) as u64;
+        report.removed = (report.leftovers.len() + removed.len()) as u64;
         Ok(())
     }
 
@@ -471,16 +478,46 @@ impl Store {
                 kind.name()
             )));
         }
-        let created = match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
-            Ok(true) => false,
-            Ok(false) => return Err(StoreError::InvalidArgument(format!("{} is not empty", dir.display()))),
+        let created = match std::fs::create_dir(dir) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
             // The directory is the caller's choice: what is wrong with it
             // is theirs to fix (400), not the server's failure.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(dir)
-                .map(|()| true)
-                .map_err(|e| StoreError::InvalidArgument(format!("creating {}: {e}", dir.display())))?,
-            Err(e) => return Err(StoreError::InvalidArgument(format!("reading {}: {e}", dir.display()))),
+            Err(e) => return Err(StoreError::InvalidArgument(format!("creating {}: {e}", dir.display()))),
         };
+        let refuse = |why: String| {
+            if created {
+                let _ = std::fs::remove_dir(dir);
+            }
+            Err(StoreError::InvalidArgument(why))
+        };
+        // The claim is taken before the directory is seen empty, so that of
+        // two backups into one directory only one writes there; the other
+        // used to wait for the first and then remove its finished copy.
+        let claim = dir.join(BACKUP_CLAIM);
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&claim) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return refuse(format!(
+                    "{} is taken by another backup (or one that did not finish: remove it)",
+                    dir.display()
+                ));
+            }
+            Err(e) => return refuse(format!("writing into {}: {e}", dir.display())),
+        }
+        let used =
+            std::fs::read_dir(dir).map(|entries| entries.flatten().any(|entry| entry.file_name() != BACKUP_CLAIM));
+        match used {
+            Ok(false) => {}
+            Ok(true) => {
+                let _ = std::fs::remove_file(&claim);
+                return refuse(format!("{} is not empty", dir.display()));
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&claim);
+                return refuse(format!("reading {}: {e}", dir.display()));
+            }
+        }
         // A copy inside the data directory would share its fate, and a
         // migration removes engine directories whole. Compared once both
         // exist, with links and `..` resolved.
@@ -488,19 +525,21 @@ impl Store {
             && let (Ok(at), Ok(data)) = (std::fs::canonicalize(dir), std::fs::canonicalize(data))
             && at.starts_with(&data)
         {
-            if created {
-                let _ = std::fs::remove_dir(dir);
-            }
-            return Err(StoreError::InvalidArgument(format!(
+            let _ = std::fs::remove_file(&claim);
+            return refuse(format!(
                 "{} is inside the data directory {}: a backup goes elsewhere",
                 dir.display(),
                 data.display()
-            )));
+            ));
         }
 
         let _maintenance = self.maintenance.lock().await;
         match self.copy_into(dir, kind, &config, progress).await {
-            Ok(report) => Ok(report),
+            Ok(report) => {
+                std::fs::remove_file(&claim)
+                    .map_err(|e| StoreError::Internal(format!("removing {}: {e}", claim.display())))?;
+                Ok(report)
+            }
             Err(e) => Err(self.backup_failed(dir, kind, created, e).await),
         }
     }
@@ -572,7 +611,7 @@ impl Store {
             _ => false,
         };
         let mut left = Vec::new();
-        for name in ["catalog", kind.name(), engine::ENGINE_MARKER] {
+        for name in ["catalog", kind.name(), engine::ENGINE_MARKER, BACKUP_CLAIM] {
             let path = dir.join(name);
             let removed = match std::fs::symlink_metadata(&path) {
                 Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
@@ -786,6 +825,41 @@ mod tests {
         assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "hybrid\n");
     }
 
+    /// A store over the fs engine in `dir`, which knows how its engine was
+    /// opened (as a backup needs), and the engine.
+    async fn fs_store(dir: &Path) -> (Store, DynEngine) {
+        let engine = engine::open(EngineKind::Fs, &dir.join("fs"), &EngineConfig::default()).await.unwrap();
+        let catalog = Arc::new(RocksCatalog::open(&dir.join("catalog")).unwrap());
+        let store_config =
+            StoreConfig { engine: Some((EngineKind::Fs, EngineConfig::default())), ..StoreConfig::default() };
+        (Store::open(catalog, engine.clone(), store_config).await.unwrap(), engine)
+    }
+
+    /// Of two backups into one directory at once, one writes there and the
+    /// other is refused; the one refused used to wait for the first to
+    /// finish, fail on its copy, and remove it.
+    #[tokio::test]
+    async fn two_backups_into_one_directory_leave_one_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = fs_store(dir.path()).await;
+        put(&store, "kept", b"kept in the backup").await;
+
+        let target = dir.path().join("backup");
+        let bar = hidden();
+        let (first, second) = tokio::join!(store.backup(&target, &bar), store.backup(&target, &bar));
+        let refused = match (&first, &second) {
+            (Ok(_), Err(e)) | (Err(e), Ok(_)) => e,
+            _ => panic!("one backup is taken and one refused: {first:?}, {second:?}"),
+        };
+        assert!(matches!(refused, StoreError::InvalidArgument(m) if m.contains("another backup")), "{refused:?}");
+        assert!(!target.join(BACKUP_CLAIM).exists(), "the finished backup let its directory go");
+        let copy_engine = engine::open(EngineKind::Fs, &target.join("fs"), &EngineConfig::default()).await.unwrap();
+        let copy_catalog = Arc::new(RocksCatalog::open(&target.join("catalog")).unwrap());
+        let copy = Store::open(copy_catalog, copy_engine, StoreConfig::default()).await.unwrap();
+        assert_eq!(read_all(&copy, "files", "kept").await, b"kept in the backup");
+        assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "fs\n");
+    }
+
     /// A backup that fails midway (here on a blob whose bytes are lost)
     /// removes what it wrote: the directory when it made it, the entries
     /// it wrote when the directory was there before. The error names the
@@ -793,11 +867,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_backup_removes_what_it_wrote() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = engine::open(EngineKind::Fs, &dir.path().join("fs"), &EngineConfig::default()).await.unwrap();
-        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
-        let store_config =
-            StoreConfig { engine: Some((EngineKind::Fs, EngineConfig::default())), ..StoreConfig::default() };
-        let store = Store::open(catalog, engine.clone(), store_config).await.unwrap();
+        let (store, engine) = fs_store(dir.path()).await;
         put(&store, "kept", b"kept").await;
         let lost = put(&store, "lost", b"bytes lost from the engine").await;
         engine.delete(&store.catalog.get_blob(&lost).await.unwrap().unwrap().blob_ref()).await.unwrap();

@@ -258,6 +258,8 @@ struct Written {
     /// has the reference, and `claim` other nodes' (see [`Store::let_go`]).
     guard: guards::Guard,
     claim: Option<ClaimId>,
+    /// When `claim` was made (or last renewed).
+    claimed: Instant,
 }
 
 impl Written {
@@ -609,8 +611,15 @@ impl Store {
             blobs: vec![written.blob.clone()],
             precondition: opts.precondition,
         };
-        // A sync may have failed elsewhere while the body streamed.
-        let recorded = match self.check_writable() {
+        // A sync may have failed elsewhere while the body streamed. An
+        // engine's finish can outlast a claim (an S3 engine copies a large
+        // object into place): one that lapsed meanwhile fails the write, as
+        // a collector may have taken a dead blob of the content since.
+        let renewed = match written.claim {
+            Some(claim) if written.claimed.elapsed() >= RENEW_CLAIMS => self.catalog.renew_claims(&[claim]).await,
+            _ => Ok(()),
+        };
+        let recorded = match renewed.map_err(StoreError::from).and_then(|()| self.check_writable()) {
             Ok(()) => {
                 let puts = std::iter::once(put).chain(along).collect();
                 self.note(self.catalog.put_objects(puts).await.map_err(Into::into))
@@ -833,9 +842,10 @@ impl Store {
                 return Err(e);
             }
         };
+        let claimed = Instant::now();
         let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };
         match finished {
-            Ok(blob) => Ok(Written { blob, md5, guard, claim }),
+            Ok(blob) => Ok(Written { blob, md5, guard, claim, claimed }),
             Err(e) => {
                 self.release(claim.as_slice()).await;
                 Err(e.into())

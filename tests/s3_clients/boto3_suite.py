@@ -882,7 +882,7 @@ def area_delete(s3, buckets):
     expect_equal(s3.head_object(Bucket=bucket, Key="d2")["ContentLength"], 2, "... and deleted nothing")
 
     # Conditional entries: deleted only with their ETag still current.
-    for key in ["c1", "c2", "c3"]:
+    for key in ["c1", "c2", "c3", "c4", "c5"]:
         s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
     r = s3.delete_objects(
         Bucket=bucket,
@@ -892,25 +892,36 @@ def area_delete(s3, buckets):
                 {"Key": "c2", "ETag": etag_of(b"stale")},
                 {"Key": "c3", "VersionId": "3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"},
                 {"Key": "never-was", "ETag": etag_of(b"x")},
+                {"Key": "c4", "Size": 2},
+                {"Key": "c5", "LastModifiedTime": datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)},
             ]
         },
     )
     expect_equal(sorted(d["Key"] for d in r.get("Deleted", [])), ["c1"], "DeleteObjects with ETags deletes the matches")
     expect_equal(
         sorted((e["Key"], e["Code"]) for e in r.get("Errors", [])),
-        [("c2", "PreconditionFailed"), ("c3", "InvalidArgument"), ("never-was", "NoSuchKey")],
-        "DeleteObjects: a stale ETag, another version and a gone key are errors",
+        [
+            ("c2", "PreconditionFailed"),
+            ("c3", "InvalidArgument"),
+            ("c4", "NotImplemented"),
+            ("c5", "NotImplemented"),
+            ("never-was", "NoSuchKey"),
+        ],
+        "DeleteObjects: a stale ETag, another version, a size or time condition and a gone key are errors",
     )
-    expect_equal(keys_of(s3.list_objects_v2(Bucket=bucket, Prefix="c")), ["c2", "c3"], "... and those are kept")
+    expect_equal(
+        keys_of(s3.list_objects_v2(Bucket=bucket, Prefix="c")), ["c2", "c3", "c4", "c5"], "... and those are kept"
+    )
     versioned = [e.get("VersionId") for e in r.get("Errors", []) if e["Key"] == "c3"]
     expect_equal(versioned, ["3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY"], "DeleteObjects: an entry's error names its VersionId")
     # In the document's order: the condition holds when its entry comes.
     r = s3.delete_objects(
-        Bucket=bucket, Delete={"Objects": [{"Key": "c2", "ETag": etag_of(b"c2")}, {"Key": "c2"}, {"Key": "c3"}]}
+        Bucket=bucket,
+        Delete={"Objects": [{"Key": "c2", "ETag": etag_of(b"c2")}, {"Key": "c2"}] + [{"Key": k} for k in ["c3", "c4", "c5"]]},
     )
     expect_equal(
         (sorted(d["Key"] for d in r.get("Deleted", [])), r.get("Errors", [])),
-        (["c2", "c2", "c3"], []),
+        (["c2", "c2", "c3", "c4", "c5"], []),
         "DeleteObjects: entries are taken in order",
     )
 
