@@ -282,6 +282,36 @@ async fn a_node_does_not_start_while_maintenance_runs() {
     assert!(client().get(format!("{}/_/health", node.url)).send().await.unwrap().status().is_success());
 }
 
+/// A node that finds maintenance running on the shared catalog (begun
+/// while the node was cut off, so the maintenance did not see it) takes
+/// no more writes, and goes on serving reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_finds_maintenance_running_takes_no_writes() {
+    use depot::catalog::Catalog;
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--catalog", url.as_str(), "--engine", "fs"];
+    let node = Server::start_in(&dir.path().join("shared"), &args);
+    let r = client().put(node.object_url("files", "before")).body("kept").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let catalog = depot::catalog::postgres::PostgresCatalog::connect(&url).await.unwrap();
+    catalog.node_seen("maintenance: verifying on elsewhere (pid 1)").await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let refused = loop {
+        let r = client().put(node.object_url("files", "during")).body("x").send().await.unwrap();
+        if r.status() == 503 {
+            break r.text().await.unwrap();
+        }
+        assert_eq!(r.status().as_u16() / 100, 2);
+        assert!(std::time::Instant::now() < deadline, "the node still takes writes");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert!(refused.contains("maintenance: verifying on elsewhere"), "{refused}");
+    let r = client().get(node.object_url("files", "before")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.text().await.unwrap()), (200, "kept".to_string()));
+    node.assert_no_panic();
+}
+
 /// `verify --repair` removes unreferenced blobs, but not one a claim holds
 /// (here one a node that crashed while writing the content left, within
 /// its life): that blob stays, and stays in the totals, where the repair

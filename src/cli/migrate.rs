@@ -210,21 +210,22 @@ fn target_config(args: &MigrateArgs, from: &EngineConfig) -> EngineConfig {
 /// Whether two engine settings name the same storage: moving there would
 /// copy nothing and then delete everything.
 /// Settings are compared as the engine reads them, not as spelled: a
-/// default port written out, the bucket from `AWS_BUCKET`, a slash at the
-/// end of an endpoint. (A resumed migration given the new engine's
-/// settings, spelled otherwise, for the old one would otherwise empty the
-/// new engine, where the store now lives.)
+/// default port written out, a role in the URL, the bucket or endpoint
+/// from the `AWS_*` variables, a slash at the end of an endpoint. (A
+/// resumed migration given the new engine's settings, spelled otherwise,
+/// for the old one would otherwise empty the new engine, where the store
+/// now lives.)
 fn same_place(from: EngineKind, a: &EngineConfig, to: EngineKind, b: &EngineConfig) -> bool {
     from == to
         && match from {
             EngineKind::Gridfs => {
-                same_url(a, b, mongo_place)
-                    && a.gridfs_bucket.as_deref().unwrap_or("fs") == b.gridfs_bucket.as_deref().unwrap_or("fs")
+                let bucket = |c: &EngineConfig| c.gridfs_bucket.clone().unwrap_or_else(|| "fs".into());
+                same_url(a, b, mongo_place) && bucket(a) == bucket(b)
             }
-            EngineKind::S3 => {
-                let bucket = |c: &EngineConfig| c.s3.bucket.clone().or_else(|| std::env::var("AWS_BUCKET").ok());
-                same_url(a, b, |u| Some(u.trim_end_matches('/').to_string())) && bucket(a) == bucket(b)
-            }
+            EngineKind::S3 => match (s3_place(a), s3_place(b)) {
+                (Some(x), Some(y)) => x == y,
+                _ => a.url == b.url && a.s3.bucket == b.s3.bucket,
+            },
             EngineKind::Postgres => same_url(a, b, postgres_place),
             // The embedded engines live in the data directory, one per kind.
             _ => true,
@@ -243,18 +244,21 @@ fn same_url(a: &EngineConfig, b: &EngineConfig, place: impl Fn(&str) -> Option<S
     }
 }
 
-/// A PostgreSQL URL's hosts, ports (5432 unless given), database (the
-/// user's name unless given) and user.
+/// What names a PostgreSQL engine's tables: the server (hosts, addresses,
+/// ports, 5432 unless given), the database (the role's name unless
+/// given) and the options, which may set the schemas searched. Not the
+/// role: another role sees the same tables.
 fn postgres_place(url: &str) -> Option<String> {
     let c = url.parse::<tokio_postgres::Config>().ok()?;
     let mut ports = c.get_ports().to_vec();
     if ports.is_empty() {
         ports.push(5432);
     }
-    Some(format!("{:?} {ports:?} {:?} {:?}", c.get_hosts(), c.get_dbname().or(c.get_user()), c.get_user()))
+    let database = c.get_dbname().or(c.get_user());
+    Some(format!("{:?} {:?} {ports:?} {database:?} {:?}", c.get_hosts(), c.get_hostaddrs(), c.get_options()))
 }
 
-/// A MongoDB URL's hosts and default database.
+/// A MongoDB URL's hosts (27017 unless given) and default database.
 fn mongo_place(url: &str) -> Option<String> {
     let c = mongodb::options::ConnectionString::parse(url).ok()?;
     let hosts = match &c.host_info {
@@ -266,6 +270,13 @@ fn mongo_place(url: &str) -> Option<String> {
         other => format!("{other:?}"),
     };
     Some(format!("{hosts} {:?}", c.default_database))
+}
+
+/// The bucket's URL an s3 engine with these settings would use, the
+/// `AWS_*` variables filling what is not given.
+fn s3_place(c: &EngineConfig) -> Option<String> {
+    let resolved = engine::s3::resolve(&engine::s3::builder(c.url.as_deref(), &c.s3)).ok()?;
+    Some(resolved.bucket_url.trim_end_matches('/').to_string())
 }
 
 fn engine_root(data: &Path, kind: EngineKind) -> PathBuf {
@@ -768,4 +779,46 @@ async fn delete_all(engine: &DynEngine, what: &str) -> anyhow::Result<u64> {
         .await?;
     progress.finish_and_clear();
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(url: &str) -> EngineConfig {
+        EngineConfig { url: Some(url.to_string()), ..EngineConfig::default() }
+    }
+
+    #[test]
+    fn places_are_compared_as_the_engine_reads_them() {
+        let pg = |a: &str, b: &str| same_place(EngineKind::Postgres, &at(a), EngineKind::Postgres, &at(b));
+        assert!(pg("postgres://u@h/d", "postgres://u@h:5432/d"));
+        assert!(pg("postgres://u@h/d", "postgres://admin@h/d?connect_timeout=10"), "another role, the same tables");
+        assert!(pg("postgres://u@h:5432/d", "host=h user=u dbname=d"));
+        assert!(pg("postgres://d@h", "postgres://u@h/d"), "the database defaults to the role's name");
+        assert!(!pg("postgres://u@h/d", "postgres://u@h/e"));
+        assert!(!pg("postgres://u@h/d", "postgres://u@other/d"));
+        assert!(!pg("postgres://u@h/d", "postgres://u@h:5433/d"));
+        assert!(!pg("postgres://u@h/d?options=-csearch_path%3Da", "postgres://u@h/d?options=-csearch_path%3Db"));
+
+        let mongo = |a: &str, b: &str| same_place(EngineKind::Gridfs, &at(a), EngineKind::Gridfs, &at(b));
+        assert!(mongo("mongodb://h/d", "mongodb://h:27017/d?retryWrites=true"));
+        assert!(mongo("mongodb://a,b/d", "mongodb://b,a/d"));
+        assert!(!mongo("mongodb://h/d", "mongodb://h/e"));
+        let other_bucket = EngineConfig { gridfs_bucket: Some("other".into()), ..at("mongodb://h/d") };
+        assert!(!same_place(EngineKind::Gridfs, &at("mongodb://h/d"), EngineKind::Gridfs, &other_bucket));
+
+        let s3 = |url: &str, bucket: &str| {
+            let mut c = at(url);
+            c.s3.bucket = Some(bucket.to_string());
+            c
+        };
+        let same_s3 = |a: &EngineConfig, b: &EngineConfig| same_place(EngineKind::S3, a, EngineKind::S3, b);
+        assert!(same_s3(&s3("http://h:9000", "b"), &s3("http://h:9000/", "b")));
+        assert!(!same_s3(&s3("http://h:9000", "b"), &s3("http://h:9000", "c")));
+        assert!(!same_s3(&s3("http://h:9000", "b"), &s3("http://other:9000", "b")));
+
+        assert!(same_place(EngineKind::Fs, &at("x"), EngineKind::Fs, &at("y")), "one per data directory");
+        assert!(!same_place(EngineKind::Fs, &at("x"), EngineKind::Hybrid, &at("x")));
+    }
 }

@@ -278,6 +278,19 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
                 if let Err(e) = app.store.catalog().node_seen(&node).await {
                     tracing::warn!("could not note this node in the catalog: {e}");
                 }
+                // Maintenance that needs the store to itself looks for live
+                // nodes once, as it starts: a node the catalog did not hear
+                // from then (cut off, paused) may be back while it runs.
+                // Its writes could then be counted out by `verify --repair`
+                // or left in the old engine by `migrate`: it takes none.
+                match maintenance_running(app.store.catalog()).await {
+                    Ok(running) if !running.is_empty() => app.store.refuse_writes(format!(
+                        "{} began while this node was not heard from: restart this node once it has ended",
+                        running.join("; ")
+                    )),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("could not look for maintenance in the catalog: {e}"),
+                }
             }
         });
     }
@@ -367,11 +380,15 @@ pub(crate) async fn alone<T>(
     out
 }
 
+/// The notes of maintenance that needs the store to itself and runs now.
+async fn maintenance_running(catalog: &dyn Catalog) -> anyhow::Result<Vec<String>> {
+    Ok(catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| n.starts_with(MAINTENANCE)).collect())
+}
+
 /// Refuses to serve while maintenance that needs the store to itself
 /// runs on the shared catalog (see [`alone`]), once this node is noted.
 async fn refuse_during_maintenance(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
-    let running: Vec<String> =
-        catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| n.starts_with(MAINTENANCE)).collect();
+    let running = maintenance_running(catalog).await?;
     if running.is_empty() {
         return Ok(());
     }

@@ -412,7 +412,12 @@ async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
             ));
         }
     }
-    let report = app.store.backup(dir, &indicatif::ProgressBar::hidden()).await?;
+    // A backup runs to its end, or its failure's cleanup, even when the
+    // client goes away meanwhile: cut off there, it left a partial copy.
+    let (runner, at) = (app.clone(), dir.to_path_buf());
+    let report = tokio::spawn(async move { runner.store.backup(&at, &indicatif::ProgressBar::hidden()).await })
+        .await
+        .map_err(|e| StoreError::Internal(format!("the backup stopped: {e}")))??;
     tracing::info!(dir = %dir.display(), ?report, "backup written");
     Ok(json(StatusCode::OK, &json!(report)))
 }

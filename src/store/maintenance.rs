@@ -485,38 +485,32 @@ impl Store {
             // is theirs to fix (400), not the server's failure.
             Err(e) => return Err(StoreError::InvalidArgument(format!("creating {}: {e}", dir.display()))),
         };
+        // The claim is taken before the directory is seen empty, so that of
+        // two backups into one directory only one writes there; the other
+        // used to wait for the first and then remove its finished copy.
         let refuse = |why: String| {
             if created {
                 let _ = std::fs::remove_dir(dir);
             }
             Err(StoreError::InvalidArgument(why))
         };
-        // The claim is taken before the directory is seen empty, so that of
-        // two backups into one directory only one writes there; the other
-        // used to wait for the first and then remove its finished copy.
-        let claim = dir.join(BACKUP_CLAIM);
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&claim) {
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(BACKUP_CLAIM)) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return refuse(format!(
-                    "{} is taken by another backup (or one that did not finish: remove it)",
+                    "{} is taken by another backup (or one a crash stopped: remove {BACKUP_CLAIM} there)",
                     dir.display()
                 ));
             }
             Err(e) => return refuse(format!("writing into {}: {e}", dir.display())),
         }
+        let _claim = DirClaim { dir, created };
         let used =
             std::fs::read_dir(dir).map(|entries| entries.flatten().any(|entry| entry.file_name() != BACKUP_CLAIM));
         match used {
             Ok(false) => {}
-            Ok(true) => {
-                let _ = std::fs::remove_file(&claim);
-                return refuse(format!("{} is not empty", dir.display()));
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&claim);
-                return refuse(format!("reading {}: {e}", dir.display()));
-            }
+            Ok(true) => return Err(StoreError::InvalidArgument(format!("{} is not empty", dir.display()))),
+            Err(e) => return Err(StoreError::InvalidArgument(format!("reading {}: {e}", dir.display()))),
         }
         // A copy inside the data directory would share its fate, and a
         // migration removes engine directories whole. Compared once both
@@ -525,22 +519,17 @@ impl Store {
             && let (Ok(at), Ok(data)) = (std::fs::canonicalize(dir), std::fs::canonicalize(data))
             && at.starts_with(&data)
         {
-            let _ = std::fs::remove_file(&claim);
-            return refuse(format!(
+            return Err(StoreError::InvalidArgument(format!(
                 "{} is inside the data directory {}: a backup goes elsewhere",
                 dir.display(),
                 data.display()
-            ));
+            )));
         }
 
         let _maintenance = self.maintenance.lock().await;
         match self.copy_into(dir, kind, &config, progress).await {
-            Ok(report) => {
-                std::fs::remove_file(&claim)
-                    .map_err(|e| StoreError::Internal(format!("removing {}: {e}", claim.display())))?;
-                Ok(report)
-            }
-            Err(e) => Err(self.backup_failed(dir, kind, created, e).await),
+            Ok(report) => Ok(report),
+            Err(e) => Err(self.backup_failed(dir, kind, e).await),
         }
     }
 
@@ -595,11 +584,12 @@ impl Store {
         Ok(report)
     }
 
-    /// Removes what a failed backup wrote into `dir`, and `dir` itself when
-    /// the backup `created` it, and says why it failed. Only the entries a
-    /// backup writes are removed, by name: `dir` was empty when the backup
-    /// began, but whatever else is there now is not the backup's to delete.
-    async fn backup_failed(&self, dir: &Path, kind: engine::EngineKind, created: bool, e: StoreError) -> StoreError {
+    /// Removes what a failed backup wrote into `dir` (its [`DirClaim`] then
+    /// removes `dir` itself when the backup made it), and says why it
+    /// failed. Only the entries a backup writes are removed, by name: `dir`
+    /// was empty when the backup began, but whatever else is there now is
+    /// not the backup's to delete.
+    async fn backup_failed(&self, dir: &Path, kind: engine::EngineKind, e: StoreError) -> StoreError {
         // A full disk is checked before the partial copy goes and frees it.
         // Only the copy writes anything: the engine's `NoSpace` is the
         // target's (reading the store takes no space), and a RocksDB error
@@ -611,7 +601,7 @@ impl Store {
             _ => false,
         };
         let mut left = Vec::new();
-        for name in ["catalog", kind.name(), engine::ENGINE_MARKER, BACKUP_CLAIM] {
+        for name in ["catalog", kind.name(), engine::ENGINE_MARKER] {
             let path = dir.join(name);
             let removed = match std::fs::symlink_metadata(&path) {
                 Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
@@ -622,12 +612,6 @@ impl Store {
             if let Err(e) = removed {
                 left.push(format!("{}: {e}", path.display()));
             }
-        }
-        if created
-            && left.is_empty()
-            && let Err(e) = std::fs::remove_dir(dir)
-        {
-            left.push(format!("{}: {e}", dir.display()));
         }
         let cleanup = if left.is_empty() {
             "; what it wrote was removed".to_string()
@@ -652,6 +636,27 @@ impl Store {
                 StoreError::Internal(format!("the backup into {} failed: {m}{cleanup}", dir.display()))
             }
             e => e,
+        }
+    }
+}
+
+/// A backup's hold on its directory (the [`BACKUP_CLAIM`] file in it).
+/// Dropped, however the backup ended (a client that went away drops it
+/// mid-way), it removes the file, and the directory when the backup made
+/// it and left it empty.
+struct DirClaim<'a> {
+    dir: &'a Path,
+    created: bool,
+}
+
+impl Drop for DirClaim<'_> {
+    fn drop(&mut self) {
+        let claim = self.dir.join(BACKUP_CLAIM);
+        if let Err(e) = std::fs::remove_file(&claim) {
+            tracing::warn!("could not remove {}: {e}", claim.display());
+        }
+        if self.created {
+            let _ = std::fs::remove_dir(self.dir);
         }
     }
 }
@@ -858,6 +863,36 @@ mod tests {
         let copy = Store::open(copy_catalog, copy_engine, StoreConfig::default()).await.unwrap();
         assert_eq!(read_all(&copy, "files", "kept").await, b"kept in the backup");
         assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "fs\n");
+    }
+
+    /// A backup dropped before its end (its client went away) lets its
+    /// directory go: a retry there is not refused as taken.
+    #[tokio::test]
+    async fn a_backup_dropped_midway_lets_its_directory_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = fs_store(dir.path()).await;
+        put(&store, "kept", b"kept in the backup").await;
+        let target = dir.path().join("backup");
+        let bar = hidden();
+        let held = store.maintenance.lock().await;
+        {
+            let backup = store.backup(&target, &bar);
+            tokio::pin!(backup);
+            let waited = tokio::time::timeout(std::time::Duration::from_millis(200), &mut backup).await;
+            assert!(waited.is_err(), "the backup waits for the collector's lock");
+            assert!(target.join(BACKUP_CLAIM).exists());
+        }
+        assert!(!target.exists(), "the directory the dropped backup made is left");
+        std::fs::create_dir(&target).unwrap();
+        {
+            let backup = store.backup(&target, &bar);
+            tokio::pin!(backup);
+            assert!(tokio::time::timeout(std::time::Duration::from_millis(200), &mut backup).await.is_err());
+        }
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "a directory that was there stays, empty");
+        drop(held);
+        store.backup(&target, &bar).await.unwrap();
+        assert!(target.join(engine::ENGINE_MARKER).exists());
     }
 
     /// A backup that fails midway (here on a blob whose bytes are lost)

@@ -18,7 +18,7 @@ mod multipart;
 pub mod names;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -328,8 +328,9 @@ pub struct Store {
     guards: BlobGuards,
     /// Small blobs read lately, served without a lookup.
     hot: HotBlobs,
-    /// Set after a failed sync: writes stay refused until restart.
-    poisoned: AtomicBool,
+    /// Set after a failed sync, or by [`Store::refuse_writes`]: writes stay
+    /// refused until restart, for the reason it holds.
+    poisoned: std::sync::OnceLock<String>,
     put_time: PutTime,
     /// Held by the collector, verification and backups, one at a time.
     maintenance: tokio::sync::Mutex<()>,
@@ -434,7 +435,7 @@ impl Store {
             config,
             guards: BlobGuards::default(),
             hot: HotBlobs::default(),
-            poisoned: AtomicBool::new(false),
+            poisoned: std::sync::OnceLock::new(),
             put_time: PutTime::default(),
             maintenance: tokio::sync::Mutex::new(()),
             free_space: parking_lot::Mutex::new(None),
@@ -490,18 +491,26 @@ impl Store {
     /// Records a failure; a failed sync disables writes from now on.
     fn note<T>(&self, r: Result<T>) -> Result<T> {
         if let Err(StoreError::WritesDisabled(m)) = &r
-            && !self.poisoned.swap(true, Ordering::SeqCst)
+            && self.poisoned.set("an earlier sync failed; restart the server".into()).is_ok()
         {
             tracing::error!("a sync failed; refusing writes until restart: {m}");
         }
         r
     }
 
-    fn check_writable(&self) -> Result<()> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(StoreError::WritesDisabled("an earlier sync failed; restart the server".into()));
+    /// Refuses every write from now on (503 with `why`), until restart;
+    /// reads go on.
+    pub fn refuse_writes(&self, why: String) {
+        if self.poisoned.set(why.clone()).is_ok() {
+            tracing::error!("refusing writes until restart: {why}");
         }
-        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        match self.poisoned.get() {
+            Some(why) => Err(StoreError::WritesDisabled(why.clone())),
+            None => Ok(()),
+        }
     }
 
     // ----- buckets -----
