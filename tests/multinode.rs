@@ -295,6 +295,16 @@ async fn a_node_that_finds_maintenance_running_takes_no_writes() {
     let r = client().put(node.object_url("files", "before")).body("kept").send().await.unwrap();
     assert_eq!(r.status(), 201);
     let catalog = depot::catalog::postgres::PostgresCatalog::connect(&url).await.unwrap();
+    // Maintenance still looking for nodes keeps new ones from starting, and
+    // stops none that serve: it gives way to them.
+    let starting = "maintenance starting: verifying on elsewhere (pid 1)";
+    catalog.node_seen(starting).await.unwrap();
+    let said = refused_start(&dir.path().join("shared"), &args);
+    assert!(said.contains(starting), "{said}");
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let r = client().put(node.object_url("files", "meanwhile")).body("x").send().await.unwrap();
+    assert_eq!(r.status(), 201, "a node stopped writing for maintenance that had not begun");
+    catalog.node_gone(starting).await.unwrap();
     catalog.node_seen("maintenance: verifying on elsewhere (pid 1)").await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let refused = loop {

@@ -246,8 +246,8 @@ fn same_url(a: &EngineConfig, b: &EngineConfig, place: impl Fn(&str) -> Option<S
 
 /// What names a PostgreSQL engine's tables: the server (hosts, addresses,
 /// ports, 5432 unless given), the database (the role's name unless
-/// given) and the options, which may set the schemas searched. Not the
-/// role: another role sees the same tables.
+/// given) and the schemas searched, which the options may set and else
+/// start with the role's own.
 fn postgres_place(url: &str) -> Option<String> {
     let c = url.parse::<tokio_postgres::Config>().ok()?;
     let mut ports = c.get_ports().to_vec();
@@ -255,7 +255,12 @@ fn postgres_place(url: &str) -> Option<String> {
         ports.push(5432);
     }
     let database = c.get_dbname().or(c.get_user());
-    Some(format!("{:?} {:?} {ports:?} {database:?} {:?}", c.get_hosts(), c.get_hostaddrs(), c.get_options()))
+    let search_path = c
+        .get_options()
+        .and_then(|o| o.split_once("search_path="))
+        .map(|(_, rest)| rest.split_whitespace().next().unwrap_or_default().to_string());
+    let schemas = search_path.or_else(|| c.get_user().map(|user| format!("{user}, public")));
+    Some(format!("{:?} {:?} {ports:?} {database:?} {schemas:?}", c.get_hosts(), c.get_hostaddrs()))
 }
 
 /// A MongoDB URL's hosts (27017 unless given) and default database.
@@ -793,9 +798,12 @@ mod tests {
     fn places_are_compared_as_the_engine_reads_them() {
         let pg = |a: &str, b: &str| same_place(EngineKind::Postgres, &at(a), EngineKind::Postgres, &at(b));
         assert!(pg("postgres://u@h/d", "postgres://u@h:5432/d"));
-        assert!(pg("postgres://u@h/d", "postgres://admin@h/d?connect_timeout=10"), "another role, the same tables");
+        assert!(pg("postgres://u@h/d", "postgres://u@h/d?connect_timeout=10&options=-cstatement_timeout%3D5s"));
         assert!(pg("postgres://u@h:5432/d", "host=h user=u dbname=d"));
-        assert!(pg("postgres://d@h", "postgres://u@h/d"), "the database defaults to the role's name");
+        assert!(pg("postgres://d@h", "postgres://d@h/d"), "the database defaults to the role's name");
+        assert!(!pg("postgres://u@h/d", "postgres://admin@h/d"), "another role may search its own schema first");
+        let path = "options=-c%20search_path%3Dstore";
+        assert!(pg(&format!("postgres://u@h/d?{path}"), &format!("postgres://admin@h/d?{path}")));
         assert!(!pg("postgres://u@h/d", "postgres://u@h/e"));
         assert!(!pg("postgres://u@h/d", "postgres://u@other/d"));
         assert!(!pg("postgres://u@h/d", "postgres://u@h:5433/d"));

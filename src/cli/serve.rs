@@ -283,7 +283,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
                 // from then (cut off, paused) may be back while it runs.
                 // Its writes could then be counted out by `verify --repair`
                 // or left in the old engine by `migrate`: it takes none.
-                match maintenance_running(app.store.catalog()).await {
+                match maintenance_running(app.store.catalog(), false).await {
                     Ok(running) if !running.is_empty() => app.store.refuse_writes(format!(
                         "{} began while this node was not heard from: restart this node once it has ended",
                         running.join("; ")
@@ -337,6 +337,10 @@ fn node_name(addr: std::net::SocketAddr) -> String {
 /// How the note of maintenance in a shared catalog's list of nodes begins
 /// (see [`alone`]).
 const MAINTENANCE: &str = "maintenance: ";
+/// The note of maintenance that has not yet found the store to itself:
+/// starting nodes wait for it, serving ones do not (it may yet give way
+/// to them).
+const MAINTENANCE_STARTING: &str = "maintenance starting: ";
 
 /// Runs `work`, maintenance that needs the store to itself (`what`:
 /// "verifying", "migrating"), only while no node serves a shared catalog:
@@ -344,15 +348,28 @@ const MAINTENANCE: &str = "maintenance: ";
 /// under it. It notes itself in the catalog's list of nodes for as long
 /// as it runs, so that a node starting meanwhile refuses to (see
 /// [`run`]); each notes itself before it looks for the other, so of two
-/// starting at once at least one sees the other.
+/// starting at once at least one sees the other. The first note says the
+/// maintenance is starting; only once it has found no node does the note
+/// that serving nodes heed (they then refuse writes) replace it, so that
+/// maintenance refused for the nodes it found stops none of them.
 pub(crate) async fn alone<T>(
     catalog: &dyn Catalog,
     what: &str,
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
-    let note = format!("{MAINTENANCE}{what} on {} (pid {})", crate::engine::fs::hostname(), std::process::id());
-    catalog.node_seen(&note).await.context("noting the maintenance in the catalog")?;
-    let live: Vec<String> = catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| *n != note).collect();
+    let about = format!("{what} on {} (pid {})", crate::engine::fs::hostname(), std::process::id());
+    let (starting, note) = (format!("{MAINTENANCE_STARTING}{about}"), format!("{MAINTENANCE}{about}"));
+    catalog.node_seen(&starting).await.context("noting the maintenance in the catalog")?;
+    let live: Vec<String> = catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| *n != starting).collect();
+    // Only maintenance that goes ahead tells serving nodes to stop writing.
+    let ahead = match live.is_empty() {
+        true => catalog.node_seen(&note).await.context("noting the maintenance in the catalog"),
+        false => Ok(()),
+    };
+    if let Err(e) = catalog.node_gone(&starting).await {
+        tracing::warn!("could not clear the maintenance's first note in the catalog (it lapses by itself): {e}");
+    }
+    ahead?;
     let out = if live.is_empty() {
         let heartbeat = async {
             loop {
@@ -380,15 +397,18 @@ pub(crate) async fn alone<T>(
     out
 }
 
-/// The notes of maintenance that needs the store to itself and runs now.
-async fn maintenance_running(catalog: &dyn Catalog) -> anyhow::Result<Vec<String>> {
-    Ok(catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| n.starts_with(MAINTENANCE)).collect())
+/// The notes of maintenance that needs the store to itself and runs now,
+/// with `starting` those of maintenance still looking for nodes too.
+async fn maintenance_running(catalog: &dyn Catalog, starting: bool) -> anyhow::Result<Vec<String>> {
+    let nodes = catalog.live_nodes(NODE_LIFE).await?;
+    let wanted = |n: &String| n.starts_with(MAINTENANCE) || (starting && n.starts_with(MAINTENANCE_STARTING));
+    Ok(nodes.into_iter().filter(wanted).collect())
 }
 
 /// Refuses to serve while maintenance that needs the store to itself
 /// runs on the shared catalog (see [`alone`]), once this node is noted.
 async fn refuse_during_maintenance(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
-    let running = maintenance_running(catalog).await?;
+    let running = maintenance_running(catalog, true).await?;
     if running.is_empty() {
         return Ok(());
     }

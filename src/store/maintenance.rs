@@ -498,13 +498,13 @@ impl Store {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return refuse(format!(
-                    "{} is taken by another backup (or one a crash stopped: remove {BACKUP_CLAIM} there)",
+                    "{} is taken by another backup, or holds one that did not finish: remove the directory",
                     dir.display()
                 ));
             }
             Err(e) => return refuse(format!("writing into {}: {e}", dir.display())),
         }
-        let _claim = DirClaim { dir, created };
+        let mut claim = DirClaim { dir, created, copying: false };
         let used =
             std::fs::read_dir(dir).map(|entries| entries.flatten().any(|entry| entry.file_name() != BACKUP_CLAIM));
         match used {
@@ -527,10 +527,13 @@ impl Store {
         }
 
         let _maintenance = self.maintenance.lock().await;
-        match self.copy_into(dir, kind, &config, progress).await {
+        claim.copying = true;
+        let out = match self.copy_into(dir, kind, &config, progress).await {
             Ok(report) => Ok(report),
             Err(e) => Err(self.backup_failed(dir, kind, e).await),
-        }
+        };
+        claim.copying = false;
+        out
     }
 
     /// The work of [`Store::backup`], into `dir`, which exists and is
@@ -641,16 +644,21 @@ impl Store {
 }
 
 /// A backup's hold on its directory (the [`BACKUP_CLAIM`] file in it).
-/// Dropped, however the backup ended (a client that went away drops it
-/// mid-way), it removes the file, and the directory when the backup made
-/// it and left it empty.
+/// Dropped, it removes the file, and the directory when the backup made it
+/// and left it empty; but not when dropped in the middle of the copy (a
+/// server stopping), so that what it wrote is not taken for a backup nor
+/// its directory for an empty one.
 struct DirClaim<'a> {
     dir: &'a Path,
     created: bool,
+    copying: bool,
 }
 
 impl Drop for DirClaim<'_> {
     fn drop(&mut self) {
+        if self.copying {
+            return;
+        }
         let claim = self.dir.join(BACKUP_CLAIM);
         if let Err(e) = std::fs::remove_file(&claim) {
             tracing::warn!("could not remove {}: {e}", claim.display());
