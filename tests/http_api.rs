@@ -445,9 +445,15 @@ async fn batch_get_answers_each_key_in_request_order() {
 #[tokio::test]
 async fn a_batch_looked_up_in_several_windows_is_answered_in_request_order() {
     let s = Server::start(&[]);
-    // 1,700 small values and one streamed past the small-object size.
+    // 1,700 small values and one streamed past the small-object size; in
+    // the first window, 7 MB of values of 60 KB, more than one read of
+    // small objects takes.
     const STORED: usize = 1700;
-    let value = |i: usize| if i == 300 { pattern(70_000, 5) } else { format!("value {i}").into_bytes() };
+    let value = |i: usize| match i {
+        300 => pattern(70_000, 5),
+        i if i < 600 && i % 5 == 0 => pattern(60_000, 100 + i as u64),
+        i => format!("value {i}").into_bytes(),
+    };
     let mut put = Vec::new();
     for i in 0..STORED {
         let v = value(i);

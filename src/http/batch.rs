@@ -18,6 +18,7 @@ use serde_json::json;
 use super::error::ApiError;
 use super::native::{query, query_value, read_body};
 use super::{App, Request, Response, json};
+use crate::catalog::{BlobRecord, ObjectRecord};
 use crate::store::StoreError;
 
 /// Most keys looked up in one catalog round.
@@ -38,6 +39,10 @@ const MIN_WINDOW: usize = 128;
 const LOOKAHEAD: usize = 8;
 /// Objects up to this size are read for a whole window at once.
 const SMALL: u64 = 64 * 1024;
+/// Most bytes of small objects read in one engine call, and read ahead by
+/// each window in flight: a window of 4,096 keys of 64 KiB objects would
+/// otherwise hold 256 MiB, and the windows read ahead eight times that.
+const READ_AT_ONCE: u64 = 4 << 20;
 /// Bytes gathered before a piece of the answer is sent.
 const SEND_AT: usize = 64 * 1024;
 
@@ -114,28 +119,32 @@ async fn answer_gets(
     let mut out = BytesMut::with_capacity(SEND_AT * 2);
     let closed = || StoreError::Internal("client went away".into());
     let store = &app.store;
-    // Small objects of a window come from the engine in one call; larger
-    // ones stream one by one, as the answer reaches them.
+    // Small objects of a window come from the engine in a call or a few
+    // (the first while the window is read ahead, the others as the answer
+    // reaches them); larger ones stream one by one.
     let size = window_size(keys.len());
     let mut windows = futures::stream::iter((0..keys.len()).step_by(size))
         .map(|from| async move {
             let found = store.get_many(bucket, &keys[from..keys.len().min(from + size)]).await?;
-            let small = found.iter().flatten().filter(|(r, _)| r.size <= SMALL).flat_map(|(_, b)| b);
-            let small = store.read_small(small).await?;
-            Ok::<_, StoreError>((found, small))
+            let ahead = store.read_small(within_budget(&mut small_blobs(&found).peekable())).await?;
+            Ok::<_, StoreError>((found, ahead))
         })
         .buffered(LOOKAHEAD);
     while let Some(window) = windows.next().await {
-        let (found, small) = window?;
-        let mut small = small.into_iter();
-        for entry in found {
+        let (found, ahead) = window?;
+        let mut left = small_blobs(&found).skip(ahead.len()).peekable();
+        let mut small = ahead.into_iter();
+        for entry in &found {
             let Some((record, blobs)) = entry else {
                 out.extend_from_slice(b"-1\n");
                 continue;
             };
             writeln!(out, "{}", record.size).map_err(|e| StoreError::Internal(e.to_string()))?;
-            for blob in &blobs {
+            for blob in blobs {
                 if record.size <= SMALL {
+                    if small.len() == 0 {
+                        small = store.read_small(within_budget(&mut left)).await?.into_iter();
+                    }
                     let bytes = small.next().ok_or_else(|| StoreError::Internal("a small blob went missing".into()))?;
                     out.extend_from_slice(&bytes);
                     continue;
@@ -158,6 +167,23 @@ async fn answer_gets(
         tx.send(Ok(out.freeze())).await.map_err(|_| closed())?;
     }
     Ok(())
+}
+
+/// The blobs of a window's objects of [`SMALL`] size or less, in the
+/// answer's order.
+fn small_blobs(found: &[Option<(ObjectRecord, Vec<BlobRecord>)>]) -> impl Iterator<Item = &BlobRecord> {
+    found.iter().flatten().filter(|(r, _)| r.size <= SMALL).flat_map(|(_, b)| b)
+}
+
+/// The next of `blobs` up to [`READ_AT_ONCE`] bytes in all (one at least).
+fn within_budget<'a>(blobs: &mut std::iter::Peekable<impl Iterator<Item = &'a BlobRecord>>) -> Vec<&'a BlobRecord> {
+    let mut taken = Vec::new();
+    let mut bytes = 0;
+    while let Some(blob) = blobs.next_if(|b| taken.is_empty() || bytes + b.size <= READ_AT_ONCE) {
+        bytes += blob.size;
+        taken.push(blob);
+    }
+    taken
 }
 
 pub(super) async fn delete(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
@@ -387,6 +413,25 @@ mod tests {
         let mut f = framed(&[b"\n\nb\n1\ny\n"]);
         let e = f.entry(100).await.unwrap_err();
         assert!(e.to_string().contains("a blank line where a key belongs"), "{e}");
+    }
+
+    #[test]
+    fn small_objects_are_read_within_a_budget() {
+        let blob = |size: u64| BlobRecord {
+            digest: crate::engine::Digest([0; 32]),
+            size,
+            locator: Vec::new(),
+            refs: 1,
+            unreferenced_since: None,
+        };
+        let blobs = [blob(3 << 20), blob(1 << 20), blob(1), blob(READ_AT_ONCE + 1), blob(5)];
+        let mut left = blobs.iter().peekable();
+        let sizes = |taken: Vec<&BlobRecord>| taken.iter().map(|b| b.size).collect::<Vec<_>>();
+        assert_eq!(sizes(within_budget(&mut left)), [3 << 20, 1 << 20], "up to the budget");
+        assert_eq!(sizes(within_budget(&mut left)), [1]);
+        assert_eq!(sizes(within_budget(&mut left)), [READ_AT_ONCE + 1], "one past it alone");
+        assert_eq!(sizes(within_budget(&mut left)), [5]);
+        assert!(within_budget(&mut left).is_empty());
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! found, a hot object is answered from memory, without its blob record,
 //! an engine read or a copy, as a hot file is answered from the page cache.
 //!
-//! A digest names its content, so an entry is never stale: whatever record
-//! points at a digest, the cached body is its bytes. Verification and
-//! backups read the engine itself, never this cache.
+//! A digest names its content, so an entry is stale only when the bytes it
+//! was read from were damaged (the cache does not hash what it keeps): an
+//! upload of the digest, which may put good bytes in their place, drops
+//! it. Verification and backups read the engine itself, never this cache.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -67,6 +68,11 @@ impl HotBlobs {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
         body
+    }
+
+    /// Drops the body of `digest`, if kept.
+    pub fn forget(&self, digest: &Digest) {
+        self.bodies.remove(digest);
     }
 
     pub fn stats(&self) -> HotStats {

@@ -782,6 +782,32 @@ mod tests {
         );
     }
 
+    /// The fs engine puts an upload's bytes in place of damaged ones: a
+    /// read that kept the damaged ones in memory before does not outlive it.
+    #[tokio::test]
+    async fn an_upload_replaces_damaged_bytes_kept_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = fs_store(dir.path()).await;
+        put(&store, "a", b"alpha").await;
+        fn files_holding(dir: &Path, bytes: &[u8], found: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    files_holding(&path, bytes, found);
+                } else if std::fs::read(&path).is_ok_and(|b| b == bytes) {
+                    found.push(path);
+                }
+            }
+        }
+        let mut found = Vec::new();
+        files_holding(&dir.path().join("fs"), b"alpha", &mut found);
+        let [file] = found.as_slice() else { panic!("one file holds the blob: {found:?}") };
+        std::fs::write(file, b"alphA").unwrap();
+        assert_eq!(read_all(&store, "files", "a").await, b"alphA", "a GET does not hash what it serves");
+        put(&store, "a", b"alpha").await;
+        assert_eq!(read_all(&store, "files", "a").await, b"alpha");
+    }
+
     #[tokio::test]
     async fn repair_removes_damaged_bytes_so_that_an_upload_replaces_them() {
         // An engine that keeps the first copy of a content.

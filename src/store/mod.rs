@@ -853,6 +853,9 @@ impl Store {
         };
         let claimed = Instant::now();
         let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };
+        // The engine may have put these bytes in place of damaged ones a
+        // read kept.
+        self.hot.forget(&digest);
         match finished {
             Ok(blob) => Ok(Written { blob, md5, guard, claim, claimed }),
             Err(e) => {

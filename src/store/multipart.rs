@@ -471,10 +471,17 @@ impl Store {
 
     /// Removes an upload's records (given its `u/` record): that record,
     /// its entry in the listing and its parts, which are released.
+    ///
+    /// The upload's record goes first: every part commits only while it is
+    /// there, so the listing of parts after it finds every part recorded,
+    /// where one recorded while they were listed used to outlive the
+    /// upload, answered 200 and kept until the uploads' expiry. A crash
+    /// between the two leaves parts that the expiry removes.
     async fn remove_upload(&self, upload: &ObjectRecord) -> Result<()> {
-        let mut keys = vec![upload.key.clone(), index_key(upload)];
-        self.each_upload_record(&part_prefix(upload_of(upload).1), |r| keys.push(r.key.clone())).await?;
-        self.remove_upload_records(&keys).await
+        self.remove_upload_records(&[upload.key.clone(), index_key(upload)]).await?;
+        let mut parts = Vec::new();
+        self.each_upload_record(&part_prefix(upload_of(upload).1), |r| parts.push(r.key.clone())).await?;
+        self.remove_upload_records(&parts).await
     }
 
     /// Writes the entries in the listing of uploads that have none: those
@@ -646,9 +653,13 @@ impl Store {
         };
         // The upload must still be there when the object is written: an
         // abort that removed it first wins (see `abort_upload`).
+        // Its record of completion only if no other Complete wrote one
+        // first: the later then answers with the earlier's object, rather
+        // than both answering 200 with different ETags.
+        let first = Precondition { if_absent: true, ..Precondition::default() };
         let puts = vec![
             ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
-            upload_put(done),
+            ObjectPut { precondition: first, ..upload_put(done) },
             still_there(upload.clone()),
         ];
         match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
@@ -1125,13 +1136,18 @@ mod tests {
     async fn completes_racing_answer_alike() {
         let (s, _dir) = store().await;
         let s = Arc::new(s);
-        for round in 0..10 {
+        for round in 0..50 {
             let key = format!("twice-{round}");
             let id = s.create_upload("files", &key, NewMetadata::default()).await.unwrap();
-            let r = s.upload_part("files", &key, &id, 1, body(vec![round as u8; 100]), PutOptions::default());
-            let parts = vec![(1, format!("\"{}\"", r.await.unwrap().etag))];
-            let completes = (0..8).map(|_| {
-                let (s, key, id, parts) = (s.clone(), key.clone(), id.clone(), parts.clone());
+            // Half of them complete with the first part, half with the
+            // second: whichever wins, every answer is the object written.
+            let mut lists = Vec::new();
+            for (n, len) in [(1, 100), (2, 50)] {
+                let r = s.upload_part("files", &key, &id, n, body(vec![round as u8; len]), PutOptions::default());
+                lists.push(vec![(n, format!("\"{}\"", r.await.unwrap().etag))]);
+            }
+            let completes = (0..8).map(|i| {
+                let (s, key, id, parts) = (s.clone(), key.clone(), id.clone(), lists[i % 2].clone());
                 tokio::spawn(async move {
                     s.complete_upload("files", &key, &id, &parts, Precondition::default(), Box::new(|_| Ok(None)))
                         .await
@@ -1144,6 +1160,7 @@ mod tests {
                 .map(|r| r.unwrap().unwrap_or_else(|e| panic!("round {round}: {e}")))
                 .collect();
             assert!(etags.iter().all(|e| *e == etags[0]), "round {round}: {etags:?}");
+            assert_eq!(s.head("files", &key).await.unwrap().etag, etags[0], "round {round}");
         }
     }
 

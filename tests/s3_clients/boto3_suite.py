@@ -1490,6 +1490,24 @@ def area_multipart(s3, buckets):
             MultipartUpload={"Parts": [{"PartNumber": 7, "ETag": s1["ETag"]}]},
         ),
     )
+    for number in [0, 10001]:
+        expect_error(
+            f"CompleteMultipartUpload naming part {number} is InvalidArgument",
+            "InvalidArgument",
+            400,
+            lambda: s3.complete_multipart_upload(
+                Bucket=bucket,
+                Key="mp/small",
+                UploadId=small,
+                MultipartUpload={"Parts": [{"PartNumber": number, "ETag": s1["ETag"]}]},
+            ),
+        )
+    expect_error(
+        "ListParts with a negative part number marker is InvalidArgument",
+        "InvalidArgument",
+        400,
+        lambda: s3.list_parts(Bucket=bucket, Key="mp/small", UploadId=small, PartNumberMarker=-1),
+    )
     expect_error(
         "the refused completions stored nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="mp/small")
     )

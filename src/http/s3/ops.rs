@@ -246,9 +246,7 @@ fn requested_bytes<T>(
     if range.is_some() {
         return Err(s3_error!(InvalidRequest, "Cannot specify both Range header and partNumber query parameter"));
     }
-    if !(1..=MAX_PART_NUMBER as i32).contains(&n) {
-        return Err(bad_argument(format!("Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive")));
-    }
+    checked_part_number(n)?;
     let count = uploaded_parts(record);
     let sizes = count.clone().unwrap_or_else(|| vec![record.size]);
     let Some(size) = sizes.get(n as usize - 1) else {
@@ -394,6 +392,14 @@ impl<'a> Deletes<'a> {
 
 fn deleted_object((key, version_id): Entry) -> DeletedObject {
     DeletedObject { key: Some(key), version_id, ..Default::default() }
+}
+
+/// A part number from 1 to [`MAX_PART_NUMBER`], else `InvalidArgument`
+/// as S3 answers.
+fn checked_part_number(n: i32) -> S3Result<u32> {
+    u32::try_from(n).ok().filter(|n| (1..=MAX_PART_NUMBER).contains(n)).ok_or_else(|| {
+        bad_argument(format!("Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive"))
+    })
 }
 
 fn bad_argument(message: String) -> S3Error {
@@ -1316,7 +1322,7 @@ impl S3 for DepotS3 {
             let (Some(n), Some(tag)) = (p.part_number, p.e_tag.clone()) else {
                 return Err(s3_error!(MalformedXML, "every part needs a PartNumber and an ETag"));
             };
-            let n = u32::try_from(n).map_err(|_| s3_error!(InvalidPart, "part number {n} is negative"))?;
+            let n = checked_part_number(n)?;
             let tag = match tag {
                 ETag::Strong(t) | ETag::Weak(t) => t,
             };
@@ -1366,7 +1372,8 @@ impl S3 for DepotS3 {
 
     async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
         let input = req.input;
-        let after = u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0);
+        let after = u32::try_from(input.part_number_marker.unwrap_or(0))
+            .map_err(|_| bad_argument("the part number marker is negative".into()))?;
         let limit = page_size(input.max_parts)?;
         let PartsPage { upload, parts, truncated } =
             self.store.list_parts(&input.bucket, &input.key, &input.upload_id, after, limit).await.map_err(to_s3)?;
