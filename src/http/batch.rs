@@ -37,7 +37,7 @@ const MIN_WINDOW: usize = 128;
 /// (a cold 100,000-key batch: 1.80× of `multi_get` with 3 in flight,
 /// 1.30× with 8).
 const LOOKAHEAD: usize = 8;
-/// Objects up to this size are read for a whole window at once.
+/// Objects up to this size are read together, [`READ_AT_ONCE`] at a time.
 const SMALL: u64 = 64 * 1024;
 /// Most bytes of small objects read in one engine call, and read ahead by
 /// each window in flight: a window of 4,096 keys of 64 KiB objects would

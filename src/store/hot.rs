@@ -36,7 +36,15 @@ pub struct HotBlobs {
     bodies: quick_cache::sync::Cache<Digest, Bytes, BodyWeight>,
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Counts [`HotBlobs::forget`]s: a read that began before one may have
+    /// read the bytes it forgot, and does not keep them.
+    forgets: AtomicU64,
 }
+
+/// When a read for [`HotBlobs::fill`] began, as [`HotBlobs::read_begins`]
+/// tells it.
+#[derive(Clone, Copy)]
+pub struct ReadBegan(u64);
 
 /// What the cache did since start, and what it holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -59,7 +67,7 @@ impl HotBlobs {
     pub fn with_capacity(bytes: u64) -> HotBlobs {
         // Sized for bodies of some 4 KiB on average.
         let bodies = quick_cache::sync::Cache::with_weighter((bytes / 4096) as usize, bytes, BodyWeight);
-        HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+        HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0), forgets: AtomicU64::new(0) }
     }
 
     pub fn get(&self, digest: &Digest) -> Option<Bytes> {
@@ -70,9 +78,16 @@ impl HotBlobs {
         body
     }
 
-    /// Drops the body of `digest`, if kept.
+    /// Drops the body of `digest`, if kept, and keeps none that a read
+    /// begun before now brings.
     pub fn forget(&self, digest: &Digest) {
+        self.forgets.fetch_add(1, Ordering::SeqCst);
         self.bodies.remove(digest);
+    }
+
+    /// To call before opening the read whose bytes go to [`HotBlobs::fill`].
+    pub fn read_begins(&self) -> ReadBegan {
+        ReadBegan(self.forgets.load(Ordering::SeqCst))
     }
 
     pub fn stats(&self) -> HotStats {
@@ -85,8 +100,15 @@ impl HotBlobs {
 
     /// Reads a whole blob of `size` bytes from `stream` and keeps it, in a
     /// buffer of its own: a chunk an engine hands over may be a view into a
-    /// larger buffer, which a kept view would hold on to unweighed.
-    pub async fn fill(&self, digest: Digest, size: u64, mut stream: ByteStream) -> Result<Bytes, EngineError> {
+    /// larger buffer, which a kept view would hold on to unweighed. Not
+    /// kept if a body was forgotten since the read `began`.
+    pub async fn fill(
+        &self,
+        digest: Digest,
+        size: u64,
+        began: ReadBegan,
+        mut stream: ByteStream,
+    ) -> Result<Bytes, EngineError> {
         self.misses.fetch_add(1, Ordering::Relaxed);
         let short = |read: usize| EngineError::other("store", format!("blob {digest}: read {read} of {size} bytes"));
         let mut body = BytesMut::with_capacity(size.min(LARGEST) as usize);
@@ -100,7 +122,9 @@ impl HotBlobs {
             return Err(short(body.len()));
         }
         let body = body.freeze();
-        self.bodies.insert(digest, body.clone());
+        if self.forgets.load(Ordering::SeqCst) == began.0 {
+            self.bodies.insert(digest, body.clone());
+        }
         Ok(body)
     }
 }
@@ -118,7 +142,7 @@ mod tests {
     async fn a_blob_read_in_pieces_is_kept_whole() {
         let hot = HotBlobs::default();
         let d = Digest([1; 32]);
-        let body = hot.fill(d, 6, stream(&[b"ab", b"", b"cd", b"ef"])).await.unwrap();
+        let body = hot.fill(d, 6, hot.read_begins(), stream(&[b"ab", b"", b"cd", b"ef"])).await.unwrap();
         assert_eq!(&body[..], b"abcdef");
         assert_eq!(hot.get(&d).as_deref(), Some(&b"abcdef"[..]));
         assert!(hot.get(&Digest([9; 32])).is_none());
@@ -129,16 +153,29 @@ mod tests {
     async fn a_short_long_or_failed_read_keeps_nothing() {
         let hot = HotBlobs::default();
         let d = Digest([2; 32]);
-        let err = hot.fill(d, 7, stream(&[b"abc", b"def"])).await.unwrap_err();
+        let err = hot.fill(d, 7, hot.read_begins(), stream(&[b"abc", b"def"])).await.unwrap_err();
         assert!(err.to_string().contains("read 6 of 7 bytes"), "{err}");
-        let err = hot.fill(d, 5, stream(&[b"abc", b"def"])).await.unwrap_err();
+        let err = hot.fill(d, 5, hot.read_begins(), stream(&[b"abc", b"def"])).await.unwrap_err();
         assert!(err.to_string().contains("read 6 of 5 bytes"), "{err}");
         let failing: ByteStream = Box::pin(futures::stream::iter(vec![
             Ok(Bytes::from_static(b"abc")),
             Err(EngineError::other("test", "disk gone")),
         ]));
-        assert!(hot.fill(d, 3, failing).await.is_err());
+        assert!(hot.fill(d, 3, hot.read_begins(), failing).await.is_err());
         assert!(hot.get(&d).is_none());
+    }
+
+    /// A read that began before a forget may have read what it forgot.
+    #[tokio::test]
+    async fn a_read_begun_before_a_forget_keeps_nothing() {
+        let hot = HotBlobs::default();
+        let d = Digest([3; 32]);
+        let began = hot.read_begins();
+        hot.forget(&d);
+        assert_eq!(&hot.fill(d, 3, began, stream(&[b"old"])).await.unwrap()[..], b"old");
+        assert!(hot.get(&d).is_none());
+        hot.fill(d, 3, hot.read_begins(), stream(&[b"new"])).await.unwrap();
+        assert_eq!(hot.get(&d).as_deref(), Some(&b"new"[..]));
     }
 
     #[tokio::test]
@@ -146,7 +183,7 @@ mod tests {
         let hot = HotBlobs::with_capacity(64 * 1024);
         for i in 0..64u8 {
             let body: &'static [u8] = Box::leak(vec![i; 4096].into_boxed_slice());
-            hot.fill(Digest([i; 32]), 4096, stream(&[body])).await.unwrap();
+            hot.fill(Digest([i; 32]), 4096, hot.read_begins(), stream(&[body])).await.unwrap();
         }
         assert!(hot.bodies.weight() <= 64 * 1024, "{} bytes kept", hot.bodies.weight());
         assert!(hot.bodies.len() < 64);

@@ -18,8 +18,10 @@
 //! uploads before those of every longer key, as S3 lists them.
 //!
 //! Completing writes the object and the `d/` record in one catalog
-//! transaction, then removes the upload and its parts; a crash in between
-//! leaves records the next Complete, Abort or the collector removes. The
+//! transaction, then removes the upload's records and then its parts; a
+//! crash in between leaves records the next Abort or the collector removes
+//! (a Complete again answers from the `d/` record; parts whose upload's
+//! record is gone wait for the uploads' expiry). The
 //! object's parts are the uploaded parts' blobs: nothing is copied.
 
 use std::collections::{HashMap, HashSet};
@@ -664,15 +666,23 @@ impl Store {
         ];
         match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
             // Another Complete of this upload (a client's retry while the
-            // first still ran) got there first: answered as it was.
-            Err(StoreError::PreconditionFailed) => {
+            // first still ran) got there first: answered as it was. So is a
+            // commit whose answer a shared catalog lost, and which it found
+            // applied when it ran it again (it then cannot tell).
+            Err(e @ (StoreError::PreconditionFailed | StoreError::Unavailable(_))) => {
                 let done = self.catalog.get_object(UPLOADS, &done_key(upload_id)).await?;
                 if let Some(done) = done.filter(|d| target(d) == key && d.content_type == bucket) {
+                    if matches!(e, StoreError::Unavailable(_))
+                        && let Err(e) = self.remove_upload(&upload).await
+                    {
+                        tracing::warn!("upload {upload_id} completed; its records stay until they expire: {e}");
+                    }
                     return Ok(ObjectRecord { key: key.to_string(), ..done });
                 }
-                return Err(match self.upload(bucket, key, upload_id).await {
-                    Err(_) => StoreError::NoSuchUpload(upload_id.into()),
-                    Ok(_) => StoreError::PreconditionFailed,
+                return Err(match (e, self.upload(bucket, key, upload_id).await) {
+                    (e @ StoreError::Unavailable(_), _) => e,
+                    (_, Err(_)) => StoreError::NoSuchUpload(upload_id.into()),
+                    (e, Ok(_)) => e,
                 });
             }
             r => r?,

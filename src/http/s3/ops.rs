@@ -1246,7 +1246,7 @@ impl S3 for DepotS3 {
         let mut req = req;
         let body = req.input.body.take();
         let input = &req.input;
-        let part = u32::try_from(input.part_number).map_err(|_| bad_argument("the part number is negative".into()))?;
+        let part = checked_part_number(input.part_number)?;
         let opts = PutOptions { expected_md5: content_md5(input.content_md5.as_deref())?, ..PutOptions::default() };
         let (bucket, key, id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
         let store = &self.store;
@@ -1268,7 +1268,7 @@ impl S3 for DepotS3 {
         let source = self.copy_source(&req.input.copy_source, &me).await?;
         check_copy_source(&req, &source)?;
         let input = req.input;
-        let part = u32::try_from(input.part_number).map_err(|_| bad_argument("the part number is negative".into()))?;
+        let part = checked_part_number(input.part_number)?;
         let range = match &input.copy_source_range {
             None => ByteRange::full(source.size),
             Some(text) => {
