@@ -9,6 +9,14 @@
 #![deny(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+/// Prints one line on stdout, as `println!` does, but a reader that went
+/// away (`depot ls | head`) only ends the output: see [`cli::client::say`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::client::say(format_args!($($arg)*))
+    };
+}
+
 pub mod bench;
 pub mod catalog;
 pub mod cli;

@@ -34,9 +34,7 @@ fn main() {
     }
     let cli = depot::cli::Cli::parse();
     if let Err(e) = depot::cli::run(cli) {
-        if e.chain()
-            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
-        {
+        if e.downcast_ref::<depot::cli::client::ReaderGone>().is_some() {
             return;
         }
         eprintln!("error: {e:#}");

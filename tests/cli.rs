@@ -253,6 +253,58 @@ fn several_arguments_go_on_past_a_failure() {
     assert!(String::from_utf8_lossy(&gone.stderr).contains("404"), "the second key was removed");
 }
 
+/// Unclear uploads are refused before anything goes up: two files for one
+/// key, and a last argument that is a file here and a key on the server.
+#[test]
+fn uploads_that_are_unclear_are_refused() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    for (path, body) in [("a/x.txt", "a"), ("b/x.txt", "b"), ("report.txt", "new"), ("files/report.txt", "old")] {
+        std::fs::create_dir_all(dir.path().join(path).parent().unwrap()).unwrap();
+        std::fs::write(dir.path().join(path), body).unwrap();
+    }
+    let out = depot(&server, &["put", "a/x.txt", "b/x.txt", "files/d/"], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("would both be uploaded to files/d/x.txt"), "{err}");
+    let out = depot(&server, &["put", "report.txt", "files/report.txt"], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("write ./files/report.txt"), "{err}");
+    let listed = ok(&depot(&server, &["ls", "files/"], dir.path()));
+    assert!(!listed.contains("x.txt") && !listed.contains("report.txt"), "{listed}");
+    // Spelled as a local path, it is one.
+    ok(&depot(&server, &["put", "a/x.txt", "./files/report.txt"], dir.path()));
+    assert_eq!(ok(&depot(&server, &["get", "files/report.txt", "-"], dir.path())), "old");
+}
+
+/// A reader of the output that goes away ends the output, not the work.
+#[test]
+fn a_closed_output_stops_no_work() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    for k in ["k1", "k2", "k3"] {
+        std::fs::write(dir.path().join(k), k).unwrap();
+    }
+    let run = |args: &[&str]| {
+        let mut child = Command::new(BIN)
+            .current_dir(dir.path())
+            .args(args)
+            .args(["--server", &server.url])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        child.wait_with_output().unwrap()
+    };
+    let out = run(&["put", "k1", "k2", "k3", "files/closed/"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed = ok(&depot(&server, &["ls", "files/closed/"], dir.path()));
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    let out = run(&["rm", "files/closed/k1", "files/closed/k2", "files/closed/k3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ok(&depot(&server, &["ls", "files/closed/"], dir.path())), "");
+}
+
 const SECRET: &str = "a-long-random-secret";
 
 /// `depot ARGS` in `dir` with only the given `DEPOT_*` variables.

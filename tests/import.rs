@@ -256,7 +256,7 @@ fn links_that_lead_nowhere_are_skipped_not_failed() {
     for run in ["first", "second"] {
         let out = import(&server, &[root.to_str().unwrap(), "files/links/"]);
         let (said, err) = (ok(&out), String::from_utf8_lossy(&out.stderr).into_owned());
-        assert!(said.contains("3 symbolic links left out") && said.contains("0 failed"), "{run}: {said}");
+        assert!(said.contains("3 entries left out") && said.contains("0 failed"), "{run}: {said}");
         assert!(err.contains("dangling\\u{1b}[31m: a symbolic link to missing, which does not exist"), "{err}");
         assert!(err.contains("circle: a symbolic link to circle, which links on without end"), "{err}");
         assert!(err.contains("up: a link back to") && !err.contains('\u{1b}'), "{err}");

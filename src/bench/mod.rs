@@ -743,8 +743,8 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     drop(runtime);
     drop(scratch);
     let markdown = report::write_all(&out, &machine, &experiments)?;
-    println!("{markdown}");
-    println!("written to {}", out.display());
+    say!("{markdown}")?;
+    say!("written to {}", out.display())?;
     Ok(())
 }
 

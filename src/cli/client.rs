@@ -2,6 +2,7 @@
 //! Bodies stream from and to files; transfers over a megabyte show a
 //! progress bar.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -170,30 +171,70 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// when there are several and it is not a local file (a local directory,
 /// which could not be uploaded, is taken for the bucket of that name). A
 /// target ending in `/` (or a bare bucket) takes each file's name as its
-/// key.
+/// key. A last argument that is a local file and a key of a bucket on the
+/// server is refused as unclear, and so are two files for one key.
 pub fn put(args: &ClientArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
-    let (files, target) = match paths {
-        [] => bail!("nothing to upload: give one or more files"),
-        [one] => (vec![one.clone()], "files/".to_string()),
-        [files @ .., last] if !last.exists() || last.is_dir() => (files.to_vec(), last.to_string_lossy().into_owned()),
-        all => (all.to_vec(), "files/".to_string()),
-    };
-    let (bucket, key) = split_target(&target);
-    if files.len() > 1 && !(key.is_empty() || key.ends_with('/')) {
-        bail!("several files need a target ending in '/', like {}/", printable(&target));
-    }
     let client = Client::new(args)?;
-    runtime()?.block_on(each_of(&files, "uploaded", |file| {
-        let client = &client;
-        async move {
-            let name = file
-                .file_name()
-                .and_then(|n| n.to_str())
-                .with_context(|| format!("{} has no usable file name", printable_path(file)))?;
-            let key = if key.is_empty() || key.ends_with('/') { format!("{key}{name}") } else { key.to_string() };
-            put_one(client, file, bucket, &key).await
+    runtime()?.block_on(async {
+        let (files, target) = match paths {
+            [] => bail!("nothing to upload: give one or more files"),
+            [one] => (vec![one.clone()], "files/".to_string()),
+            [files @ .., last] if !last.exists() || last.is_dir() => {
+                (files.to_vec(), last.to_string_lossy().into_owned())
+            }
+            [.., last] if names_a_bucket(&client, last).await => bail!(
+                "{0} is a file here and a key in the bucket of that name on the server: write ./{0} to upload \
+                 the file, or run the command elsewhere to upload to that key",
+                printable_path(last)
+            ),
+            all => (all.to_vec(), "files/".to_string()),
+        };
+        let (bucket, key) = split_target(&target);
+        if files.len() > 1 && !(key.is_empty() || key.ends_with('/')) {
+            bail!("several files need a target ending in '/', like {}/", printable(&target));
         }
-    }))
+        // A file's name is needed only when the target ends in `/`.
+        let mut keys = Vec::with_capacity(files.len());
+        for file in &files {
+            keys.push(match key.is_empty() || key.ends_with('/') {
+                true => {
+                    let name = file
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .with_context(|| format!("{} has no usable file name: give the key", printable_path(file)))?;
+                    format!("{key}{name}")
+                }
+                false => key.to_string(),
+            });
+        }
+        let mut first = HashMap::new();
+        for (file, key) in files.iter().zip(&keys) {
+            if let Some(other) = first.insert(key, file) {
+                bail!(
+                    "{} and {} would both be uploaded to {bucket}/{}: upload them to different keys",
+                    printable_path(other),
+                    printable_path(file),
+                    printable(key)
+                );
+            }
+        }
+        let pairs: Vec<(&PathBuf, &String)> = files.iter().zip(&keys).collect();
+        each_of(&pairs, "uploaded", |(file, key)| put_one(&client, file, bucket, key)).await
+    })
+}
+
+/// Whether `path`, relative and of two parts or more, names a bucket on
+/// the server as its first part (as `files/report.txt` names `files`).
+async fn names_a_bucket(client: &Client, path: &Path) -> bool {
+    let mut parts = path.components();
+    let (Some(std::path::Component::Normal(first)), Some(_)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let Some(bucket) = first.to_str() else { return false };
+    match client.url(bucket, "") {
+        Ok(url) => client.request(reqwest::Method::HEAD, &url).send().await.is_ok_and(|r| r.status().is_success()),
+        Err(_) => false,
+    }
 }
 
 /// Runs `each` over the arguments as cp and rm do: a failure is told and
@@ -219,6 +260,48 @@ where
     Ok(())
 }
 
+/// `body` as it goes out with a `Content-Length` of `len`: one that turns
+/// out longer or shorter (a file that grew or shrank while it was read)
+/// fails the upload. hyper sends no more than the length declared, so a
+/// file that grew used to be stored cut short, as a success; the last
+/// chunk is held back until the body is seen to end there.
+pub(crate) fn exactly<E: Into<anyhow::Error> + Send + 'static>(
+    len: u64,
+    body: impl futures::Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+) -> impl futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send + 'static {
+    let grew = move || anyhow::anyhow!("the source grew past its {len} bytes while it was read: upload it again");
+    futures::stream::unfold((Box::pin(body), 0u64, false), move |(mut body, mut sent, done)| async move {
+        if done {
+            return None;
+        }
+        let item = match body.next().await {
+            Some(Ok(chunk)) => {
+                sent += chunk.len() as u64;
+                if sent > len {
+                    Err(grew())
+                } else if sent == len {
+                    loop {
+                        match body.next().await {
+                            Some(Ok(more)) if more.is_empty() => {}
+                            Some(Ok(_)) => break Err(grew()),
+                            Some(Err(e)) => break Err(e.into()),
+                            None => return Some((Ok(chunk), (body, sent, true))),
+                        }
+                    }
+                } else {
+                    return Some((Ok(chunk), (body, sent, false)));
+                }
+            }
+            Some(Err(e)) => Err(e.into()),
+            None if sent < len => Err(anyhow::anyhow!(
+                "the source ended after {sent} of its {len} bytes while it was read: upload it again"
+            )),
+            None => return None,
+        };
+        Some((item, (body, sent, true)))
+    })
+}
+
 async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyhow::Result<()> {
     let shown = printable_path(file);
     let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {shown}"))?;
@@ -237,12 +320,21 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
         }
     });
     let mut req = client.request(reqwest::Method::PUT, &client.url(bucket, key)?);
-    if let Some(len) = len {
-        req = req.header(reqwest::header::CONTENT_LENGTH, len);
-    }
-    let resp = client.send(req.body(reqwest::Body::wrap_stream(stream))).await;
+    let body = match len {
+        Some(len) => {
+            req = req.header(reqwest::header::CONTENT_LENGTH, len);
+            reqwest::Body::wrap_stream(exactly(len, stream))
+        }
+        None => reqwest::Body::wrap_stream(stream),
+    };
+    let resp = client.send(req.body(body)).await;
     progress.finish_and_clear();
     let body: serde_json::Value = client.json(resp?, "an upload's record").await?;
+    // Changed in place, at its length, while it was read: what was stored
+    // may be part old, part new.
+    if meta.is_file() && tokio::fs::metadata(file).await.and_then(|m| m.modified()).ok() != meta.modified().ok() {
+        bail!("{shown} changed while it was uploaded to {target}: upload it again");
+    }
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
     let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
     say(format_args!("{target}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
@@ -337,6 +429,15 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
 /// Writes a download's body to `out` as it comes, counting it on
 /// `progress`, and fails if its SHA-256 is not the `sha256` (hexadecimal)
 /// the server gave for it.
+/// An error writing a download out: [`ReaderGone`] for a pipe nobody
+/// reads any more.
+fn written(e: std::io::Error) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::BrokenPipe => ReaderGone.into(),
+        _ => e.into(),
+    }
+}
+
 async fn write_body(
     body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
@@ -347,11 +448,11 @@ async fn write_body(
     let mut hasher = sha2::Sha256::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.context("the download was cut off")?;
-        out.write_all(&chunk).await?;
+        out.write_all(&chunk).await.map_err(written)?;
         hasher.update(&chunk);
         progress.inc(chunk.len() as u64);
     }
-    out.flush().await?;
+    out.flush().await.map_err(written)?;
     let got = hex::encode(hasher.finalize());
     match sha256 {
         Some(want) if !want.eq_ignore_ascii_case(&got) => {
@@ -433,6 +534,7 @@ async fn list(client: &Client, anonymous: bool, bucket: &str, folder: &str, star
         }
         any |= !page.dirs.is_empty() || !page.entries.is_empty();
         match page.next {
+            Some(_) if reader_gone() => return Ok(true),
             Some(n) => after = Some(n),
             None => return Ok(any),
         }
@@ -511,15 +613,47 @@ pub fn rm(args: &ClientArgs, targets: &[String]) -> anyhow::Result<()> {
     }))
 }
 
-/// One line of output. A reader that went away (`depot ls | head`) ends
-/// the command quietly, as it would end `ls`.
-fn say(line: std::fmt::Arguments) -> anyhow::Result<()> {
+/// Set once stdout's reader has gone away.
+static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One line of output. Once the reader has gone away (`depot ls | head`,
+/// `depot rm ... | grep -q`) nothing more is printed, but the work goes
+/// on and the command's status is the work's: it used to exit 0 on the
+/// spot, with files not uploaded or removed. A listing stops early (see
+/// [`reader_gone`]), as `ls` would.
+pub(crate) fn say(line: std::fmt::Arguments) -> anyhow::Result<()> {
     use std::io::Write;
+    if reader_gone() {
+        return Ok(());
+    }
     match writeln!(std::io::stdout().lock(), "{line}") {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            READER_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
         result => Ok(result?),
     }
 }
+
+/// Whether stdout's reader has gone away.
+pub(crate) fn reader_gone() -> bool {
+    READER_GONE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The error of a download written to a pipe whose reader went away
+/// (`depot get files/log - | head`): the command ends quietly, as `cat`
+/// would. Only a write of ours says so: a broken connection to the server
+/// is a failure.
+#[derive(Debug)]
+pub struct ReaderGone;
+
+impl std::fmt::Display for ReaderGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the reader of the output went away")
+    }
+}
+
+impl std::error::Error for ReaderGone {}
 
 /// A key for a terminal: control characters (a newline, an escape
 /// sequence) are shown escaped rather than acted on.
@@ -538,6 +672,30 @@ pub(crate) fn printable_path(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `exactly(len, chunks)` gives: the bytes, or the error.
+    fn sent(len: u64, chunks: &[&'static [u8]]) -> Result<Vec<u8>, String> {
+        let chunks: Vec<_> = chunks.iter().map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from_static(c))).collect();
+        let body = futures::stream::iter(chunks);
+        let all: Vec<anyhow::Result<bytes::Bytes>> =
+            futures::executor::block_on(exactly(len, body).collect::<Vec<_>>());
+        let mut out = Vec::new();
+        for item in all {
+            out.extend_from_slice(&item.map_err(|e| e.to_string())?);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn a_body_must_be_as_long_as_declared() {
+        assert_eq!(sent(6, &[b"abc", b"", b"def"]).unwrap(), b"abcdef");
+        assert_eq!(sent(6, &[b"abcdef", b""]).unwrap(), b"abcdef");
+        assert_eq!(sent(0, &[]).unwrap(), b"");
+        assert!(sent(6, &[b"abcdef", b"g"]).unwrap_err().contains("grew"), "more after the length");
+        assert!(sent(5, &[b"abc", b"def"]).unwrap_err().contains("grew"));
+        assert!(sent(0, &[b"x"]).unwrap_err().contains("grew"));
+        assert!(sent(7, &[b"abc", b"def"]).unwrap_err().contains("ended after 6 of its 7 bytes"));
+    }
 
     #[test]
     fn control_characters_are_shown_escaped() {

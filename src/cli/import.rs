@@ -363,7 +363,7 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
         let source = Source::open(args).await?;
         let Listing { items, problems, left_out } =
-            source.list().await.with_context(|| format!("listing {}", printable(&args.source)))?;
+            source.list().await.with_context(|| format!("listing {}", printable(&without_password(&args.source))))?;
         ensure_bucket(&client, bucket).await?;
         let total: u64 = items.iter().map(|i| i.size).sum();
         let bar = super::progress_bar(total, super::BYTES_BAR);
@@ -413,7 +413,7 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
         bar.finish_and_clear();
         let elapsed = started.elapsed().as_secs_f64();
         let bytes = tally.bytes.load(Ordering::Relaxed);
-        println!(
+        say!(
             "imported {} files ({}) in {elapsed:.1} s, {}/s; {} deduplicated, {} already there, {} failed",
             tally.imported.load(Ordering::Relaxed),
             HumanBytes(bytes),
@@ -421,18 +421,21 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
             tally.deduplicated.load(Ordering::Relaxed),
             tally.skipped.load(Ordering::Relaxed),
             tally.failed.load(Ordering::Relaxed),
-        );
+        )?;
         match tally.vanished.load(Ordering::Relaxed) {
             0 => {}
-            n => println!("{n} listed entries were gone when read (deleted meanwhile)"),
+            n => say!("{n} listed entries were gone when read (deleted meanwhile)")?,
         }
         match tally.markers.load(Ordering::Relaxed) {
             0 => {}
-            n => println!("{n} folder markers (S3 keys ending in /) left out"),
+            n => say!("{n} folder markers (S3 keys ending in /) left out")?,
         }
         match left_out.len() {
             0 => {}
-            n => println!("{n} symbolic links left out: they lead nowhere, or back into the tree"),
+            n => say!(
+                "{n} entries left out: symbolic links that lead nowhere or back into the tree, pipes, sockets or \
+                 devices"
+            )?,
         }
         // What the listing could not take fails again until it is fixed;
         // an upload that failed may succeed on the next run.
@@ -468,6 +471,18 @@ fn http_date(t: SystemTime) -> Option<String> {
     (since_epoch < YEAR_10000).then(|| httpdate::fmt_http_date(t))
 }
 
+/// A source as it may be shown: a URL's password left out
+/// (`mongodb://user:secret@host` → `mongodb://user:xxx@host`).
+fn without_password(source: &str) -> std::borrow::Cow<'_, str> {
+    match reqwest::Url::parse(source) {
+        Ok(mut url) if url.password().is_some() => match url.set_password(Some("xxx")) {
+            Ok(()) => url.to_string().into(),
+            Err(()) => "the source".into(),
+        },
+        _ => source.into(),
+    }
+}
+
 /// Imports one item; the bytes it sends are counted on `progress` as they
 /// go, and added to `sent`.
 async fn import_one(
@@ -501,7 +516,7 @@ async fn import_one(
     let mut req = client
         .request(reqwest::Method::PUT, &url)
         .header(reqwest::header::CONTENT_LENGTH, item.size)
-        .body(reqwest::Body::wrap_stream(body));
+        .body(reqwest::Body::wrap_stream(super::client::exactly(item.size, body)));
     headers.extend(item.content_type.iter().map(|t| ("content-type".to_string(), t.clone())));
     for (name, value) in headers {
         req = req.header(name, value);
@@ -510,12 +525,27 @@ async fn import_one(
         req = req.header("x-depot-modified", m);
     }
     let put: serde_json::Value = client.json(client.send(req).await?, "an upload's record").await?;
+    // A file changed in place while it was read: what was stored may be
+    // part old, part new (a run after it stores it again: its date moved).
+    if let Origin::File(path) = &item.origin
+        && let Some(listed) = item.modified
+        && tokio::fs::metadata(path).await.and_then(|m| m.modified()).is_ok_and(|now| now != listed)
+    {
+        bail!("{} changed while it was imported: run the import again", path.display());
+    }
     Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(without_password("mongodb://app:s3cret@db:27017/x"), "mongodb://app:xxx@db:27017/x");
+        assert_eq!(without_password("mongodb://db/x"), "mongodb://db/x");
+        assert_eq!(without_password("/srv/files"), "/srv/files");
+    }
 
     #[test]
     fn a_gridfs_length_must_count_bytes() {

@@ -415,11 +415,11 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                         anyhow::Ok(removed)
                     })
                     .context("removing the copies made in the new engine (give the same --to-* settings)")?;
-                println!("removed {removed} copies from the {} engine", s.to.name());
+                say!("removed {removed} copies from the {} engine", s.to.name())?;
             }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
-            println!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name());
+            say!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name())?;
             return Ok(());
         }
         Some(_) if args.cancel => bail!("the engines were switched already: run without --cancel to finish"),
@@ -528,7 +528,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
-            println!("the store now lives in the {} engine: start it with --engine {}", to.name(), to.name());
+            say!("the store now lives in the {} engine: start it with --engine {}", to.name(), to.name())?;
             Ok(())
         })
         .await
@@ -632,12 +632,12 @@ async fn copy(
     out.sync_all()?;
     interrupt.copying.store(false, Ordering::SeqCst);
     progress.finish_and_clear();
-    println!(
+    say!(
         "copied {copied} blobs ({}) to the {} engine; {} were there already",
         HumanBytes(copied_bytes),
         target.name(),
         done.len()
-    );
+    )?;
     if interrupt.requested() {
         bail!(
             "interrupted: nothing was switched, and the copies made are kept. Run the same command again to go \
@@ -648,7 +648,7 @@ async fn copy(
         bail!("{failed} blobs could not be copied (see above); nothing was switched. Fix the cause and run again");
     }
     if left > 0 {
-        println!("{left} blobs left: run the same command again to go on");
+        say!("{left} blobs left: run the same command again to go on")?;
         return Ok(false);
     }
     recheck(catalog, target, journal, &done, args.jobs).await?;

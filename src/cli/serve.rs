@@ -437,12 +437,12 @@ pub fn gc(args: &ServeArgs) -> anyhow::Result<()> {
     runtime(1)?.block_on(async {
         let store = open_existing_store(&settings).await?;
         let report = store.gc().await?;
-        println!(
+        say!(
             "removed {} unreferenced blob(s) and {} orphan(s), {} freed",
             report.dead_blobs,
             report.orphans,
             indicatif::HumanBytes(report.bytes_freed)
-        );
+        )?;
         Ok(())
     })
 }
@@ -463,7 +463,7 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         })
         .await?;
         for problem in &report.problems {
-            println!("{problem}");
+            say!("{problem}")?;
         }
         // The fs engine takes a new upload's bytes in place of damaged
         // ones; the others (the hybrid engine's small blobs, in RocksDB,
@@ -475,13 +475,13 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             _ => "run `depot verify --repair`, which removes damaged bytes, then upload it again",
         };
         for damaged in &report.damaged_objects {
-            println!("lost or damaged: {damaged} ({remedy})");
+            say!("lost or damaged: {damaged} ({remedy})")?;
         }
         for b in &report.leftovers {
-            println!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size);
+            say!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size)?;
         }
         let leftover_bytes: u64 = report.leftovers.iter().map(|b| b.size).sum();
-        println!(
+        say!(
             "{} objects, {} blobs, {} read and hashed: {} problem(s){}; {} leftover blob(s), {}{}",
             report.objects,
             report.blobs,
@@ -500,7 +500,7 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             } else {
                 String::new()
             }
-        );
+        )?;
         match report.unresolved() {
             0 => Ok(()),
             n if repair => bail!("{n} problem(s) cannot be repaired: those objects' bytes are lost or damaged"),
@@ -535,13 +535,13 @@ pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
             }
             Err(e) => return Err(e),
         };
-        println!(
+        say!(
             "backed up {} objects in {} blobs ({}) to {}",
             report.objects,
             report.blobs,
             indicatif::HumanBytes(report.bytes),
             dir.display()
-        );
+        )?;
         Ok(())
     })
 }
@@ -562,7 +562,7 @@ async fn backup_through_server(
     if let Some(secret) = settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
         request = request.bearer_auth(secret);
     }
-    println!("a server holds {}: asking it at {url}", settings.data.display());
+    say!("a server holds {}: asking it at {url}", settings.data.display())?;
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
     if !response.status().is_success() {
         let status = response.status();
