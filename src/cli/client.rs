@@ -260,17 +260,59 @@ where
     Ok(())
 }
 
-/// `body` as it goes out with a `Content-Length` of `len`: one that turns
-/// out longer or shorter (a file that grew or shrank while it was read)
-/// fails the upload. hyper sends no more than the length declared, so a
-/// file that grew used to be stored cut short, as a success; the last
-/// chunk is held back until the body is seen to end there.
+/// A local file being uploaded, as it was when opened: changed in place
+/// while it is read, the upload fails before its body ends, so that the
+/// server stores nothing.
+pub(crate) struct Unchanged {
+    path: PathBuf,
+    inode: (u64, u64),
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Unchanged {
+    /// `meta` is the opened file's (`File::metadata`).
+    pub(crate) fn new(path: &Path, meta: &std::fs::Metadata) -> Unchanged {
+        use std::os::unix::fs::MetadataExt;
+        Unchanged { path: path.to_path_buf(), inode: (meta.dev(), meta.ino()), modified: meta.modified().ok() }
+    }
+
+    /// Fails if the file at the path is still the one opened, with another
+    /// modification time. One renamed over it, or deleted, leaves what was
+    /// read whole.
+    async fn check(&self) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        match tokio::fs::metadata(&self.path).await {
+            Ok(now) if (now.dev(), now.ino()) == self.inode && now.modified().ok() != self.modified => {
+                bail!("{} changed while it was read: upload it again", printable_path(&self.path))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn at_end(unchanged: &Option<Unchanged>) -> anyhow::Result<()> {
+        match unchanged {
+            Some(u) => u.check().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// `body` as it goes out declared `len` bytes long: one that turns out
+/// longer or shorter (a file that grew or shrank while it was read), or a
+/// file `unchanged` finds changed, fails the upload before its end, so
+/// that the server stores nothing. hyper sends no more than the length
+/// declared, so a file that grew used to be stored cut short, as a
+/// success; the last chunk is held back until the body is seen to end.
+/// (A body of 0 bytes must go without a `Content-Length`, chunked, or hyper
+/// would not read it at all.)
 pub(crate) fn exactly<E: Into<anyhow::Error> + Send + 'static>(
     len: u64,
     body: impl futures::Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+    unchanged: Option<Unchanged>,
 ) -> impl futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send + 'static {
     let grew = move || anyhow::anyhow!("the source grew past its {len} bytes while it was read: upload it again");
-    futures::stream::unfold((Box::pin(body), 0u64, false), move |(mut body, mut sent, done)| async move {
+    let state = (Box::pin(body), 0u64, unchanged, false);
+    futures::stream::unfold(state, move |(mut body, mut sent, unchanged, done)| async move {
         if done {
             return None;
         }
@@ -285,20 +327,23 @@ pub(crate) fn exactly<E: Into<anyhow::Error> + Send + 'static>(
                             Some(Ok(more)) if more.is_empty() => {}
                             Some(Ok(_)) => break Err(grew()),
                             Some(Err(e)) => break Err(e.into()),
-                            None => return Some((Ok(chunk), (body, sent, true))),
+                            None => break Unchanged::at_end(&unchanged).await.map(|()| chunk),
                         }
                     }
                 } else {
-                    return Some((Ok(chunk), (body, sent, false)));
+                    return Some((Ok(chunk), (body, sent, unchanged, false)));
                 }
             }
             Some(Err(e)) => Err(e.into()),
             None if sent < len => Err(anyhow::anyhow!(
                 "the source ended after {sent} of its {len} bytes while it was read: upload it again"
             )),
-            None => return None,
+            None => match Unchanged::at_end(&unchanged).await {
+                Ok(()) => return None,
+                Err(e) => Err(e),
+            },
         };
-        Some((item, (body, sent, true)))
+        Some((item, (body, sent, unchanged, true)))
     })
 }
 
@@ -320,21 +365,16 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
         }
     });
     let mut req = client.request(reqwest::Method::PUT, &client.url(bucket, key)?);
+    if let Some(len) = len.filter(|n| *n > 0) {
+        req = req.header(reqwest::header::CONTENT_LENGTH, len);
+    }
     let body = match len {
-        Some(len) => {
-            req = req.header(reqwest::header::CONTENT_LENGTH, len);
-            reqwest::Body::wrap_stream(exactly(len, stream))
-        }
+        Some(len) => reqwest::Body::wrap_stream(exactly(len, stream, Some(Unchanged::new(file, &meta)))),
         None => reqwest::Body::wrap_stream(stream),
     };
     let resp = client.send(req.body(body)).await;
     progress.finish_and_clear();
     let body: serde_json::Value = client.json(resp?, "an upload's record").await?;
-    // Changed in place, at its length, while it was read: what was stored
-    // may be part old, part new.
-    if meta.is_file() && tokio::fs::metadata(file).await.and_then(|m| m.modified()).ok() != meta.modified().ok() {
-        bail!("{shown} changed while it was uploaded to {target}: upload it again");
-    }
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
     let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
     say(format_args!("{target}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
@@ -426,9 +466,6 @@ pub fn get(args: &ClientArgs, target: &str, out: Option<&Path>) -> anyhow::Resul
     })
 }
 
-/// Writes a download's body to `out` as it comes, counting it on
-/// `progress`, and fails if its SHA-256 is not the `sha256` (hexadecimal)
-/// the server gave for it.
 /// An error writing a download out: [`ReaderGone`] for a pipe nobody
 /// reads any more.
 fn written(e: std::io::Error) -> anyhow::Error {
@@ -438,6 +475,9 @@ fn written(e: std::io::Error) -> anyhow::Error {
     }
 }
 
+/// Writes a download's body to `out` as it comes, counting it on
+/// `progress`, and fails if its SHA-256 is not the `sha256` (hexadecimal)
+/// the server gave for it.
 async fn write_body(
     body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
@@ -678,12 +718,39 @@ mod tests {
         let chunks: Vec<_> = chunks.iter().map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from_static(c))).collect();
         let body = futures::stream::iter(chunks);
         let all: Vec<anyhow::Result<bytes::Bytes>> =
-            futures::executor::block_on(exactly(len, body).collect::<Vec<_>>());
+            futures::executor::block_on(exactly(len, body, None).collect::<Vec<_>>());
         let mut out = Vec::new();
         for item in all {
             out.extend_from_slice(&item.map_err(|e| e.to_string())?);
         }
         Ok(out)
+    }
+
+    /// A file changed in place while it is read fails its upload; one
+    /// renamed over it or deleted leaves what was read whole.
+    #[tokio::test]
+    async fn a_file_changed_while_read_fails_before_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"abc").unwrap();
+        let opened = || Some(Unchanged::new(&path, &std::fs::metadata(&path).unwrap()));
+        async fn send(unchanged: Option<Unchanged>) -> Result<Vec<bytes::Bytes>, String> {
+            let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"abc"))]);
+            let all: Vec<_> = exactly(3, body, unchanged).collect().await;
+            all.into_iter().map(|r| r.map_err(|e| e.to_string())).collect()
+        }
+        assert!(send(opened()).await.is_ok());
+        let unchanged = opened();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(later).unwrap();
+        assert!(send(unchanged).await.unwrap_err().contains("changed while it was read"));
+        let unchanged = opened();
+        std::fs::write(dir.path().join("g"), b"xyz").unwrap();
+        std::fs::rename(dir.path().join("g"), &path).unwrap();
+        assert!(send(unchanged).await.is_ok(), "another file in its place");
+        let unchanged = opened();
+        std::fs::remove_file(&path).unwrap();
+        assert!(send(unchanged).await.is_ok(), "deleted");
     }
 
     #[test]

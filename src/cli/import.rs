@@ -94,9 +94,9 @@ impl Source {
         let source = args.source.as_str();
         if source.starts_with("mongodb://") || source.starts_with("mongodb+srv://") {
             let client = mongodb::Client::with_uri_str(source).await.context("connecting to the GridFS source")?;
-            let db = client
-                .default_database()
-                .with_context(|| format!("{source} names no database: use mongodb://host:port/DATABASE"))?;
+            let db = client.default_database().with_context(|| {
+                format!("{} names no database: use mongodb://host:port/DATABASE", without_password(source))
+            })?;
             let bucket = db.gridfs_bucket(
                 mongodb::options::GridFsBucketOptions::builder().bucket_name(args.gridfs_bucket.clone()).build(),
             );
@@ -472,15 +472,14 @@ fn http_date(t: SystemTime) -> Option<String> {
 }
 
 /// A source as it may be shown: a URL's password left out
-/// (`mongodb://user:secret@host` → `mongodb://user:xxx@host`).
+/// (`mongodb://user:secret@host` → `mongodb://user:xxx@host`), read as
+/// text, for URLs of several hosts that no URL parser takes.
 fn without_password(source: &str) -> std::borrow::Cow<'_, str> {
-    match reqwest::Url::parse(source) {
-        Ok(mut url) if url.password().is_some() => match url.set_password(Some("xxx")) {
-            Ok(()) => url.to_string().into(),
-            Err(()) => "the source".into(),
-        },
-        _ => source.into(),
-    }
+    let Some((scheme, rest)) = source.split_once("://") else { return source.into() };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let Some((user_info, hosts)) = authority.rsplit_once('@') else { return source.into() };
+    let Some((user, _)) = user_info.split_once(':') else { return source.into() };
+    format!("{scheme}://{user}:xxx@{hosts}{}", &rest[authority.len()..]).into()
 }
 
 /// Imports one item; the bytes it sends are counted on `progress` as they
@@ -513,10 +512,17 @@ async fn import_one(
         progress.inc(chunk.len() as u64);
         sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
     });
+    // A file changed in place while it is read fails before its end.
+    let unchanged = match &item.origin {
+        Origin::File(path) => std::fs::metadata(path).ok().map(|meta| super::client::Unchanged::new(path, &meta)),
+        _ => None,
+    };
     let mut req = client
         .request(reqwest::Method::PUT, &url)
-        .header(reqwest::header::CONTENT_LENGTH, item.size)
-        .body(reqwest::Body::wrap_stream(super::client::exactly(item.size, body)));
+        .body(reqwest::Body::wrap_stream(super::client::exactly(item.size, body, unchanged)));
+    if item.size > 0 {
+        req = req.header(reqwest::header::CONTENT_LENGTH, item.size);
+    }
     headers.extend(item.content_type.iter().map(|t| ("content-type".to_string(), t.clone())));
     for (name, value) in headers {
         req = req.header(name, value);
@@ -525,14 +531,6 @@ async fn import_one(
         req = req.header("x-depot-modified", m);
     }
     let put: serde_json::Value = client.json(client.send(req).await?, "an upload's record").await?;
-    // A file changed in place while it was read: what was stored may be
-    // part old, part new (a run after it stores it again: its date moved).
-    if let Origin::File(path) = &item.origin
-        && let Some(listed) = item.modified
-        && tokio::fs::metadata(path).await.and_then(|m| m.modified()).is_ok_and(|now| now != listed)
-    {
-        bail!("{} changed while it was imported: run the import again", path.display());
-    }
     Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
 }
 
@@ -543,6 +541,10 @@ mod tests {
     #[test]
     fn passwords_are_not_shown() {
         assert_eq!(without_password("mongodb://app:s3cret@db:27017/x"), "mongodb://app:xxx@db:27017/x");
+        assert_eq!(
+            without_password("mongodb://u:p@w@h1:27017,h2:27017/db?rs=a"),
+            "mongodb://u:xxx@h1:27017,h2:27017/db?rs=a"
+        );
         assert_eq!(without_password("mongodb://db/x"), "mongodb://db/x");
         assert_eq!(without_password("/srv/files"), "/srv/files");
     }

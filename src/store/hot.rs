@@ -36,9 +36,18 @@ pub struct HotBlobs {
     bodies: quick_cache::sync::Cache<Digest, Bytes, BodyWeight>,
     hits: AtomicU64,
     misses: AtomicU64,
-    /// Counts [`HotBlobs::forget`]s: a read that began before one may have
-    /// read the bytes it forgot, and does not keep them.
-    forgets: AtomicU64,
+    /// Counts [`HotBlobs::forget`]s, by a stripe of the digest: a read of
+    /// a digest that began before one may have read the bytes it forgot,
+    /// and does not keep them.
+    forgets: Box<[AtomicU64]>,
+}
+
+/// Stripes of [`HotBlobs::forgets`]: reads of other contents are rarely
+/// kept from the cache by an upload.
+const FORGET_STRIPES: usize = 1024;
+
+fn stripe(digest: &Digest) -> usize {
+    usize::from(u16::from_le_bytes([digest.0[0], digest.0[1]])) % FORGET_STRIPES
 }
 
 /// When a read for [`HotBlobs::fill`] began, as [`HotBlobs::read_begins`]
@@ -67,7 +76,8 @@ impl HotBlobs {
     pub fn with_capacity(bytes: u64) -> HotBlobs {
         // Sized for bodies of some 4 KiB on average.
         let bodies = quick_cache::sync::Cache::with_weighter((bytes / 4096) as usize, bytes, BodyWeight);
-        HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0), forgets: AtomicU64::new(0) }
+        let forgets = (0..FORGET_STRIPES).map(|_| AtomicU64::new(0)).collect();
+        HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0), forgets }
     }
 
     pub fn get(&self, digest: &Digest) -> Option<Bytes> {
@@ -81,13 +91,14 @@ impl HotBlobs {
     /// Drops the body of `digest`, if kept, and keeps none that a read
     /// begun before now brings.
     pub fn forget(&self, digest: &Digest) {
-        self.forgets.fetch_add(1, Ordering::SeqCst);
+        self.forgets[stripe(digest)].fetch_add(1, Ordering::SeqCst);
         self.bodies.remove(digest);
     }
 
-    /// To call before opening the read whose bytes go to [`HotBlobs::fill`].
-    pub fn read_begins(&self) -> ReadBegan {
-        ReadBegan(self.forgets.load(Ordering::SeqCst))
+    /// To call before opening the read of `digest` whose bytes go to
+    /// [`HotBlobs::fill`].
+    pub fn read_begins(&self, digest: &Digest) -> ReadBegan {
+        ReadBegan(self.forgets[stripe(digest)].load(Ordering::SeqCst))
     }
 
     pub fn stats(&self) -> HotStats {
@@ -122,8 +133,14 @@ impl HotBlobs {
             return Err(short(body.len()));
         }
         let body = body.freeze();
-        if self.forgets.load(Ordering::SeqCst) == began.0 {
+        // Kept, then taken out again if a forget came meanwhile: a forget
+        // between a look and the insert would otherwise be missed.
+        let forgets = &self.forgets[stripe(&digest)];
+        if forgets.load(Ordering::SeqCst) == began.0 {
             self.bodies.insert(digest, body.clone());
+            if forgets.load(Ordering::SeqCst) != began.0 {
+                self.bodies.remove(&digest);
+            }
         }
         Ok(body)
     }
@@ -142,7 +159,7 @@ mod tests {
     async fn a_blob_read_in_pieces_is_kept_whole() {
         let hot = HotBlobs::default();
         let d = Digest([1; 32]);
-        let body = hot.fill(d, 6, hot.read_begins(), stream(&[b"ab", b"", b"cd", b"ef"])).await.unwrap();
+        let body = hot.fill(d, 6, hot.read_begins(&d), stream(&[b"ab", b"", b"cd", b"ef"])).await.unwrap();
         assert_eq!(&body[..], b"abcdef");
         assert_eq!(hot.get(&d).as_deref(), Some(&b"abcdef"[..]));
         assert!(hot.get(&Digest([9; 32])).is_none());
@@ -153,15 +170,15 @@ mod tests {
     async fn a_short_long_or_failed_read_keeps_nothing() {
         let hot = HotBlobs::default();
         let d = Digest([2; 32]);
-        let err = hot.fill(d, 7, hot.read_begins(), stream(&[b"abc", b"def"])).await.unwrap_err();
+        let err = hot.fill(d, 7, hot.read_begins(&d), stream(&[b"abc", b"def"])).await.unwrap_err();
         assert!(err.to_string().contains("read 6 of 7 bytes"), "{err}");
-        let err = hot.fill(d, 5, hot.read_begins(), stream(&[b"abc", b"def"])).await.unwrap_err();
+        let err = hot.fill(d, 5, hot.read_begins(&d), stream(&[b"abc", b"def"])).await.unwrap_err();
         assert!(err.to_string().contains("read 6 of 5 bytes"), "{err}");
         let failing: ByteStream = Box::pin(futures::stream::iter(vec![
             Ok(Bytes::from_static(b"abc")),
             Err(EngineError::other("test", "disk gone")),
         ]));
-        assert!(hot.fill(d, 3, hot.read_begins(), failing).await.is_err());
+        assert!(hot.fill(d, 3, hot.read_begins(&d), failing).await.is_err());
         assert!(hot.get(&d).is_none());
     }
 
@@ -170,12 +187,19 @@ mod tests {
     async fn a_read_begun_before_a_forget_keeps_nothing() {
         let hot = HotBlobs::default();
         let d = Digest([3; 32]);
-        let began = hot.read_begins();
+        let began = hot.read_begins(&d);
         hot.forget(&d);
         assert_eq!(&hot.fill(d, 3, began, stream(&[b"old"])).await.unwrap()[..], b"old");
         assert!(hot.get(&d).is_none());
-        hot.fill(d, 3, hot.read_begins(), stream(&[b"new"])).await.unwrap();
+        hot.fill(d, 3, hot.read_begins(&d), stream(&[b"new"])).await.unwrap();
         assert_eq!(hot.get(&d).as_deref(), Some(&b"new"[..]));
+        // A forget of another content lets the read keep what it read.
+        let other = Digest([200; 32]);
+        assert_ne!(stripe(&other), stripe(&d));
+        let began = hot.read_begins(&other);
+        hot.forget(&d);
+        hot.fill(other, 3, began, stream(&[b"kep"])).await.unwrap();
+        assert!(hot.get(&other).is_some());
     }
 
     #[tokio::test]
@@ -183,7 +207,7 @@ mod tests {
         let hot = HotBlobs::with_capacity(64 * 1024);
         for i in 0..64u8 {
             let body: &'static [u8] = Box::leak(vec![i; 4096].into_boxed_slice());
-            hot.fill(Digest([i; 32]), 4096, hot.read_begins(), stream(&[body])).await.unwrap();
+            hot.fill(Digest([i; 32]), 4096, hot.read_begins(&Digest([i; 32])), stream(&[body])).await.unwrap();
         }
         assert!(hot.bodies.weight() <= 64 * 1024, "{} bytes kept", hot.bodies.weight());
         assert!(hot.bodies.len() < 64);

@@ -982,7 +982,7 @@ impl Store {
         if let [(blob, within)] = refs.as_slice()
             && blob.size <= hot::LARGEST
         {
-            let began = self.hot.read_begins();
+            let began = self.hot.read_begins(&blob.digest);
             let whole = self.read_blob_range(blob, ByteRange::full(blob.size)).await?;
             let body = self.hot.fill(blob.digest, blob.size, began, whole).await.map_err(missing_bytes)?;
             return Ok(slice_of(body, *within));
