@@ -892,9 +892,7 @@ mod tests {
         };
         assert!(matches!(refused, StoreError::InvalidArgument(m) if m.contains("another backup")), "{refused:?}");
         assert!(!target.join(BACKUP_CLAIM).exists(), "the finished backup let its directory go");
-        let copy_engine = engine::open(EngineKind::Fs, &target.join("fs"), &EngineConfig::default()).await.unwrap();
-        let copy_catalog = Arc::new(RocksCatalog::open(&target.join("catalog")).unwrap());
-        let copy = Store::open(copy_catalog, copy_engine, StoreConfig::default()).await.unwrap();
+        let (copy, _) = fs_store(&target).await;
         assert_eq!(read_all(&copy, "files", "kept").await, b"kept in the backup");
         assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "fs\n");
     }

@@ -679,10 +679,12 @@ impl Store {
                     }
                     return Ok(ObjectRecord { key: key.to_string(), ..done });
                 }
-                return Err(match (e, self.upload(bucket, key, upload_id).await) {
-                    (e @ StoreError::Unavailable(_), _) => e,
-                    (_, Err(_)) => StoreError::NoSuchUpload(upload_id.into()),
-                    (e, Ok(_)) => e,
+                if matches!(e, StoreError::Unavailable(_)) {
+                    return Err(e);
+                }
+                return Err(match self.upload(bucket, key, upload_id).await {
+                    Err(_) => StoreError::NoSuchUpload(upload_id.into()),
+                    Ok(_) => e,
                 });
             }
             r => r?,
