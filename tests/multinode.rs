@@ -396,10 +396,12 @@ async fn a_migrated_shared_store_names_its_new_engine_to_every_node() {
 /// A proxy in front of PostgreSQL that, once armed with a piece of SQL,
 /// forwards the COMMIT of the next transaction that sends it, then drops
 /// the connection before the server's answer reaches the client: the
-/// commit is applied, and the client cannot know.
+/// commit is applied, and the client cannot know. Held, it forwards
+/// nothing either way until let go, as a network cut off would.
 struct CommitCutter {
     addr: std::net::SocketAddr,
     armed: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CommitCutter {
@@ -409,14 +411,21 @@ impl CommitCutter {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let armed: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>> = Default::default();
-        let shared = armed.clone();
+        let held: std::sync::Arc<AtomicBool> = Default::default();
+        let (shared, holding) = (armed.clone(), held.clone());
+        let wait_while = |held: &AtomicBool| {
+            while held.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        };
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
                 let server = std::net::TcpStream::connect(upstream).unwrap();
                 let cut = std::sync::Arc::new(AtomicBool::new(false));
                 let (mut from_client, mut to_server) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (armed, cut_up) = (shared.clone(), cut.clone());
+                let (armed, cut_up, held_up, held_down) =
+                    (shared.clone(), cut.clone(), holding.clone(), holding.clone());
                 std::thread::spawn(move || {
                     let (mut buf, mut saw) = ([0u8; 65536], false);
                     while let Ok(n) = from_client.read(&mut buf) {
@@ -433,6 +442,7 @@ impl CommitCutter {
                             }
                         }
                         drop(armed);
+                        wait_while(&held_up);
                         if to_server.write_all(chunk).is_err() {
                             break;
                         }
@@ -446,6 +456,7 @@ impl CommitCutter {
                         if n == 0 || cut.load(Ordering::SeqCst) {
                             break;
                         }
+                        wait_while(&held_down);
                         if to_client.write_all(&buf[..n]).is_err() {
                             break;
                         }
@@ -455,7 +466,11 @@ impl CommitCutter {
                 });
             }
         });
-        CommitCutter { addr, armed }
+        CommitCutter { addr, armed, held }
+    }
+
+    fn hold(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn arm(&self, sql: &str) {
@@ -526,6 +541,42 @@ async fn a_write_whose_commit_answer_was_lost_is_not_answered_as_refused() {
 
     let r = http.put(server.object_url("files", "plain")).body("x").send().await.unwrap();
     assert_eq!(r.status(), 201, "unarmed, writes go on");
+}
+
+/// A node the shared catalog has not answered for longer than its lease on
+/// writes takes none (503 at once, saying why): maintenance may by now
+/// have taken it for stopped. Once the catalog answers again, with no
+/// maintenance running, it takes writes again. Before the lease, such a
+/// node waited on the catalog, and took writes as soon as it answered,
+/// until its next heartbeat looked for maintenance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_the_catalog_has_not_answered_takes_no_writes_past_its_lease() {
+    use std::time::{Duration, Instant};
+    let (server, cutter, _) = behind_a_cutter(&[]).await;
+    let http = client();
+    let r = http.put(server.object_url("files", "before")).body("kept").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    cutter.hold(true);
+    tokio::time::sleep(depot::catalog::NODE_LEASE + Duration::from_secs(1)).await;
+    let r = http.put(server.object_url("files", "cut-off")).body("x").timeout(Duration::from_secs(5)).send();
+    let r = r.await.expect("a write past the lease waited on the catalog");
+    assert_eq!(r.status(), 503);
+    let said = r.text().await.unwrap();
+    assert!(said.contains("has not answered this node"), "{said}");
+    cutter.hold(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http.put(server.object_url("files", "back")).body("y").send().await.unwrap();
+        if r.status() == 201 {
+            break;
+        }
+        assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+        assert!(Instant::now() < deadline, "the node takes no writes once the catalog answers");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = http.get(server.object_url("files", "before")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "kept");
+    server.assert_no_panic();
 }
 
 /// A claim on a content whose COMMIT was applied but whose answer was lost:

@@ -39,6 +39,11 @@ pub type ClaimId = i64;
 /// for stopped.
 pub const NODE_HEARTBEAT: Duration = Duration::from_secs(5);
 pub const NODE_LIFE: Duration = Duration::from_secs(20);
+/// How long a node takes writes after the catalog last answered it that no
+/// maintenance runs (see [`crate::store::Store::lease_writes`]): shorter
+/// than [`NODE_LIFE`], so that it has lapsed before maintenance can take
+/// the node for stopped.
+pub const NODE_LEASE: Duration = Duration::from_secs(15);
 
 pub fn now_millis() -> Millis {
     to_millis(SystemTime::now())

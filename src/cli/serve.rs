@@ -3,13 +3,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
-use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LIFE};
+use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LEASE, NODE_LIFE};
 use crate::config::{FreeSpace, ServeArgs, Settings};
 use crate::engine::{self, DynEngine, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App};
@@ -269,28 +269,15 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     );
     let node = node_name(addr);
     if matches!(settings.catalog, CatalogKind::Postgres(_)) {
+        let sent = Instant::now();
         app.store.catalog().node_seen(&node).await.context("noting this node in the catalog")?;
         refuse_during_maintenance(app.store.catalog(), &node).await?;
+        app.store.lease_writes(sent + NODE_LEASE);
         let (app, node) = (app.clone(), node.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(NODE_HEARTBEAT).await;
-                if let Err(e) = app.store.catalog().node_seen(&node).await {
-                    tracing::warn!("could not note this node in the catalog: {e}");
-                }
-                // Maintenance that needs the store to itself looks for live
-                // nodes once, as it starts: a node the catalog did not hear
-                // from then (cut off, paused) may be back while it runs.
-                // Its writes could then be counted out by `verify --repair`
-                // or left in the old engine by `migrate`: it takes none.
-                match maintenance_running(app.store.catalog(), false).await {
-                    Ok(running) if !running.is_empty() => app.store.refuse_writes(format!(
-                        "{} began while this node was not heard from: restart this node once it has ended",
-                        running.join("; ")
-                    )),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("could not look for maintenance in the catalog: {e}"),
-                }
+                heartbeat(&app.store, &node).await;
             }
         });
     }
@@ -327,6 +314,36 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Notes this node live in the shared catalog, then looks for maintenance
+/// that needs the store to itself. Such maintenance looks for live nodes
+/// once, as it starts: a node the catalog did not hear from then (cut off,
+/// paused) may be back while it runs. Its writes could then be counted
+/// out by `verify --repair` or left in the old engine by `migrate`, so it
+/// takes none. Only a round that finds no maintenance at all renews the
+/// lease on writes (see [`crate::store::Store::lease_writes`]): maintenance
+/// still starting either saw this node and will give way, or began while
+/// the node was silent and will stop it.
+async fn heartbeat(store: &crate::store::Store, node: &str) {
+    let sent = Instant::now();
+    if let Err(e) = store.catalog().node_seen(node).await {
+        tracing::warn!("could not note this node in the catalog: {e}");
+        return;
+    }
+    match maintenance_notes(store.catalog()).await {
+        Ok(notes) if notes.is_empty() => store.lease_writes(sent + NODE_LEASE),
+        Ok(notes) => {
+            let running: Vec<String> = notes.into_iter().filter(|n| n.starts_with(MAINTENANCE)).collect();
+            if !running.is_empty() {
+                store.refuse_writes(format!(
+                    "{} began while this node was not heard from: restart this node once it has ended",
+                    running.join("; ")
+                ));
+            }
+        }
+        Err(e) => tracing::warn!("could not look for maintenance in the catalog: {e}"),
+    }
 }
 
 /// How this node appears to maintenance run against a shared catalog.
@@ -397,18 +414,18 @@ pub(crate) async fn alone<T>(
     out
 }
 
-/// The notes of maintenance that needs the store to itself and runs now,
-/// with `starting` those of maintenance still looking for nodes too.
-async fn maintenance_running(catalog: &dyn Catalog, starting: bool) -> anyhow::Result<Vec<String>> {
+/// The notes of maintenance that needs the store to itself, running or
+/// still looking for nodes.
+async fn maintenance_notes(catalog: &dyn Catalog) -> anyhow::Result<Vec<String>> {
     let nodes = catalog.live_nodes(NODE_LIFE).await?;
-    let wanted = |n: &String| n.starts_with(MAINTENANCE) || (starting && n.starts_with(MAINTENANCE_STARTING));
+    let wanted = |n: &String| n.starts_with(MAINTENANCE) || n.starts_with(MAINTENANCE_STARTING);
     Ok(nodes.into_iter().filter(wanted).collect())
 }
 
 /// Refuses to serve while maintenance that needs the store to itself
 /// runs on the shared catalog (see [`alone`]), once this node is noted.
 async fn refuse_during_maintenance(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
-    let running = maintenance_running(catalog, true).await?;
+    let running = maintenance_notes(catalog).await?;
     if running.is_empty() {
         return Ok(());
     }

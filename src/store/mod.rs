@@ -331,6 +331,11 @@ pub struct Store {
     /// Set after a failed sync, or by [`Store::refuse_writes`]: writes stay
     /// refused until restart, for the reason it holds.
     poisoned: std::sync::OnceLock<String>,
+    /// With a shared catalog, writes are leased (see [`Store::lease_writes`]):
+    /// the end of the lease in milliseconds since `opened`, `u64::MAX` for
+    /// none.
+    lease_ends: AtomicU64,
+    opened: Instant,
     put_time: PutTime,
     /// Held by the collector, verification and backups, one at a time.
     maintenance: tokio::sync::Mutex<()>,
@@ -436,6 +441,8 @@ impl Store {
             guards: BlobGuards::default(),
             hot: HotBlobs::default(),
             poisoned: std::sync::OnceLock::new(),
+            lease_ends: AtomicU64::new(u64::MAX),
+            opened: Instant::now(),
             put_time: PutTime::default(),
             maintenance: tokio::sync::Mutex::new(()),
             free_space: parking_lot::Mutex::new(None),
@@ -506,11 +513,33 @@ impl Store {
         }
     }
 
+    /// Takes writes until `ends` and no longer, unless the lease is renewed
+    /// meanwhile: a node of a shared catalog renews it each time the
+    /// catalog, having noted the node live, says no maintenance runs. A
+    /// node the catalog has not heard from for [`NODE_LIFE`] is taken for
+    /// stopped, and maintenance may then begin; a lease shorter than that
+    /// has lapsed by then, so a node cut off or paused takes no write when
+    /// it is back until it has looked for maintenance again.
+    ///
+    /// [`NODE_LIFE`]: crate::catalog::NODE_LIFE
+    pub fn lease_writes(&self, ends: Instant) {
+        let ends = ends.saturating_duration_since(self.opened).as_millis() as u64;
+        self.lease_ends.store(ends, Ordering::Relaxed);
+    }
+
     fn check_writable(&self) -> Result<()> {
-        match self.poisoned.get() {
-            Some(why) => Err(StoreError::WritesDisabled(why.clone())),
-            None => Ok(()),
+        if let Some(why) = self.poisoned.get() {
+            return Err(StoreError::WritesDisabled(why.clone()));
         }
+        let ends = self.lease_ends.load(Ordering::Relaxed);
+        let now = self.opened.elapsed().as_millis() as u64;
+        if ends != u64::MAX && now > ends {
+            return Err(StoreError::Unavailable(format!(
+                "the shared catalog has not answered this node for {} s: writes wait until it does",
+                (now - ends) / 1000 + crate::catalog::NODE_LEASE.as_secs()
+            )));
+        }
+        Ok(())
     }
 
     // ----- buckets -----
