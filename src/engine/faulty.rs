@@ -78,6 +78,9 @@ pub struct EngineFaults {
     /// `finish`: a failed sync, before the inner engine finishes or after
     /// (the blob stored, the sync of its directory failed), at random.
     pub syncs: Switch,
+    /// How long `read` and `read_small` wait before they begin: a slow
+    /// device.
+    pub read_delay: Mutex<std::time::Duration>,
 }
 
 impl EngineFaults {
@@ -86,6 +89,7 @@ impl EngineFaults {
         for s in [&self.reads, &self.writes, &self.syncs] {
             s.set(Trigger::Never);
         }
+        *self.read_delay.lock() = std::time::Duration::ZERO;
     }
 }
 
@@ -110,12 +114,20 @@ impl FaultyEngine {
             reads: Switch::new(seed),
             writes: Switch::new(seed ^ 0x5752_4954),
             syncs: Switch::new(seed ^ 0x5359_4e43),
+            read_delay: Mutex::new(std::time::Duration::ZERO),
         };
         FaultyEngine { inner, faults: Arc::new(faults) }
     }
 
     fn check_read(&self) -> Result<()> {
         if self.faults.reads.fires() { Err(read_error()) } else { Ok(()) }
+    }
+
+    async fn slow_read(&self) {
+        let delay = *self.faults.read_delay.lock();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
     }
 }
 
@@ -179,6 +191,7 @@ impl BlobEngine for FaultyEngine {
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
+        self.slow_read().await;
         self.check_read()?;
         let faults = self.faults.clone();
         let stream = self.inner.read(blob, range).await?;
@@ -209,6 +222,7 @@ impl BlobEngine for FaultyEngine {
     }
 
     async fn read_small(&self, blobs: &[BlobRef]) -> Result<Vec<Bytes>> {
+        self.slow_read().await;
         self.check_read()?;
         self.inner.read_small(blobs).await
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{App, Limits, serve};
 use crate::catalog::faulty::CatalogFaults;
+use crate::config::Credential;
 use crate::engine::EngineKind;
 use crate::engine::faulty::{EngineFaults, Trigger};
 use crate::store::StoreConfig;
@@ -24,8 +25,13 @@ struct Node {
 
 impl Node {
     async fn start(data: &Path) -> Node {
+        Node::start_with(data, &[]).await
+    }
+
+    async fn start_with(data: &Path, credentials: &[Credential]) -> Node {
         let (store, engine, catalog) = open_faulty(data, EngineKind::Hybrid, 7, StoreConfig::default()).await;
-        let app = Arc::new(App::new(store, Limits::default(), &[], None, "0.0.0.0:0".parse().unwrap(), &[]).unwrap());
+        let listen = "0.0.0.0:0".parse().unwrap();
+        let app = Arc::new(App::new(store, Limits::default(), credentials, None, listen, &[]).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -181,5 +187,128 @@ async fn io_errors_fail_the_request_with_a_500_and_a_message() {
     assert_eq!(deleted.status(), 500);
     node.catalog.commits.set(Trigger::Never);
     assert_eq!(get(&node.object("k")).await, (200, body), "a failed write changed the object");
+    node.stop().await;
+}
+
+static KEY: std::sync::LazyLock<Credential> =
+    std::sync::LazyLock::new(|| Credential { access_key: "tester".into(), secret_key: "tester-secret".into() });
+
+/// HMAC-SHA256 (RFC 2104), for [`signed`].
+fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut block = [0u8; 64];
+    block[..key.len()].copy_from_slice(key);
+    let pad = |byte: u8| block.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(message).finalize();
+    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
+}
+
+/// A request signed with SigV4 by [`KEY`], its payload unsigned, as an
+/// SDK signs it.
+fn signed(http: &reqwest::Client, method: &str, url: &str) -> reqwest::RequestBuilder {
+    use sha2::{Digest, Sha256};
+    let url = reqwest::Url::parse(url).unwrap();
+    let encode = |s: &str| percent_encoding::utf8_percent_encode(s, SIGV4_SET).to_string();
+    let mut query: Vec<String> = url.query_pairs().map(|(n, v)| format!("{}={}", encode(&n), encode(&v))).collect();
+    query.sort();
+    let host = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let date: String = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect();
+    let scope = format!("{}/us-east-1/s3/aws4_request", &date[..8]);
+    let headers = "host;x-amz-content-sha256;x-amz-date";
+    let canonical = format!(
+        "{method}\n{}\n{}\nhost:{host}\nx-amz-content-sha256:UNSIGNED-PAYLOAD\nx-amz-date:{date}\n\n{headers}\nUNSIGNED-PAYLOAD",
+        url.path(),
+        query.join("&")
+    );
+    let to_sign = format!("AWS4-HMAC-SHA256\n{date}\n{scope}\n{}", hex::encode(Sha256::digest(&canonical)));
+    let mut key = hmac(format!("AWS4{}", KEY.secret_key).as_bytes(), &date.as_bytes()[..8]);
+    for part in ["us-east-1", "s3", "aws4_request"] {
+        key = hmac(&key, part.as_bytes());
+    }
+    let signature = hex::encode(hmac(&key, to_sign.as_bytes()));
+    let authorization = format!(
+        "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={headers}, Signature={signature}",
+        KEY.access_key
+    );
+    http.request(method.parse().unwrap(), url)
+        .header("x-amz-content-sha256", "UNSIGNED-PAYLOAD")
+        .header("x-amz-date", date)
+        .header("authorization", authorization)
+}
+
+/// What SigV4 leaves unencoded: letters, digits and `-._~`.
+const SIGV4_SET: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// A CompleteMultipartUpload that works longer than S3's clients wait on a
+/// silent socket (parts read back from a slow device) begins its 200
+/// answer before it ends, then sends its result; an error found after the
+/// 200 comes as S3's error document within it, as S3 sends it. (The spaces
+/// sent meanwhile: `kept_alive_sends_spaces_until_the_document`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_completion_is_kept_alive_until_its_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with(dir.path(), std::slice::from_ref(&KEY)).await;
+    let http = reqwest::Client::new();
+    let part = big(300_000, 5);
+    let mut uploads = Vec::new();
+    for key in ["slow", "failing"] {
+        let r = signed(&http, "POST", &format!("{}?uploads", node.object(key))).send().await.unwrap();
+        let text = r.text().await.unwrap();
+        let id = text
+            .split_once("<UploadId>")
+            .unwrap_or_else(|| panic!("{text}"))
+            .1
+            .split_once("</UploadId>")
+            .unwrap()
+            .0
+            .to_string();
+        let url = format!("{}?partNumber=1&uploadId={id}", node.object(key));
+        let r = signed(&http, "PUT", &url).body(part.clone()).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let tag = r.headers()["etag"].to_str().unwrap().to_string();
+        let document = format!(
+            "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{tag}</ETag></Part></CompleteMultipartUpload>"
+        );
+        uploads.push((format!("{}?uploadId={id}", node.object(key)), document));
+    }
+    let delay = Duration::from_secs(6);
+    *node.engine.read_delay.lock() = delay;
+    let complete = |(url, document): (String, String)| {
+        let http = http.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let r = signed(&http, "POST", &url).body(document).send().await.unwrap();
+            let head = started.elapsed();
+            (r.status().as_u16(), head, r.text().await.unwrap(), started.elapsed())
+        }
+    };
+    let (slow_status, slow_head, slow, slow_took) = complete(uploads.remove(0)).await;
+    node.engine.reads.set(Trigger::Always);
+    let (failing_status, failing_head, failing, failing_took) = complete(uploads.remove(0)).await;
+    node.engine.off();
+
+    let declaration = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+    for (status, head, body, took) in
+        [(slow_status, slow_head, &slow, slow_took), (failing_status, failing_head, &failing, failing_took)]
+    {
+        assert_eq!(status, 200, "{body}");
+        assert!(took >= delay && head < delay, "the answer began after {head:?}, ended after {took:?}");
+        let rest = body.strip_prefix(declaration).unwrap_or_else(|| panic!("no declaration first: {body:?}"));
+        assert!(rest.trim_start().starts_with('<') && !rest.contains("<?xml"), "{body:?}");
+    }
+    assert!(
+        slow.contains("<CompleteMultipartUploadResult") && slow.contains("<ETag>") && slow.contains("-1"),
+        "{slow}"
+    );
+    assert!(failing.contains("<Error><Code>") && !failing.contains("Result"), "{failing}");
+    let r = signed(&http, "GET", &node.object("slow")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.bytes().await.unwrap().to_vec()), (200, part));
+    let r = signed(&http, "GET", &node.object("failing")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
     node.stop().await;
 }

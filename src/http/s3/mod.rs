@@ -20,6 +20,10 @@ mod ops;
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
 
 use http_body_util::BodyExt;
 use s3s::access::{S3Access, S3AccessContext};
@@ -92,16 +96,32 @@ fn sigv4_signed_headers(auth: &str) -> Option<&str> {
     if algorithm != "AWS4-HMAC-SHA256" {
         return None;
     }
-    let mut parts = rest.split(',').map(str::trim);
+    let mut parts = rest.split(',');
     let (Some(credential), Some(signed), Some(signature), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return None;
     };
-    if !credential.starts_with("Credential=") || !signature.starts_with("Signature=") {
+    if !credential.trim().starts_with("Credential=") || !signature.trim().starts_with("Signature=") {
         return None;
     }
-    signed.strip_prefix("SignedHeaders=")
+    // Up to the comma, as the protocol layer reads it: a space before the
+    // comma is part of the last name.
+    signed.trim_start().strip_prefix("SignedHeaders=")
+}
+
+/// Whether every name of a SigV4 signed-header list is one the protocol
+/// layer finds as it is written: a header name in lowercase, as SigV4
+/// writes them. The protocol layer looks each name up byte for byte and
+/// leaves out of the signature one that matches no header, so a name in
+/// capitals, or with a space, added to a captured request's list would
+/// change nothing it checks while passing for the name of a header added
+/// with it.
+fn names_as_signed(signed: &str) -> bool {
+    signed.split(';').all(|name| {
+        !name.is_empty()
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b))
+    })
 }
 
 /// What S3 refuses about a request's signing and the protocol layer lets
@@ -176,11 +196,17 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
         }
     };
     if let Some(signed) = signed {
+        if !names_as_signed(signed) {
+            return Some(bad_request(
+                "AuthorizationHeaderMalformed",
+                "the signed headers must be header names in lowercase, separated by `;`",
+            ));
+        }
         let unsigned: Vec<&str> = req
             .headers()
             .keys()
             .map(|name| name.as_str())
-            .filter(|name| name.starts_with("x-amz-") && !signed.split(';').any(|s| s.eq_ignore_ascii_case(name)))
+            .filter(|name| name.starts_with("x-amz-") && !signed.split(';').any(|s| s == *name))
             .collect();
         if !unsigned.is_empty() {
             let message =
@@ -465,9 +491,86 @@ fn missing_message(code: &str) -> Option<&'static str> {
     }
 }
 
+/// How long a CompleteMultipartUpload works before its answer begins, and
+/// how often it then sends a space (see [`kept_alive`]). SDKs give up on a
+/// socket silent for 30 s (the Java SDK) to 60 s (boto3).
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+/// The start of every XML answer.
+const XML_DECLARATION: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+
 /// Answers one S3 request; `anonymous`: from a caller without a Bearer
 /// token on a server with credentials (a signature is checked later).
 pub async fn handle(service: &S3Service, req: Request, anonymous: bool, request_id: &str) -> Response {
+    let query = req.uri().query().unwrap_or("");
+    let completion = req.method() == http::Method::POST
+        && form_urlencoded::parse(query.as_bytes()).any(|(name, _)| name == "uploadId");
+    if completion {
+        let (service, request_id) = (service.clone(), request_id.to_string());
+        let work = tokio::spawn(async move { answer(&service, req, anonymous, &request_id).await });
+        return kept_alive(work, KEEP_ALIVE).await;
+    }
+    answer(service, req, anonymous, request_id).await
+}
+
+/// A CompleteMultipartUpload's answer, kept alive as S3 keeps it: Complete
+/// reads every part back, which for a large object can outlast a client's
+/// patience with a silent socket. Work that takes longer than `every` is
+/// answered 200 at once, with the XML declaration, then a space every
+/// `every`, then the document it ends with, the result or an error (S3's
+/// clients look for an error in a Complete's 200). The work goes on to its
+/// end if the client goes away, as it would on S3.
+async fn kept_alive(mut work: tokio::task::JoinHandle<Response>, every: Duration) -> Response {
+    tokio::select! {
+        done = &mut work => return joined(done),
+        () = tokio::time::sleep(every) => {}
+    }
+    let spaces = futures::stream::unfold(Some(work), move |work| async move {
+        let mut work = work?;
+        tokio::select! {
+            done = &mut work => Some((document(joined(done)).await, None)),
+            () = tokio::time::sleep(every) => Some((Ok(Bytes::from_static(b" ")), Some(work))),
+        }
+    });
+    let start = futures::stream::once(async { Ok(Bytes::from_static(XML_DECLARATION.as_bytes())) });
+    let body = http_body_util::StreamBody::new(start.chain(spaces).map(|chunk| chunk.map(hyper::body::Frame::data)));
+    let mut response = http::Response::new(body.boxed_unsync());
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+    response
+}
+
+/// The answer of finished work; a panic in it is an `InternalError`.
+fn joined(done: Result<Response, tokio::task::JoinError>) -> Response {
+    done.unwrap_or_else(|e| {
+        tracing::error!("an S3 request failed: {e}");
+        super::error_response(&ApiError::new(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "the S3 request could not be answered",
+        ))
+    })
+}
+
+/// An XML answer's document without its declaration, to follow the one
+/// [`kept_alive`] sent; any other answer as S3's `InternalError`.
+async fn document(answer: Response) -> io::Result<Bytes> {
+    let xml = answer.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/xml");
+    let body = answer.into_body().collect().await?.to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    let text = text.trim_start();
+    if !xml {
+        let message = super::listing::escape(text);
+        return Ok(Bytes::from(format!("<Error><Code>InternalError</Code><Message>{message}</Message></Error>")));
+    }
+    let document = match text.strip_prefix("<?xml") {
+        Some(rest) => rest.split_once("?>").map_or(rest, |(_, after)| after).trim_start(),
+        None => text,
+    };
+    Ok(Bytes::copy_from_slice(document.as_bytes()))
+}
+
+/// Answers one S3 request, as [`handle`] does.
+async fn answer(service: &S3Service, req: Request, anonymous: bool, request_id: &str) -> Response {
     let head = req.method() == http::Method::HEAD;
     let resource = req.uri().path().to_string();
     let prepared = match refused_signing(&req) {
@@ -683,6 +786,50 @@ fn sigv2_date(value: &str) -> Option<std::time::SystemTime> {
 
 #[cfg(test)]
 mod tests {
+    fn xml(status: u16, text: &str) -> Response {
+        let mut r = http::Response::new(http_body_util::Full::new(Bytes::from(text.to_string())));
+        *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
+        r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+        r.map(|b| b.map_err(|never| match never {}).boxed_unsync())
+    }
+
+    async fn text(r: Response) -> (u16, String) {
+        let status = r.status().as_u16();
+        (status, String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap())
+    }
+
+    /// Work done within the first wait is answered as it is; longer work
+    /// is answered 200 at once, with a space every wait, then the document
+    /// of its answer, an error too.
+    #[tokio::test]
+    async fn kept_alive_sends_spaces_until_the_document() {
+        let every = Duration::from_millis(100);
+        let later = |after: u64, answer: Response| {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                answer
+            })
+        };
+        let quick = kept_alive(later(0, xml(400, "<?xml version=\"1.0\"?><Error/>")), every).await;
+        assert_eq!(text(quick).await, (400, "<?xml version=\"1.0\"?><Error/>".into()));
+
+        let result = format!("{XML_DECLARATION}<CompleteMultipartUploadResult/>");
+        let (status, body) = text(kept_alive(later(450, xml(200, &result)), every).await).await;
+        assert_eq!(status, 200);
+        let spaces = body.strip_prefix(XML_DECLARATION).unwrap().strip_suffix("<CompleteMultipartUploadResult/>");
+        let spaces = spaces.unwrap_or_else(|| panic!("{body:?}"));
+        assert!((2..=4).contains(&spaces.len()) && spaces.bytes().all(|b| b == b' '), "{body:?}");
+
+        let error = format!("{XML_DECLARATION}<Error><Code>InternalError</Code></Error>");
+        let (status, body) = text(kept_alive(later(250, xml(500, &error)), every).await).await;
+        assert_eq!(status, 200);
+        assert!(body.starts_with(XML_DECLARATION) && body.trim_end().ends_with("<Code>InternalError</Code></Error>"));
+        assert_eq!(body.matches("<?xml").count(), 1, "{body:?}");
+
+        let panicked = tokio::spawn(async { panic!("a bug") });
+        let (status, body) = text(kept_alive(panicked, every).await).await;
+        assert_eq!(status, 500, "{body}");
+    }
     #[test]
     fn sigv2_dates_may_end_in_an_offset_or_utc() {
         let gmt = sigv2_date("Fri, 27 Nov 2026 12:59:19 GMT").unwrap();
