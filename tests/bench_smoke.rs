@@ -4,6 +4,8 @@
 //! Passes whether or not nginx and wrk are installed (their rows are then
 //! skip rows).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -323,4 +325,45 @@ async fn bench_leaves_no_database_behind_on_the_engines_servers() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The postgres engine's tables of a run are in a schema of the run's own,
+/// dropped with it: the collection after each experiment, with no grace
+/// period, leaves what another store keeps in the same database alone.
+/// (It used to run in the database's own tables, and removed every blob
+/// the bench's catalog did not know: the other store's.)
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_leaves_another_stores_postgres_blobs_alone() {
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("store");
+    let body = common::pattern(20_000, 7);
+    let flags = ["--engine", "postgres", "--engine-url", url.as_str()];
+    let mut store = common::Server::start_in(&data, &flags);
+    let r = common::client().put(store.object_url("files", "kept")).body(body.clone()).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(store.stop().success());
+
+    let (out, bench_url) = (dir.path().join("out"), url.clone());
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(["bench", "smallfiles", "--quick", "--engines", "postgres", "--postgres-url", &bench_url, "--out"])
+            .arg(&out)
+            .output()
+            .expect("running depot bench")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("| depot postgres | files/s |"), "postgres was not measured: {stdout}");
+
+    let store = common::Server::start_in(&data, &flags);
+    let r = common::client().get(store.object_url("files", "kept")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap() == body, "another store's blob changed");
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let schemas = db.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'depot_bench_%'", &[]).await.unwrap();
+    assert!(schemas.is_empty(), "the run's schema was left");
 }

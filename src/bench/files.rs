@@ -27,8 +27,8 @@ use super::load::{self, Connection};
 use super::nginx::Nginx;
 use super::stats::Summary;
 use super::{
-    DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches, is_root,
-    purge, rss, server_stats, stored_bytes, stores_on_a_server,
+    DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches, purge,
+    remote_usage, rss, server_stats, stored_bytes, stores_on_a_server,
 };
 
 const NAME: &str = "files";
@@ -167,7 +167,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let progress = Progress::new(NAME, per_engine * settings.engines.len().max(1) as u64);
     let mut rows = Vec::new();
     let logical = (2 * scale.files * scale.size) as f64;
-    let plain = Plain::new(&settings.scratch.join("files-plain"), scale, base.clone());
+    let cold = drop_caches().is_ok();
+    let plain = Plain::new(&settings.scratch.join("files-plain"), scale, base.clone(), cold);
     progress.doing("nginx: starting");
     let nginx = Nginx::start(&settings.scratch.join("files-nginx"), settings.threads)
         .and_then(|n| {
@@ -207,6 +208,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         };
         let backend = engine.backend_port.and_then(rss::listener_pid).map(rss::Sampler::start);
+        let usage_at_start = remote_usage(&server, &engine.name).await;
         match engine_phases(&mut server, engine, scale, &base, &plain, &nginx, &progress).await {
             Ok((secs, peers, extra)) => {
                 for (slot, phase) in Phase::ALL.into_iter().enumerate() {
@@ -233,7 +235,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 if let Some(sampler) = backend {
                     rows.push(Row::single(NAME, case, &subject, "backend peak RSS MB", sampler.finish() as f64 / 1e6));
                 }
-                match stored_bytes(&server, &engine.name).await {
+                match stored_bytes(&server, &engine.name, &usage_at_start).await {
                     Ok(disk) => rows.push(Row::single(NAME, case, &subject, DISK, disk as f64 / logical)),
                     Err(e) => rows.push(Row::skipped(NAME, case, &subject, DISK, &format!("{e:#}"))),
                 }
@@ -310,10 +312,10 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 "Reads are {}. MB/s = 10^6 bytes per second of the phase's wall time; the seed column is the seed's \
                  time turned into MB/s (NTFS beside depot fs and plain files, SQL Server beside sqlite and postgres, \
                  GridFS beside gridfs).",
-                if is_root() {
+                if cold {
                     "cold: the page cache dropped and the server restarted before each read phase"
                 } else {
-                    "warm (dropping the page cache needs root)"
+                    "warm (the page cache could not be dropped: that needs root and a writable /proc/sys)"
                 }
             ),
             "% of upload time in the catalog: the server's own split of upload time (depot_put_seconds_total) \
@@ -330,7 +332,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                  each read phase runs {READ_ROUNDS} times, {}: median and spread of the runs. × plain files: \
                  depot's MB/s over that of the plain files' run right after it.",
                 READ_SIZE >> 10,
-                if is_root() { "every time from a cold cache" } else { "warm" }
+                if cold { "every time from a cold cache" } else { "warm" }
             ),
             format!(
                 "{NGINX}: each read run on plain files is followed by the same reads of the same files, from \
@@ -339,7 +341,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                  round; nginx's × plain files, its MB/s over the plain files' run right before it. What an HTTP \
                  server can make of the disk on this machine, its client on the same cores.",
                 settings.threads,
-                if is_root() { "from a cold cache" } else { "warm" }
+                if cold { "from a cold cache" } else { "warm" }
             ),
         ],
         chart_metric: MBS.into(),
@@ -409,8 +411,11 @@ impl Peers {
         }
         if let (Ok(nginx), Ok(secs)) = (nginx, &mut self.nginx) {
             progress.doing(&format!("{NGINX}: {}{}", phase.case(), phase.round_label(round)));
-            let _ = drop_caches();
-            match read_phase(nginx.addr, phase, scale, nginx_path).await {
+            let read = async {
+                plain.make_cold()?;
+                read_phase(nginx.addr, phase, scale, nginx_path).await
+            };
+            match read.await {
                 Ok(s) => secs[slot].push(s),
                 Err(e) => self.nginx = Err(format!("nginx failed: {e:#}")),
             }
@@ -454,7 +459,7 @@ async fn engine_phases(
     for (slot, phase) in Phase::ALL.into_iter().enumerate() {
         for round in 0..phase.rounds() {
             progress.doing(&format!("{subject}: {}{}", phase.case(), phase.round_label(round)));
-            if phase.reads() && is_root() {
+            if phase.reads() && plain.cold {
                 extra.server_peak = extra.server_peak.max(server.peak_rss().unwrap_or(0));
                 server.restart_cold()?;
             }
@@ -561,12 +566,24 @@ struct Plain {
     paths: Arc<Vec<PathBuf>>,
     files: usize,
     base: Bytes,
+    /// Whether every read phase, of every subject, starts from a dropped
+    /// page cache: found once, as the run starts.
+    cold: bool,
 }
 
 impl Plain {
-    fn new(dir: &Path, scale: Scale, base: Bytes) -> Plain {
+    fn new(dir: &Path, scale: Scale, base: Bytes, cold: bool) -> Plain {
         let paths = (0..2 * scale.files).map(|f| dir.join(name(f))).collect();
-        Plain { dir: dir.to_path_buf(), paths: Arc::new(paths), files: scale.files, base }
+        Plain { dir: dir.to_path_buf(), paths: Arc::new(paths), files: scale.files, base, cold }
+    }
+
+    /// Drops the page cache before a read phase of a cold run: one that
+    /// cannot is an error, not a warm phase among cold ones.
+    fn make_cold(&self) -> anyhow::Result<()> {
+        if self.cold {
+            drop_caches().map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
     }
 
     /// Runs one phase: its seconds. Writes replace the files of an earlier
@@ -576,7 +593,7 @@ impl Plain {
         // nginx's workers read the files as an unprivileged user.
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755))?;
         if phase.reads() {
-            let _ = drop_caches();
+            self.make_cold()?;
         }
         let (paths, base, n) = (self.paths.clone(), self.base.clone(), self.files);
         let started = Instant::now();

@@ -205,10 +205,16 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         rows.extend(rate_rows(PUT_CASE, &target.subject, outcome, None));
         if let Ok(outcome) = outcome {
             let logical = outcome.ok_total * PUT_SIZE as u64;
-            let grown = occupied(target).await.saturating_sub(before);
-            if logical > 0 {
-                let metric = "disk bytes per byte";
-                rows.push(Row::single(NAME, PUT_CASE, &target.subject, metric, grown as f64 / logical as f64));
+            let metric = "disk bytes per byte";
+            match (occupied(target).await, before) {
+                _ if logical == 0 => {}
+                (Ok(after), Ok(before)) => {
+                    let grown = after.saturating_sub(before);
+                    rows.push(Row::single(NAME, PUT_CASE, &target.subject, metric, grown as f64 / logical as f64));
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    rows.push(Row::skipped(NAME, PUT_CASE, &target.subject, metric, &format!("{e:#}")))
+                }
             }
         }
     }
@@ -330,12 +336,12 @@ fn ratio_rows(case: &str, targets: &[Target], outcomes: &[Result<load::Outcome, 
 
 /// Bytes a target's writes occupy: its directory, plus what the engine's
 /// server reports for server engines.
-async fn occupied(target: &Target) -> u64 {
+async fn occupied(target: &Target) -> anyhow::Result<u64> {
     let mut total = disk_usage(&target.written);
     if target.on_a_server {
-        total += remote_disk_bytes(target.addr).await.unwrap_or(0);
+        total += remote_disk_bytes(target.addr).await?;
     }
-    total
+    Ok(total)
 }
 
 /// The rows of one load run: rate, ms/request, p50 and p99.
@@ -398,6 +404,33 @@ fn parse_wrk(text: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each of depot's rounds is set against nginx's round of the same
+    /// index: rounds 1, 2, 4 against 4, 2, 1 give the ratios 0.25, 1 and
+    /// 4. Paired any other way (sorted, or medians divided) they would
+    /// give 1, 1, 1, and rounds of nginx that failed would shift them.
+    #[test]
+    fn ratios_pair_rounds_of_the_same_index() {
+        let target = |subject: &str| Target {
+            subject: subject.into(),
+            addr: "127.0.0.1:1".parse().unwrap(),
+            get_prefix: "",
+            put_prefix: "",
+            written: PathBuf::new(),
+            on_a_server: false,
+            from_disk: true,
+        };
+        let outcome = |per_round: &[f64]| {
+            Ok(load::Outcome { per_round: per_round.to_vec(), latencies_us: Vec::new(), ok_total: 0 })
+        };
+        let targets = [target("depot hybrid"), target("nginx"), target("depot fs")];
+        let outcomes = [outcome(&[1.0, 2.0, 4.0]), outcome(&[4.0, 2.0, 1.0]), Err("failed".to_string())];
+        let rows = ratio_rows("GET 1 KB", &targets, &outcomes);
+        assert_eq!(rows.len(), 1, "one ratio, for the subject that ran: {rows:?}");
+        let row = &rows[0];
+        assert_eq!((row.subject.as_str(), row.metric.as_str()), ("depot hybrid", RATIO));
+        assert_eq!((row.value, row.min, row.max), (Some(1.0), Some(0.25), Some(4.0)));
+    }
 
     #[test]
     fn wrk_summaries_are_read() {

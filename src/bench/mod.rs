@@ -110,7 +110,9 @@ pub struct BenchArgs {
     /// (default: the number of CPU cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// The PostgreSQL server for the postgres engine (postgres://...).
+    /// The PostgreSQL server for the postgres engine (postgres://...,
+    /// without options=); each run uses a schema of its own there and
+    /// drops it.
     #[arg(long, env = "DEPOT_BENCH_POSTGRES", value_name = "URL", hide_env_values = true)]
     pub postgres_url: Option<String>,
     /// The MongoDB server for the gridfs engine (mongodb://host:port, any
@@ -166,6 +168,10 @@ pub struct Settings {
     s3_bucket: Option<(String, S3Config)>,
     /// The gridfs engine's database, made by its first write.
     gridfs_url: Option<String>,
+    /// The PostgreSQL server given and the schema of this run there, made
+    /// before the first experiment: the postgres engine's tables are the
+    /// run's own, whatever else the database holds.
+    postgres_schema: Option<(String, String)>,
 }
 
 impl Settings {
@@ -184,14 +190,24 @@ impl Settings {
             bail!("--engines names no engine; engines: {}", EngineKind::ALL.map(EngineKind::name).join(", "));
         }
         let mut engines = Vec::new();
-        let (mut s3_bucket, mut gridfs_url) = (None, None);
+        let (mut s3_bucket, mut gridfs_url, mut postgres_schema) = (None, None, None);
         let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for name in names {
             let kind: EngineKind = name.parse().map_err(anyhow::Error::msg)?;
             let url = match kind {
-                EngineKind::Postgres => {
-                    args.postgres_url.clone().ok_or_else(|| "no PostgreSQL given (--postgres-url)".to_string())
-                }
+                EngineKind::Postgres => match &args.postgres_url {
+                    None => Err("no PostgreSQL given (--postgres-url)".to_string()),
+                    Some(url) if url.contains("options=") => Err(
+                        "the bench sets the search path to a schema of its own: give --postgres-url without options="
+                            .to_string(),
+                    ),
+                    Some(url) => {
+                        let schema = format!("depot_bench_{run_id}");
+                        let separator = if url.contains('?') { '&' } else { '?' };
+                        postgres_schema = Some((url.clone(), schema.clone()));
+                        Ok(format!("{url}{separator}options=-c%20search_path%3D{schema}"))
+                    }
+                },
                 EngineKind::Gridfs => {
                     gridfs_url = args
                         .mongo_url
@@ -235,15 +251,43 @@ impl Settings {
             scratch: PathBuf::new(),
             s3_bucket,
             gridfs_url,
+            postgres_schema,
         })
     }
 }
 
+/// Makes the postgres engine's schema for this run; an engine that cannot
+/// have it is skipped, saying why.
+async fn make_remote_scratch(settings: &mut Settings) {
+    let Some((url, schema)) = &settings.postgres_schema else { return };
+    let made = async {
+        let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        db.batch_execute(&format!("CREATE SCHEMA {schema}")).await
+    };
+    if let Err(e) = made.await {
+        let why = format!("cannot create the schema {schema}: {}", crate::pg::PgError::from(e));
+        for engine in settings.engines.iter_mut().filter(|e| e.name == "postgres") {
+            engine.serve_flags = Err(why.clone());
+        }
+        settings.postgres_schema = None;
+    }
+}
+
 /// Drops what the run made on the engines' servers: the gridfs engine's
-/// database and the s3 engine's bucket, both named for this run alone.
-/// (The postgres engine's tables are in the database given, and its
-/// blobs were collected after each experiment.)
+/// database, the s3 engine's bucket and the postgres engine's schema, each
+/// named for this run alone.
 async fn remove_remote_scratch(settings: &Settings) {
+    if let Some((url, schema)) = &settings.postgres_schema {
+        let dropped = async {
+            let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(conn);
+            db.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await
+        };
+        if let Err(e) = dropped.await {
+            eprintln!("could not drop the bench's PostgreSQL schema {schema}: {}", crate::pg::PgError::from(e));
+        }
+    }
     if let Some(url) = &settings.gridfs_url {
         let dropped = async {
             let client = mongodb::Client::with_uri_str(url).await?;
@@ -463,15 +507,23 @@ pub fn stores_on_a_server(engine: &str) -> bool {
     matches!(engine, "postgres" | "gridfs" | "s3")
 }
 
-/// Bytes an engine's blobs and the catalog take: the whole data directory
-/// for a local engine; for one storing on a server, what the server reports
-/// (`disk_bytes` of `/_/stats`) plus the data directory (the catalog).
-pub async fn stored_bytes(server: &DepotServer, engine: &str) -> anyhow::Result<u64> {
-    let local = disk_usage(&server.data);
-    if !stores_on_a_server(engine) {
-        return Ok(local);
+/// What an engine occupies on its own server now (`disk_bytes` of
+/// `/_/stats`); 0 for a local engine.
+pub async fn remote_usage(server: &DepotServer, engine: &str) -> anyhow::Result<u64> {
+    match stores_on_a_server(engine) {
+        true => remote_disk_bytes(server.addr).await,
+        false => Ok(0),
     }
-    Ok(remote_disk_bytes(server.addr).await? + local)
+}
+
+/// Bytes an engine's blobs and the catalog take: the whole data directory,
+/// plus, for an engine storing on a server, what its usage there grew by
+/// since `start` (its [`remote_usage`] when the server started: earlier
+/// experiments of the run may have left bytes there, as PostgreSQL keeps
+/// deleted rows until a vacuum).
+pub async fn stored_bytes(server: &DepotServer, engine: &str, start: &anyhow::Result<u64>) -> anyhow::Result<u64> {
+    let start = start.as_ref().map_err(|e| anyhow::anyhow!("the engine's usage at start is unknown: {e:#}"))?;
+    Ok(disk_usage(&server.data) + remote_usage(server, engine).await?.saturating_sub(*start))
 }
 
 /// A depot server's `/_/stats` answer.
@@ -515,7 +567,7 @@ pub async fn purge(
     args.extend(flags.iter().cloned());
     let mut cmd = depot_command(&args, &data);
     cmd.env("DEPOT_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let out = tokio::process::Command::from(cmd).output().await.context("running depot gc")?;
+    let out = tokio::process::Command::from(cmd).kill_on_drop(true).output().await.context("running depot gc")?;
     if !out.status.success() {
         bail!("depot gc: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
@@ -558,10 +610,13 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
         }
     };
     match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(Some(addr)) => {
-            let addr = addr.parse().with_context(|| format!("depot serve announced {addr:?}"))?;
-            Ok((child, addr, log))
-        }
+        Ok(Some(announced)) => match announced.parse() {
+            Ok(addr) => Ok((child, addr, log)),
+            Err(e) => {
+                refused(&mut child, &log);
+                Err(anyhow::anyhow!("depot serve announced {announced:?}: {e}"))
+            }
+        },
         Ok(None) | Err(_) => {
             // Give the reader a moment to collect the last lines.
             std::thread::sleep(Duration::from_millis(100));
@@ -597,8 +652,9 @@ pub(crate) mod running {
 
     /// Waits for SIGINT or SIGTERM; then asks every server still running
     /// to stop (nginx's master stops its workers), waits up to five seconds
-    /// for them, removes `scratch` and exits.
-    pub(crate) async fn stop_all_on_signal(scratch: std::path::PathBuf) {
+    /// for them, removes the scratch directory and what the run made on
+    /// the engines' servers, and exits.
+    pub(crate) async fn stop_all_on_signal(settings: super::Settings) {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut interrupt), Ok(mut termination)) =
             (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
@@ -620,8 +676,11 @@ pub(crate) mod running {
         while pids.iter().any(alive) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let _ = std::fs::remove_dir_all(&scratch);
-        eprintln!("\ninterrupted: the servers started are stopped and {} is removed", scratch.display());
+        let _ = std::fs::remove_dir_all(&settings.scratch);
+        if tokio::time::timeout(Duration::from_secs(10), super::remove_remote_scratch(&settings)).await.is_err() {
+            eprintln!("\nthe engines' servers did not answer within 10 s: what the run made there is left");
+        }
+        eprintln!("\ninterrupted: the servers started are stopped and {} is removed", settings.scratch.display());
         std::process::exit(code);
     }
 }
@@ -714,7 +773,6 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("a scratch directory in {}", out.display()))?;
     settings.scratch = scratch.path().to_path_buf();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.spawn(running::stop_all_on_signal(settings.scratch.clone()));
     if let Some((endpoint, config)) = &settings.s3_bucket
         && let Err(e) = runtime.block_on(crate::engine::s3::create_bucket(Some(endpoint), config))
     {
@@ -723,29 +781,44 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         }
         settings.s3_bucket = None;
     }
-    let machine = machine::facts(&out, &settings);
+    runtime.block_on(make_remote_scratch(&mut settings));
+    runtime.spawn(running::stop_all_on_signal(settings.clone()));
+    let ran = run_experiments(args, &out, &settings, &runtime);
+    runtime.block_on(remove_remote_scratch(&settings));
+    drop(runtime);
+    drop(scratch);
+    let (machine, experiments) = ran?;
+    let markdown = report::write_all(&out, &machine, &experiments)?;
+    say!("{markdown}")?;
+    say!("written to {}", out.display())?;
+    Ok(())
+}
+
+/// The machine's facts and each experiment's report, or the first
+/// experiment's failure.
+fn run_experiments(
+    args: &BenchArgs,
+    out: &Path,
+    settings: &Settings,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<(machine::Facts, Vec<ExperimentReport>)> {
+    let machine = machine::facts(out, settings);
     let mut experiments = Vec::new();
     for experiment in args.experiment.expand() {
         let report = runtime.block_on(async {
             match experiment {
-                Experiment::Files => files::run(&settings).await,
-                Experiment::Http => http::run(&settings).await,
-                Experiment::Mget => mget::run(&settings).await,
-                Experiment::Chunks => chunks::run(&settings).await,
-                Experiment::Smallfiles => smallfiles::run(&settings).await,
-                Experiment::Scale => scale::run(&settings).await,
+                Experiment::Files => files::run(settings).await,
+                Experiment::Http => http::run(settings).await,
+                Experiment::Mget => mget::run(settings).await,
+                Experiment::Chunks => chunks::run(settings).await,
+                Experiment::Smallfiles => smallfiles::run(settings).await,
+                Experiment::Scale => scale::run(settings).await,
                 Experiment::All => unreachable!("expanded above"),
             }
         })?;
         experiments.push(report);
     }
-    runtime.block_on(remove_remote_scratch(&settings));
-    drop(runtime);
-    drop(scratch);
-    let markdown = report::write_all(&out, &machine, &experiments)?;
-    say!("{markdown}")?;
-    say!("written to {}", out.display())?;
-    Ok(())
+    Ok((machine, experiments))
 }
 
 #[cfg(test)]

@@ -216,6 +216,7 @@ async fn measure_depot(
     let data = settings.scratch.join(format!("smallfiles-{index}-{}", engine.name));
     let server = DepotServer::start(&engine.name, flags, &data, settings.threads)?;
     let addr = server.addr;
+    let usage_at_start = super::remote_usage(&server, &engine.name).await;
     progress.doing(&format!("{subject}: writing {} files", thousands(scale.files as u64)));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -239,7 +240,8 @@ async fn measure_depot(
         w.await??;
     }
     let ingest = scale.files as f64 / started.elapsed().as_secs_f64();
-    let disk_per_byte = at_rest(|| super::stored_bytes(&server, &engine.name)).await? as f64 / logical as f64;
+    let disk_per_byte =
+        at_rest(|| super::stored_bytes(&server, &engine.name, &usage_at_start)).await? as f64 / logical as f64;
 
     progress.doing(&format!("{subject}: listing"));
     let started = Instant::now();
