@@ -287,6 +287,15 @@ fn bench_scale_quick_measures_memory_while_streaming_and_start_up() {
     assert!((0.0..=added).contains(&own), "{own} MB per million objects without mapped pages, {added} MB with");
 }
 
+/// Runs a bench off the test's runtime threads; it must succeed.
+async fn run_aside(command: &mut Command) -> std::process::Output {
+    let mut command = std::mem::replace(command, Command::new(BIN));
+    let output = tokio::task::spawn_blocking(move || command.output().expect("running depot bench")).await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
 /// The gridfs engine's database and the s3 engine's bucket are made for
 /// one run; the run takes them away with it.
 #[tokio::test(flavor = "multi_thread")]
@@ -302,21 +311,16 @@ async fn bench_leaves_no_database_behind_on_the_engines_servers() {
     let before = bench_databases().await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_path_buf();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(BIN)
-            .args(["bench", "http", "--quick", "--engines", "gridfs,s3", "--out"])
-            .arg(&out)
-            .env("DEPOT_BENCH_MONGO", &mongo)
-            .env("DEPOT_BENCH_S3", &s3)
-            .env("DEPOT_BENCH_S3_ACCESS_KEY", config.access_key.unwrap())
-            .env("DEPOT_BENCH_S3_SECRET_KEY", config.secret_key.unwrap())
-            .output()
-            .expect("running depot bench")
-    })
-    .await
-    .unwrap();
+    let mut command = Command::new(BIN);
+    command
+        .args(["bench", "http", "--quick", "--engines", "gridfs,s3", "--out"])
+        .arg(&out)
+        .env("DEPOT_BENCH_MONGO", &mongo)
+        .env("DEPOT_BENCH_S3", &s3)
+        .env("DEPOT_BENCH_S3_ACCESS_KEY", config.access_key.unwrap())
+        .env("DEPOT_BENCH_S3_SECRET_KEY", config.secret_key.unwrap());
+    let output = run_aside(&mut command).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("| PUT 1 KB, new keys | depot gridfs | req/s |"), "gridfs was not measured: {stdout}");
     let left = bench_databases().await;
     assert!(left.is_subset(&before), "left behind: {:?}", left.difference(&before).collect::<Vec<_>>());
@@ -344,18 +348,11 @@ async fn bench_leaves_another_stores_postgres_blobs_alone() {
     assert_eq!(r.status(), 201);
     assert!(store.stop().success());
 
-    let (out, bench_url) = (dir.path().join("out"), url.clone());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(BIN)
-            .args(["bench", "smallfiles", "--quick", "--engines", "postgres", "--postgres-url", &bench_url, "--out"])
-            .arg(&out)
-            .output()
-            .expect("running depot bench")
-    })
-    .await
-    .unwrap();
+    let out = dir.path().join("out");
+    let mut command = Command::new(BIN);
+    command.args(["bench", "smallfiles", "--quick", "--engines", "postgres", "--postgres-url", &url, "--out"]);
+    let output = run_aside(command.arg(&out)).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("| depot postgres | files/s |"), "postgres was not measured: {stdout}");
 
     let store = common::Server::start_in(&data, &flags);
