@@ -25,6 +25,10 @@ pub enum PgError {
     /// The server cannot be reached or asks to be retried; it may recover.
     #[error("PostgreSQL is unavailable: {0}")]
     Unavailable(String),
+    /// The server's disk is full (`53100`): a write may go once space is
+    /// freed (507, not 500).
+    #[error("PostgreSQL has no space left: {0}")]
+    NoSpace(String),
     /// Anything else: a bug or corrupt data, not cured by retrying.
     #[error("PostgreSQL: {0}")]
     Query(String),
@@ -54,7 +58,13 @@ impl From<tokio_postgres::Error> for PgError {
             Some(db) => db.message().to_string(),
             None => e.to_string(),
         };
-        if retry { PgError::Unavailable(text) } else { PgError::Query(text) }
+        if e.code() == Some(&SqlState::DISK_FULL) {
+            PgError::NoSpace(text)
+        } else if retry {
+            PgError::Unavailable(text)
+        } else {
+            PgError::Query(text)
+        }
     }
 }
 
@@ -93,6 +103,7 @@ pub async fn reach(pool: &Pool, url: &str) -> Result<(), PgError> {
         let place = whereabouts(url);
         match e {
             PgError::Unavailable(m) => PgError::Unavailable(format!("{m} ({place})")),
+            PgError::NoSpace(m) => PgError::NoSpace(format!("{m} ({place})")),
             PgError::Query(m) => PgError::Query(format!("{m} ({place})")),
         }
     })

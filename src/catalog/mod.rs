@@ -339,6 +339,9 @@ pub enum CatalogError {
     Unavailable(String),
     #[error("catalog sync failed, writes are disabled until restart: {0}")]
     SyncFailed(String),
+    /// The catalog's storage is full (507).
+    #[error("no space left for the catalog")]
+    NoSpace,
     #[error("catalog: {0}")]
     Internal(String),
 }
@@ -371,6 +374,7 @@ impl From<crate::pg::PgError> for CatalogError {
         match e {
             // Named, since the engine may be another server.
             e @ crate::pg::PgError::Unavailable(_) => CatalogError::Unavailable(format!("the catalog: {e}")),
+            crate::pg::PgError::NoSpace(_) => CatalogError::NoSpace,
             e @ crate::pg::PgError::Query(_) => CatalogError::Internal(format!("the catalog: {e}")),
         }
     }

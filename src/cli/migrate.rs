@@ -182,13 +182,7 @@ pub fn refuse_while_switching(data: &Path) -> anyhow::Result<()> {
 
 /// Replaces a small file atomically and durably.
 fn write_durably(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    engine::write_durably(dir, name, contents).with_context(|| format!("writing {}", dir.join(name).display()))
 }
 
 fn target_config(args: &MigrateArgs, from: &EngineConfig) -> EngineConfig {

@@ -150,7 +150,19 @@ impl std::fmt::Debug for GridfsEngine {
     }
 }
 
+/// MongoDB's `OutOfDiskSpace`.
+const OUT_OF_DISK_SPACE: i32 = 14031;
+
 fn mongo_err(e: mongodb::error::Error) -> EngineError {
+    let code = match &*e.kind {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(c)) => Some(c.code),
+        _ => None,
+    };
+    if code == Some(OUT_OF_DISK_SPACE) {
+        return EngineError::NoSpace;
+    }
     let transient = match &*e.kind {
         ErrorKind::ServerSelection { .. }
         | ErrorKind::Io(_)
@@ -380,8 +392,8 @@ impl Inner {
     /// rather than land a files document over chunks that are going, which
     /// a writer of the same content could take up meanwhile. Taken already
     /// by a files document of the blob, the upload finished after all (its
-    /// reply lost): it stays.
-    async fn discard(&self, id: ObjectId) -> Result<()> {
+    /// reply lost): it stays, and the answer is false.
+    async fn discard(&self, id: ObjectId) -> Result<bool> {
         let hold = doc! {
             "_id": id,
             "length": 0i64,
@@ -396,10 +408,11 @@ impl Inner {
             // A hold left by an earlier attempt is this discard's to finish.
             let held = doc! { "_id": id, "filename": DISCARDING };
             if self.files.find_one(held).await.map_err(mongo_err)?.is_none() {
-                return Ok(());
+                return Ok(false);
             }
         }
-        self.release_hold(id).await
+        self.release_hold(id).await?;
+        Ok(true)
     }
 
     /// Deletes the chunks of a discarded writer's `id`, then its hold.
@@ -421,27 +434,23 @@ impl Inner {
         found.map(|doc| FileDoc::parse(&doc).map(|f| f.length)).transpose()
     }
 
-    /// After inserting file `mine` under `name`: if others of that name are
-    /// stored, the one with the smallest `_id` stays, refreshed, and the rest
-    /// go. Returns the length of the file that stays.
+    /// After inserting file `mine` under `name`: if one of that name with a
+    /// smaller `_id` is stored, it stays, refreshed, and `mine` goes.
+    /// Returns the length of the file that stays. Only `mine` ever goes:
+    /// another writer's file may be acknowledged and read already (a
+    /// duplicate left by a race is read as one, and goes with the blob).
     async fn settle(&self, name: &str, mine: ObjectId, length: u64) -> Result<u64> {
         let files = self.files_named(name).await?;
-        let Some((keep, others)) = files.split_first() else {
-            // Deleted meanwhile by a concurrent delete of the same blob.
+        let Some(keep) = files.first().filter(|f| f.id != Bson::ObjectId(mine)) else {
+            // Mine is the first, or was deleted meanwhile by a concurrent
+            // delete of the same blob.
             return Ok(length);
         };
-        if others.is_empty() {
-            return Ok(length);
-        }
-        for other in others {
-            self.delete_file(&other.id).await?;
-        }
-        if keep.id != Bson::ObjectId(mine) {
-            self.files
-                .update_one(doc! { "_id": keep.id.clone() }, doc! { "$set": { "uploadDate": DateTime::now() } })
-                .await
-                .map_err(mongo_err)?;
-        }
+        self.delete_file(&Bson::ObjectId(mine)).await?;
+        self.files
+            .update_one(doc! { "_id": keep.id.clone() }, doc! { "$set": { "uploadDate": DateTime::now() } })
+            .await
+            .map_err(mongo_err)?;
         Ok(keep.length)
     }
 
@@ -494,17 +503,25 @@ impl Inner {
                     .await
                     .map_err(mongo_err)?;
                 // Without an ObjectId there is no telling its age: left alone.
-                if let Some(Ok(chunk)) = newest.map(|d| d.get_object_id("_id"))
+                if let (Bson::ObjectId(id), Some(Ok(chunk))) = (id, newest.map(|d| d.get_object_id("_id")))
                     && chunk.timestamp().to_system_time() <= cutoff
                 {
                     orphans.push(id);
                 }
             }
         }
-        for batch in orphans.chunks(ORPHAN_BATCH) {
-            self.chunks.delete_many(doc! { "files_id": { "$in": batch } }).await.map_err(mongo_err)?;
+        // Each taken as a discard takes it: the age comes from the writer's
+        // clock, and a writer whose clock is behind may still be finishing.
+        // Its files document, landed since, keeps the chunks; one that
+        // lands after the hold fails its upload, so no acknowledged blob
+        // loses its chunks.
+        let mut removed = 0;
+        for id in orphans {
+            if self.discard(id).await? {
+                removed += 1;
+            }
         }
-        Ok(orphans.len())
+        Ok(removed)
     }
 }
 
@@ -619,7 +636,7 @@ impl BlobWriter for GridfsWriter {
 
     async fn abort(mut self: Box<Self>) {
         if let Some(id) = self.id.take() {
-            super::discard_staged(self.inner.discard(id)).await;
+            super::discard_staged(async { self.inner.discard(id).await.map(drop) }).await;
         }
     }
 }
@@ -630,7 +647,7 @@ impl Drop for GridfsWriter {
         // background; without a runtime, they remain for a later start-up.
         if let Some(id) = self.id.take() {
             let inner = self.inner.clone();
-            super::discard_staged_later(async move { inner.discard(id).await });
+            super::discard_staged_later(async move { inner.discard(id).await.map(drop) });
         }
     }
 }
@@ -706,7 +723,7 @@ impl BlobEngine for GridfsEngine {
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         let file = self.inner.find_file(&blob.digest.to_hex()).await?.ok_or(EngineError::NotFound(blob.digest))?;
         if range.end > file.length || range.start > range.end {
-            return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+            return Err(EngineError::beyond_end(NAME, blob, file.length));
         }
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));

@@ -164,7 +164,7 @@ impl EngineError {
     /// connections close, so the request may succeed later (503).
     pub fn io(engine: &'static str, source: std::io::Error) -> EngineError {
         match source.raw_os_error() {
-            Some(libc::ENOSPC) => EngineError::NoSpace,
+            Some(libc::ENOSPC | libc::EDQUOT) => EngineError::NoSpace,
             Some(libc::EMFILE | libc::ENFILE) => EngineError::Unavailable(format!("{engine} engine: {source}")),
             _ if source.kind() == std::io::ErrorKind::StorageFull => EngineError::NoSpace,
             _ => EngineError::Io { engine, source },
@@ -177,6 +177,19 @@ impl EngineError {
 
     pub fn damaged(engine: &'static str, message: impl fmt::Display) -> EngineError {
         EngineError::Damaged { engine, message: message.to_string() }
+    }
+
+    /// A read of `range` past the `held` bytes an engine keeps for `blob`:
+    /// damage when its record says the blob is longer (its bytes were cut,
+    /// which `verify` names), else the caller's mistake.
+    pub fn beyond_end(engine: &'static str, blob: &BlobRef, held: u64) -> EngineError {
+        match held < blob.size {
+            true => EngineError::damaged(
+                engine,
+                format!("blob {} holds {held} bytes, its record says {}", blob.digest, blob.size),
+            ),
+            false => EngineError::other(engine, "range beyond the end of the blob"),
+        }
     }
 }
 
@@ -509,11 +522,20 @@ pub fn describe_marker(marker: &str) -> String {
 /// Records durably that the data directory `data` holds a store as
 /// `marker` (see [`marker`]) describes it.
 pub fn write_engine_marker(data: &std::path::Path, marker: &str) -> std::io::Result<()> {
+    write_durably(data, ENGINE_MARKER, marker)
+}
+
+/// Writes `dir/name` whole or not at all: a file beside it, synced, then
+/// renamed over it, then the directory synced. A crash leaves the old
+/// contents or the new, never an empty file.
+pub fn write_durably(dir: &std::path::Path, name: &str, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
-    let mut file = std::fs::File::create(data.join(ENGINE_MARKER))?;
-    file.write_all(marker.as_bytes())?;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(contents.as_bytes())?;
     file.sync_all()?;
-    std::fs::File::open(data)?.sync_all()
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 impl std::str::FromStr for EngineKind {
@@ -609,4 +631,20 @@ pub async fn open(kind: EngineKind, root: &std::path::Path, config: &EngineConfi
         }
         EngineKind::S3 => Arc::new(s3::S3Engine::connect(config.url.as_deref(), &config.s3).await?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineError;
+
+    /// A full device and a user's exhausted quota are both no space (507);
+    /// out of file descriptors passes as connections close (503).
+    #[test]
+    fn io_errors_are_classified_by_what_cures_them() {
+        let io = |code| EngineError::io("test", std::io::Error::from_raw_os_error(code));
+        assert!(matches!(io(libc::ENOSPC), EngineError::NoSpace));
+        assert!(matches!(io(libc::EDQUOT), EngineError::NoSpace));
+        assert!(matches!(io(libc::EMFILE), EngineError::Unavailable(_)));
+        assert!(matches!(io(libc::EIO), EngineError::Io { .. }));
+    }
 }

@@ -136,6 +136,7 @@ impl std::fmt::Debug for PostgresEngine {
 fn pg_err(e: PgError) -> EngineError {
     match e {
         PgError::Unavailable(_) => EngineError::Unavailable(format!("{NAME} engine: {e}")),
+        PgError::NoSpace(_) => EngineError::NoSpace,
         PgError::Query(m) => EngineError::other(NAME, m),
     }
 }
@@ -572,7 +573,7 @@ impl BlobEngine for PostgresEngine {
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         let (id, size, chunk) = self.inner.head(&blob.digest).await?.ok_or(EngineError::NotFound(blob.digest))?;
         if range.end > size || range.start > range.end {
-            return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+            return Err(EngineError::beyond_end(NAME, blob, size));
         }
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
@@ -819,6 +820,21 @@ mod tests {
             let read = engine.read_to_vec(&blob, ByteRange::full(1000)).await;
             assert!(matches!(read, Err(EngineError::Damaged { .. })), "chunk size {size}");
         }
+    }
+
+    /// A blob shorter than its record says is damage, which `verify` names
+    /// (any other error ends it); a range past the record's end is not.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_blob_shorter_than_its_record_is_damage() {
+        let (engine, _) = engine(64 * 1024).await;
+        let blob = engine.put_bytes(conformance::pattern(1000, 7)).await.unwrap();
+        let client = engine.inner.pool.get().await.unwrap();
+        client.execute("UPDATE depot_engine_blobs SET size = 600", &[]).await.unwrap();
+        let read = engine.read_to_vec(&blob, ByteRange::full(1000)).await;
+        assert!(matches!(read, Err(EngineError::Damaged { .. })), "{read:?}");
+        let long = BlobRef { size: 600, ..blob };
+        let read = engine.read_to_vec(&long, ByteRange { start: 0, end: 700 }).await;
+        assert!(matches!(read, Err(EngineError::Other { .. })), "{read:?}");
     }
 
     #[tokio::test(flavor = "multi_thread")]

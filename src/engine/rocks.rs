@@ -40,8 +40,10 @@ const LOCK_STRIPES: usize = 64;
 /// blocking pool: an unsynced write of this much takes microseconds.
 const INLINE_WRITE: u64 = 64 * 1024;
 /// Largest blob kept in its head rather than in a chunk: a head under
-/// `min_blob_size` (4 KiB) stays in the LSM tree, beside its key.
-pub const INLINE: u64 = 4096 - HEAD as u64;
+/// `min_blob_size` (4 KiB) stays in the LSM tree, beside its key (one of
+/// exactly 4 KiB would go to a blob file, where listing the heads reads
+/// it; heads so written earlier still read as they are).
+pub const INLINE: u64 = 4095 - HEAD as u64;
 
 /// RocksDB options shared by every database depot opens.
 pub(crate) fn base_options() -> Options {

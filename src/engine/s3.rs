@@ -603,9 +603,9 @@ impl BlobEngine for S3Engine {
         let result =
             self.inner.store.get_opts(&blob_key(&digest), options).await.map_err(|e| store_err(e, Some(digest)))?;
         if result.meta.size != blob.size {
-            return Err(EngineError::other(
+            return Err(EngineError::damaged(
                 NAME,
-                format!("object {digest} holds {} bytes, not {}", result.meta.size, blob.size),
+                format!("object {digest} holds {} bytes, its record says {}", result.meta.size, blob.size),
             ));
         }
         Ok(Box::pin(result.into_stream().map_err(move |e| store_err(e, Some(digest)))))

@@ -442,6 +442,12 @@ impl BlobWriter for SqliteWriter {
             let cleanup = match &outcome {
                 Ok((_, duplicate)) => *duplicate,
                 Err(FinishFailure::Staging(_)) => staged_id,
+                // A full disk fails the commit before it happens (the
+                // transaction is rolled back): the chunks go now, so that
+                // space freed lets writes go on without a restart.
+                Err(FinishFailure::Commit(e)) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) => {
+                    staged_id
+                }
                 // The pending row, if the commit did not happen, makes the
                 // next open remove the chunks.
                 Err(FinishFailure::Commit(_)) => None,
@@ -514,7 +520,7 @@ impl BlobEngine for SqliteEngine {
         let digest = blob.digest;
         let head = blocking(move || inner.head(&digest)?.ok_or(EngineError::NotFound(digest))).await?;
         if range.end > head.size {
-            return Err(EngineError::other(NAME, "range beyond the end of the blob"));
+            return Err(EngineError::beyond_end(NAME, blob, head.size));
         }
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
@@ -787,6 +793,19 @@ mod tests {
             let read = engine.read_to_vec(&blob, ByteRange { start: 10, end: 20 }).await;
             assert!(matches!(read, Err(EngineError::Damaged { .. })), "chunk size {size}: {:?}", read.map(|v| v.len()));
         }
+    }
+
+    /// A blob shorter than its record says is damage, which `verify` names
+    /// (any other error ends it).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_blob_shorter_than_its_record_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = open(&dir, 4096);
+        let blob = engine.put_bytes(conformance::pattern(10_000, 8)).await.unwrap();
+        let c = Connection::open(dir.path().join("blobs.sqlite")).unwrap();
+        c.execute("UPDATE blobs SET size = 6000", []).unwrap();
+        let read = engine.read_to_vec(&blob, ByteRange::full(10_000)).await;
+        assert!(matches!(read, Err(EngineError::Damaged { .. })), "{:?}", read.map(|v| v.len()));
     }
 
     #[tokio::test(flavor = "multi_thread")]

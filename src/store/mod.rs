@@ -115,6 +115,7 @@ impl From<CatalogError> for StoreError {
             CatalogError::PreconditionFailed => StoreError::PreconditionFailed,
             CatalogError::Unavailable(m) => StoreError::Unavailable(m),
             CatalogError::SyncFailed(m) => StoreError::WritesDisabled(m),
+            CatalogError::NoSpace => StoreError::NoSpace,
             e => StoreError::Internal(e.to_string()),
         }
     }
@@ -1093,7 +1094,13 @@ impl Store {
 
     /// Reads a whole blob given its record: for batch answers.
     pub async fn read_blob(&self, blob: &BlobRecord) -> Result<ByteStream> {
-        self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size)).await
+        // As for an object's parts: the collector leaves the blob alone
+        // until the stream goes.
+        let held = self.guards.reading(blob.digest).await;
+        let stream = self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size)).await?;
+        Ok(Box::pin(stream.inspect(move |_| {
+            let _ = &held;
+        })))
     }
 
     /// Many small blobs whole, in order, in as few engine calls as the
