@@ -43,10 +43,10 @@ pub struct ServeArgs {
     pub engine: Option<String>,
     /// The engine's server, for engines that use one (postgres://...,
     /// mongodb://host/database, http://s3-host:port).
-    #[arg(long, env = "DEPOT_ENGINE_URL", value_name = "URL")]
+    #[arg(long, env = "DEPOT_ENGINE_URL", value_name = "URL", hide_env_values = true)]
     pub engine_url: Option<String>,
     /// Catalog: rocksdb (embedded, the default) or a postgres:// URL.
-    #[arg(long, env = "DEPOT_CATALOG", value_name = "URL")]
+    #[arg(long, env = "DEPOT_CATALOG", value_name = "URL", hide_env_values = true)]
     pub catalog: Option<String>,
     /// Bytes per stored chunk for the sqlite, postgres and gridfs engines.
     #[arg(long, alias = "gridfs-chunk-size", env = "DEPOT_CHUNK_SIZE", value_name = "BYTES")]
@@ -304,7 +304,10 @@ fn host_names(names: Vec<String>) -> anyhow::Result<Vec<String>> {
         .iter()
         .map(|name| {
             let bare = name.trim().trim_end_matches('.').to_ascii_lowercase();
-            if bare.is_empty() || bare.contains(|c: char| c == ':' || c == '/' || c.is_whitespace()) {
+            // Names are compared whole: a pattern (`*.example.com`,
+            // `.example.com`) would match no request.
+            let odd = |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+            if bare.is_empty() || bare.starts_with('.') || bare.contains("..") || bare.contains(odd) {
                 anyhow::bail!("--allowed-host takes a bare name, like files.example.com, not {name:?}");
             }
             Ok(bare)
@@ -537,7 +540,16 @@ pub fn check_engine_settings(engine: EngineKind, prefix: &str, given: [bool; 8])
 /// file's own directory, wherever depot is started from.
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut file: FileSettings = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    // Named by line and column, not quoted: the line may hold a secret.
+    let mut file: FileSettings = toml::from_str(&text).map_err(|e| {
+        let at = e.span().map(|span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+            format!(" at line {line}, column {column}")
+        });
+        anyhow::anyhow!("parsing {}{}: {}", path.display(), at.unwrap_or_default(), e.message())
+    })?;
     let dir = path.parent().unwrap_or(Path::new(""));
     file.data = file.data.map(|data| dir.join(data));
     Ok(file)
@@ -546,6 +558,34 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A settings file that cannot be read is named by line and column,
+    /// never quoted: the line may hold a secret.
+    #[test]
+    fn a_malformed_settings_file_is_not_quoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        for text in [
+            "threads = 2\nsecret_kye = \"hunter2-very-secret\"\n",
+            "threads = 2\nsecret_key = \"hunter2-very-secret\" x\n",
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = format!("{:#}", read_file(&path).unwrap_err());
+            assert!(!e.contains("hunter2"), "{e}");
+            assert!(e.contains("line 2"), "{e}");
+        }
+    }
+
+    /// Names are kept as Host headers carry them; anything a Host header
+    /// would never equal (a port, a path, a pattern) is refused.
+    #[test]
+    fn allowed_hosts_are_bare_names() {
+        let names = |list: &[&str]| host_names(list.iter().map(|s| s.to_string()).collect());
+        assert_eq!(names(&[" Files.Example.com. ", "proxy_1"]).unwrap(), ["files.example.com", "proxy_1"]);
+        for bad in ["*.example.com", ".example.com", "a..b", "host:8080", "http://host", "a/b", "a b", ""] {
+            assert!(names(&[bad]).is_err(), "{bad:?} was taken");
+        }
+    }
 
     #[test]
     fn defaults_match_the_documentation() {

@@ -17,6 +17,13 @@ fn main() {
     // error; depot logs the failures that are its own, so that layer stays
     // quiet unless DEPOT_LOG names it.
     let mut filter = std::env::var("DEPOT_LOG").ok().filter(|f| !f.trim().is_empty()).unwrap_or_else(|| "info".into());
+    // A filter of targets alone (`depot=debug`, or a level misspelt, which
+    // reads as a target) would silence everything else, warnings and errors
+    // included: those stay on unless a level for all is given.
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    if !filter.split(',').any(|d| LEVELS.iter().any(|l| d.trim().eq_ignore_ascii_case(l))) {
+        filter.push_str(",warn");
+    }
     if !filter.contains("s3s") {
         filter.push_str(",s3s=off");
     }

@@ -578,6 +578,13 @@ async fn health_and_prometheus_metrics() {
     let delta = |name| gauge(&read_after, name) - gauge(&after, name);
     assert_eq!((delta("depot_hot_misses_total"), delta("depot_hot_hits_total")), (1, 2), "{read_after}");
     assert!(delta("depot_hot_bytes") >= 1000, "{read_after}");
+    // HEAD sends no body: the bytes sent since are the last metrics answer.
+    for _ in 0..3 {
+        assert_eq!(call(Method::HEAD, &format!("{}/{B}/m1", s.url)).await.status(), 200);
+    }
+    let headed = metrics(&s).await;
+    let sent = gauge(&headed, "depot_http_sent_bytes_total") - gauge(&read_after, "depot_http_sent_bytes_total");
+    assert_eq!(sent, read_after.len() as i64, "HEAD counted as sent bytes");
 
     let stats: serde_json::Value = call(Method::GET, &format!("{}/_/stats", s.url)).await.json().await.unwrap();
     assert_eq!((stats["engine"].as_str(), stats["objects"].as_i64()), (Some("hybrid"), Some(3)));

@@ -247,7 +247,9 @@ async fn a_backup_of_a_stopped_store_needs_no_server_and_refuses_a_used_director
 #[test]
 fn maintenance_of_a_directory_without_a_store_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("typo");
+    // "lock" in the path once made `backup` take the error for a server
+    // holding the store, and ask one.
+    let missing = dir.path().join("blocks-typo");
     let d = missing.to_str().unwrap();
     let backup_dir = dir.path().join("backup");
     for args in [
@@ -266,6 +268,19 @@ fn maintenance_of_a_directory_without_a_store_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("is a file: it must name a directory"), "{}", text(&out));
     assert_eq!(std::fs::read(&file).unwrap(), b"kept");
+    // Nor does a server start that could take no upload.
+    let data = dir.path().join("data");
+    let out = depot(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data.to_str().unwrap(),
+        "--min-free-space",
+        "1000000000000000000",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("more than the file system"), "{}", text(&out));
 }
 
 /// Writers that lose a race for `If-None-Match: *` leave no bytes behind:

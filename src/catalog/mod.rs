@@ -586,7 +586,12 @@ impl std::str::FromStr for CatalogKind {
         } else if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             Ok(CatalogKind::Postgres(s.to_string()))
         } else {
-            Err(format!("unknown catalog {s:?}: use \"rocksdb\" or a postgres:// URL"))
+            // Of a URL, only the scheme: the rest may hold a password.
+            let named = match s.split_once("://") {
+                Some((scheme, _)) => format!("a {scheme}:// URL"),
+                None => format!("{s:?}"),
+            };
+            Err(format!("unknown catalog {named}: use \"rocksdb\" or a postgres:// URL"))
         }
     }
 }

@@ -69,13 +69,19 @@ fn write_engine_marker(data: &Path, marker: &str) -> anyhow::Result<()> {
     engine::write_engine_marker(data, marker).with_context(|| format!("writing {}", path.display()))
 }
 
+/// Whether RocksDB's error says another process holds the database: its
+/// lock file's words, not a "lock" anywhere (a path may hold one).
+fn held_elsewhere(error: &str) -> bool {
+    error.contains("While lock file") || error.contains("lock hold by current process")
+}
+
 /// Opens the catalog the settings name.
 pub(crate) async fn open_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn Catalog>> {
     let data = &settings.data;
     Ok(match &settings.catalog {
         CatalogKind::Rocksdb => Arc::new(RocksCatalog::open(&data.join("catalog")).map_err(|e| {
             let e = e.to_string();
-            let hint = if e.contains("lock") { " (is another depot using it?)" } else { "" };
+            let hint = if held_elsewhere(&e) { " (is another depot using it?)" } else { "" };
             anyhow::anyhow!("opening the catalog in {}{hint}: {e}", data.display())
         })?),
         CatalogKind::Postgres(url) => Arc::new(
@@ -175,7 +181,17 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         // PostgreSQL and whose bytes go to a server.
         min_free_space: match rustix::fs::statvfs(data.as_path()) {
             Ok(fs) if !shared || settings.engine.is_embedded() => {
-                FreeSpace::bytes(settings.min_free_space, fs.f_blocks.saturating_mul(fs.f_frsize))
+                let total = fs.f_blocks.saturating_mul(fs.f_frsize);
+                let keep = FreeSpace::bytes(settings.min_free_space, total);
+                if settings.min_free_space.is_some() && keep >= total {
+                    bail!(
+                        "--min-free-space {} is more than the file system of {} holds ({}): no upload could go",
+                        indicatif::HumanBytes(keep),
+                        data.display(),
+                        indicatif::HumanBytes(total)
+                    );
+                }
+                keep
             }
             _ => 0,
         },
@@ -547,7 +563,7 @@ pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
                 progress.finish_and_clear();
                 report
             }
-            Err(e) if settings.catalog == CatalogKind::Rocksdb && format!("{e:#}").contains("lock") => {
+            Err(e) if settings.catalog == CatalogKind::Rocksdb && held_elsewhere(&format!("{e:#}")) => {
                 backup_through_server(&settings, args.secret_key_env.as_deref(), &dir).await?
             }
             Err(e) => return Err(e),

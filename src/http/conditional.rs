@@ -73,10 +73,6 @@ pub fn write_precondition(headers: &HeaderMap) -> Precondition {
     }
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
-
 /// A list header's every line as one list (RFC 9110 section 5.3): a
 /// second `If-None-Match: *` line is as binding as the first. `None`
 /// when the header is absent; lines that are not text are left out.
@@ -138,10 +134,13 @@ pub fn evaluate(method: &Method, headers: &HeaderMap, current: Option<Validators
 /// holds: two versions can share a second (and a client can set an
 /// object's time), so a date is a weak validator, which RFC 9110 does not
 /// let a range be served by; the whole object is answered instead.
+/// An `If-Range` that cannot be read (not text, or given twice) holds
+/// nothing either.
 pub fn if_range_holds(headers: &HeaderMap, current: Validators<'_>) -> bool {
-    let Some(v) = header_str(headers, &header::IF_RANGE) else {
-        return true;
-    };
+    let mut given = headers.get_all(header::IF_RANGE).iter();
+    let (v, None) = (given.next(), given.next()) else { return false };
+    let Some(v) = v else { return true };
+    let Ok(v) = v.to_str() else { return false };
     let v = v.trim();
     v.starts_with('"') && v.trim_matches('"') == current.etag
 }
@@ -268,6 +267,10 @@ mod tests {
         assert!(if_range_holds(&headers(&[]), c));
         assert!(if_range_holds(&headers(&[("if-range", "\"abc\"")]), c));
         assert!(!if_range_holds(&headers(&[("if-range", "\"old\"")]), c));
+        assert!(!if_range_holds(&headers(&[("if-range", "\"abc\""), ("if-range", "\"abc\"")]), c), "twice");
+        let mut unreadable = HeaderMap::new();
+        unreadable.insert(header::IF_RANGE, http::HeaderValue::from_bytes(b"\"\xe4abc\"").unwrap());
+        assert!(!if_range_holds(&unreadable, c), "not text");
         assert!(!if_range_holds(&headers(&[("if-range", "W/\"abc\"")]), c));
         assert!(!if_range_holds(&headers(&[("if-range", &httpdate::fmt_http_date(at(NOW)))]), c), "a date is weak");
         assert!(!if_range_holds(&headers(&[("if-range", &httpdate::fmt_http_date(at(NOW - 1)))]), c));

@@ -203,7 +203,8 @@ impl App {
                 linger.ask();
             }
         }
-        let bytes_out = content_length(response.headers()).unwrap_or(0);
+        // A HEAD answer's length is the object's; it sends none of it.
+        let bytes_out = if method == http::Method::HEAD { 0 } else { content_length(response.headers()).unwrap_or(0) };
         self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
         response
     }

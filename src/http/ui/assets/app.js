@@ -244,7 +244,10 @@
     return out;
   }
 
-  async function load() {
+  // `changed`: the store may have changed (or the page just opened), so
+  // the totals are asked again; /_/stats walks the engine's files, too
+  // costly for every click.
+  async function load(changed = false) {
     const seq = ++S.seq;
     crumbs();
     const inBucket = S.bucket !== null;
@@ -266,7 +269,7 @@
       render();
       say(`Could not list: ${e.message}`, true);
     }
-    stats();
+    if (changed) stats();
   }
 
   async function stats() {
@@ -334,12 +337,12 @@
       await call('DELETE', path(S.bucket, it.key));
       if ($('preview').open) $('preview').close();
       say(`Deleted ${it.name}.`);
-      load();
+      load(true);
     } catch (e) { say(`Could not delete ${it.name}: ${e.message}`, true); }
   }
   async function removeBucket(name) {
     if (!(await ask('Delete bucket', `Delete the bucket “${name}”? Only an empty bucket can be deleted.`, [], 'Delete'))) return;
-    try { await call('DELETE', path(name, '')); say(`Deleted bucket ${name}.`); load(); } catch (e) { say(`Could not delete bucket ${name}: ${e.message}`, true); }
+    try { await call('DELETE', path(name, '')); say(`Deleted bucket ${name}.`); load(true); } catch (e) { say(`Could not delete bucket ${name}: ${e.message}`, true); }
   }
   async function newBucket() {
     const fields = [{ name: 'name', label: 'Name', pattern: '[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]', title: '3 to 63 lowercase letters, digits, dots and hyphens' }];
@@ -429,7 +432,7 @@
       send(queue.shift()).then(() => {
         running--;
         pump();
-        if (!running) load();
+        if (!running) load(true);
       });
     }
   }
@@ -474,7 +477,7 @@
     sessionStorage.setItem('depot.cred', JSON.stringify(S.cred));
     say(`Signed in as ${S.cred.ak}.`);
     who();
-    load();
+    load(true);
   }
   function who() {
     const b = $('sign');
@@ -528,7 +531,7 @@
     });
     fromLocation();
     who();
-    load();
+    load(true);
     if (S.cfg.auth_required && !S.cred) signIn();
   }
   start();
