@@ -1299,6 +1299,14 @@ def area_upload_listing(s3, buckets):
     r = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
     expect_equal(prefixes_of(r), ["d/", "e/"], "ListMultipartUploads Delimiter=/ rolls keys up")
     expect_equal(sorted(u["Key"] for u in r.get("Uploads", [])), ["same"] * 6, "... and lists the rest")
+    # Asked for url encoding, every key-like element of the answer is
+    # encoded, the markers and the delimiter too.
+    r = s3.list_multipart_uploads(Bucket=bucket, KeyMarker="d/a b", Delimiter=" ", EncodingType="url")
+    expect_equal(
+        (r.get("KeyMarker"), r.get("Delimiter")),
+        ("d/a%20b", "%20"),
+        "ListMultipartUploads EncodingType=url encodes KeyMarker and Delimiter",
+    )
     # No key holds a NUL character: a listing that names one is refused.
     for listing, field in [
         (s3.list_multipart_uploads, "Prefix"),
@@ -1669,6 +1677,14 @@ def area_presign(s3, buckets):
     expect_equal(
         body_of(s3.get_object(Bucket=bucket, Key="pre/put")), b"put through a presigned URL", "... and stored the body"
     )
+    # Metadata and an ACL presigned with SigV2 ride in the URL's query,
+    # which the signature covers: S3 applies them as headers.
+    params = {"Bucket": bucket, "Key": "pre/meta", "Metadata": {"a": "b"}, "ACL": "private"}
+    meta_url = s3.generate_presigned_url("put_object", Params=params, ExpiresIn=300)
+    expect("x-amz-meta-a=b" in meta_url, "(the metadata is in the SigV2 URL's query)", meta_url)
+    status, answer = http_put(meta_url, b"with metadata", "")
+    expect(status == 200, "a SigV2 presigned PUT with metadata and an ACL works", f"status {status}: {answer[:300]!r}")
+    expect_equal(s3.head_object(Bucket=bucket, Key="pre/meta").get("Metadata"), {"a": "b"}, "... and kept the metadata")
 
     # The signature boto3 users configure most often, and the one AWS
     # requires outside its oldest regions.

@@ -276,9 +276,10 @@ fn ignored_in_presigned_url(name: &str) -> bool {
 }
 
 /// Makes a request what the S3 service should see:
-/// - the other `x-amz-*` parameters of a presigned URL become headers, as
-///   S3 applies them (SDKs hoist metadata into the URL, where the
-///   signature covers it), less checksums ([`ignored_in_presigned_url`]);
+/// - the other `x-amz-*` parameters of a presigned URL (and, of a SigV2
+///   one, `content-type` and `content-md5`) become headers, as S3 applies
+///   them (SDKs hoist metadata into the URL, where the signature covers
+///   it), less checksums ([`ignored_in_presigned_url`]);
 /// - the XML document of DeleteObjects or CompleteMultipartUpload is read
 ///   and checked against its declared digests ([`body::check_document`]);
 /// - a form upload's key gets its file's name ([`form`]); an unsigned one
@@ -291,10 +292,15 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
     let (mut parts, body) = req.into_parts();
     let query: Vec<(String, String)> =
         form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned().collect();
-    if query.iter().any(|(n, _)| n == "X-Amz-Signature") {
+    let sigv4 = query.iter().any(|(n, _)| n == "X-Amz-Signature");
+    // A SigV2 URL signs every `x-amz-*` header, and the content's type and
+    // MD5, from what SDKs put in its query: here too they become headers.
+    let sigv2 = ["Signature", "AWSAccessKeyId"].iter().all(|p| query.iter().any(|(n, _)| n == p));
+    if sigv4 || sigv2 {
         for (name, value) in &query {
             let name = name.to_ascii_lowercase();
-            if !name.starts_with("x-amz-")
+            let content = sigv2 && (name == "content-type" || name == "content-md5");
+            if !(name.starts_with("x-amz-") || content)
                 || PRESIGNING.contains(&name.as_str())
                 || ignored_in_presigned_url(&name)
                 || parts.headers.contains_key(&name)
@@ -483,6 +489,9 @@ fn missing_message(code: &str) -> Option<&'static str> {
             "The request signature we calculated does not match the signature you provided. Check your key and \
              signing method.",
         ),
+        "MalformedXML" => {
+            Some("The XML you provided was not well-formed or did not validate against our published schema")
+        }
         "InvalidBucketName" => Some(
             "The specified bucket is not valid: a bucket name is 3 to 63 lowercase letters, digits, dots and \
              hyphens, and starts and ends with a letter or digit",
