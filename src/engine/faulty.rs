@@ -78,6 +78,8 @@ pub struct EngineFaults {
     /// `finish`: a failed sync, before the inner engine finishes or after
     /// (the blob stored, the sync of its directory failed), at random.
     pub syncs: Switch,
+    /// `list` alone: an I/O error.
+    pub lists: Switch,
     /// How long `read` and `read_small` wait before they begin: a slow
     /// device.
     pub read_delay: Mutex<std::time::Duration>,
@@ -86,7 +88,7 @@ pub struct EngineFaults {
 impl EngineFaults {
     /// Every switch off.
     pub fn off(&self) {
-        for s in [&self.reads, &self.writes, &self.syncs] {
+        for s in [&self.reads, &self.writes, &self.syncs, &self.lists] {
             s.set(Trigger::Never);
         }
         *self.read_delay.lock() = std::time::Duration::ZERO;
@@ -114,6 +116,7 @@ impl FaultyEngine {
             reads: Switch::new(seed),
             writes: Switch::new(seed ^ 0x5752_4954),
             syncs: Switch::new(seed ^ 0x5359_4e43),
+            lists: Switch::new(seed ^ 0x4c49_5354),
             read_delay: Mutex::new(std::time::Duration::ZERO),
         };
         FaultyEngine { inner, faults: Arc::new(faults) }
@@ -213,6 +216,9 @@ impl BlobEngine for FaultyEngine {
 
     async fn list(&self) -> Result<Vec<BlobInfo>> {
         self.check_read()?;
+        if self.faults.lists.fires() {
+            return Err(read_error());
+        }
         self.inner.list().await
     }
 

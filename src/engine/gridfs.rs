@@ -735,6 +735,10 @@ impl BlobEngine for GridfsEngine {
             return Err(EngineError::other(NAME, "range beyond the end of the blob"));
         };
         let batch = (READ_BATCH_BYTES as u64 / file.chunk_size).clamp(1, 1024) as u32;
+        // A download paced by a slow client leaves the cursor idle between
+        // batches for as long as the client takes: the server's ten-minute
+        // timeout would cut it. The cursor is closed when the stream is
+        // dropped, so none is left open.
         let cursor = self
             .inner
             .chunks
@@ -742,6 +746,7 @@ impl BlobEngine for GridfsEngine {
             .sort(doc! { "n": 1 })
             .projection(doc! { "_id": 0, "n": 1, "data": 1 })
             .batch_size(batch)
+            .no_cursor_timeout(true)
             .await
             .map_err(mongo_err)?;
         let reader = ChunkReader { cursor, inner: self.inner.clone(), file, range, next: first, last };

@@ -48,6 +48,9 @@ pub enum Problem {
     WrongRefs { digest: Digest, recorded: u64, counted: u64 },
     /// The running totals disagree with what the scan counted.
     WrongTotals { recorded: CatalogStats, counted: CatalogStats },
+    /// The engine could not list its blobs, so bytes no record points at
+    /// were not looked for.
+    Unlisted { reason: String },
 }
 
 impl Problem {
@@ -77,6 +80,9 @@ impl fmt::Display for Problem {
             }
             Problem::WrongTotals { recorded, counted } => {
                 write!(f, "totals: recorded {recorded:?}, counted {counted:?}")
+            }
+            Problem::Unlisted { reason } => {
+                write!(f, "the engine's blobs could not be listed, so leftovers were not looked for: {reason}")
             }
         }
     }
@@ -313,10 +319,14 @@ impl Store {
             }
         }
 
-        for info in self.engine.list().await? {
-            if known.get(&info.digest) != Some(&hash_of(&info.locator)) {
-                report.leftovers.push(info);
-            }
+        // Listing reads what the per-blob pass may have found damaged (a
+        // damaged RocksDB blob file holds heads too): the report of that
+        // pass, and the repair of what it found, go on without it.
+        match self.engine.list().await {
+            Ok(listed) => report
+                .leftovers
+                .extend(listed.into_iter().filter(|info| known.get(&info.digest) != Some(&hash_of(&info.locator)))),
+            Err(e) => report.problems.push(Problem::Unlisted { reason: e.to_string() }),
         }
 
         let recorded = self.catalog.stats().await?;
@@ -757,6 +767,26 @@ mod tests {
         assert_eq!(report.damaged_objects, vec![damaged("a", None)]);
         // The record stays: the object's bytes may yet be restored.
         assert!(store.head("files", "a").await.is_ok());
+    }
+
+    /// An engine that cannot list its blobs costs the search for leftovers,
+    /// not the report: the damage found blob by blob is still named, and
+    /// repaired.
+    #[tokio::test]
+    async fn an_engine_that_cannot_list_keeps_the_report() {
+        use crate::engine::faulty::{FaultyEngine, Trigger};
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
+        let (store, _dir) = store_over(faulty.clone()).await;
+        let lost = put(&store, "a", b"alpha").await;
+        put(&store, "b", b"beta").await;
+        let blob = store.catalog.get_blob(&lost).await.unwrap().unwrap();
+        faulty.delete(&blob.blob_ref()).await.unwrap();
+        faulty.faults.lists.set(Trigger::Always);
+        let report = store.verify(true, &hidden()).await.unwrap();
+        assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
+        assert_eq!(report.problems[0], Problem::MissingBytes { digest: lost });
+        assert!(matches!(&report.problems[1], Problem::Unlisted { reason } if reason.contains("injected")));
+        assert_eq!(report.damaged_objects, vec![damaged("a", None)]);
     }
 
     fn damaged(key: &str, part: Option<(&str, u32)>) -> DamagedObject {
