@@ -536,6 +536,20 @@ pub fn check_engine_settings(engine: EngineKind, prefix: &str, given: [bool; 8])
     Ok(())
 }
 
+/// A settings file's error without the values it quotes, which may be
+/// secrets: "invalid type: string \"AKIA:secret\", expected ..." says
+/// "invalid type, expected ...", and any other text in double quotes goes.
+fn without_values(message: &str) -> String {
+    for kind in ["invalid type", "invalid value", "invalid length"] {
+        if let Some(rest) = message.strip_prefix(kind).and_then(|r| r.strip_prefix(": "))
+            && let Some(at) = rest.find(", expected")
+        {
+            return format!("{kind}{}", &rest[at..]);
+        }
+    }
+    message.split('"').enumerate().map(|(i, piece)| if i % 2 == 1 { "…" } else { piece }).collect::<Vec<_>>().join("\"")
+}
+
 /// Reads a settings file. A relative `data` in it is relative to the
 /// file's own directory, wherever depot is started from.
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
@@ -548,7 +562,7 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
             let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
             format!(" at line {line}, column {column}")
         });
-        anyhow::anyhow!("parsing {}{}: {}", path.display(), at.unwrap_or_default(), e.message())
+        anyhow::anyhow!("parsing {}{}: {}", path.display(), at.unwrap_or_default(), without_values(e.message()))
     })?;
     let dir = path.parent().unwrap_or(Path::new(""));
     file.data = file.data.map(|data| dir.join(data));
@@ -568,10 +582,12 @@ mod tests {
         for text in [
             "threads = 2\nsecret_kye = \"hunter2-very-secret\"\n",
             "threads = 2\nsecret_key = \"hunter2-very-secret\" x\n",
+            "threads = 2\ncredentials = [\"hunter2:very-secret\"]\n",
+            "threads = 2\nsecret_key = 1234567890\n",
         ] {
             std::fs::write(&path, text).unwrap();
             let e = format!("{:#}", read_file(&path).unwrap_err());
-            assert!(!e.contains("hunter2"), "{e}");
+            assert!(!e.contains("hunter2") && !e.contains("1234567890"), "{e}");
             assert!(e.contains("line 2"), "{e}");
         }
     }

@@ -265,8 +265,12 @@ async fn make_remote_scratch(settings: &mut Settings) {
         tokio::spawn(conn);
         db.batch_execute(&format!("CREATE SCHEMA {schema}")).await
     };
-    if let Err(e) = made.await {
-        let why = format!("cannot create the schema {schema}: {}", crate::pg::PgError::from(e));
+    let made = match tokio::time::timeout(crate::pg::ANSWER_WITHIN, made).await {
+        Ok(made) => made.map_err(|e| crate::pg::PgError::from(e).to_string()),
+        Err(_) => Err(format!("no answer within {} s", crate::pg::ANSWER_WITHIN.as_secs())),
+    };
+    if let Err(e) = made {
+        let why = format!("cannot create the schema {schema}: {e}");
         for engine in settings.engines.iter_mut().filter(|e| e.name == "postgres") {
             engine.serve_flags = Err(why.clone());
         }
@@ -284,8 +288,12 @@ async fn remove_remote_scratch(settings: &Settings) {
             tokio::spawn(conn);
             db.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await
         };
-        if let Err(e) = dropped.await {
-            eprintln!("could not drop the bench's PostgreSQL schema {schema}: {}", crate::pg::PgError::from(e));
+        match tokio::time::timeout(crate::pg::ANSWER_WITHIN, dropped).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("could not drop the bench's PostgreSQL schema {schema}: {}", crate::pg::PgError::from(e))
+            }
+            Err(_) => eprintln!("could not drop the bench's PostgreSQL schema {schema}: no answer"),
         }
     }
     if let Some(url) = &settings.gridfs_url {
@@ -773,6 +781,10 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("a scratch directory in {}", out.display()))?;
     settings.scratch = scratch.path().to_path_buf();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // First: interrupted while the engines' servers are being set up, the
+    // run removes what it may have made there (each removal of something
+    // never made fails harmlessly).
+    runtime.spawn(running::stop_all_on_signal(settings.clone()));
     if let Some((endpoint, config)) = &settings.s3_bucket
         && let Err(e) = runtime.block_on(crate::engine::s3::create_bucket(Some(endpoint), config))
     {
@@ -782,7 +794,6 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         settings.s3_bucket = None;
     }
     runtime.block_on(make_remote_scratch(&mut settings));
-    runtime.spawn(running::stop_all_on_signal(settings.clone()));
     let ran = run_experiments(args, &out, &settings, &runtime);
     runtime.block_on(remove_remote_scratch(&settings));
     drop(runtime);

@@ -38,11 +38,15 @@ pub type ClaimId = i64;
 /// ([`Catalog::node_seen`]); one not heard from for [`NODE_LIFE`] is taken
 /// for stopped.
 pub const NODE_HEARTBEAT: Duration = Duration::from_secs(5);
-pub const NODE_LIFE: Duration = Duration::from_secs(20);
+/// [`NODE_LEASE`], then the longest a write checked within its lease may
+/// take to commit ([`crate::pg::ANSWER_WITHIN`], its transaction's whole
+/// budget), then 10 s to spare.
+pub const NODE_LIFE: Duration = Duration::from_secs(40);
 /// How long a node takes writes after the catalog last answered it that no
-/// maintenance runs (see [`crate::store::Store::lease_writes`]): shorter
-/// than [`NODE_LIFE`], so that it has lapsed before maintenance can take
-/// the node for stopped.
+/// maintenance runs (see [`crate::store::Store::lease_writes`]): with the
+/// commit of a write checked at its last moment, shorter than
+/// [`NODE_LIFE`], so that no write lands after maintenance could take the
+/// node for stopped.
 pub const NODE_LEASE: Duration = Duration::from_secs(15);
 
 pub fn now_millis() -> Millis {
@@ -589,6 +593,7 @@ impl std::str::FromStr for CatalogKind {
             // Of a URL, only the scheme: the rest may hold a password.
             let named = match s.split_once("://") {
                 Some((scheme, _)) => format!("a {scheme}:// URL"),
+                None if s.contains('@') => "(not shown: it may hold a password)".to_string(),
                 None => format!("{s:?}"),
             };
             Err(format!("unknown catalog {named}: use \"rocksdb\" or a postgres:// URL"))

@@ -389,6 +389,16 @@ async fn mark_deleting(txn: &Transaction<'_>, digest: &Digest, token: i64) -> Re
     Ok(())
 }
 
+/// Whether another delete of `digest`'s bytes is in progress (one begun
+/// longer than [`DELETE_LIFE`] ago is a crashed node's): one deleter at a
+/// time, since the end of either would let writers of the digest in while
+/// the other's delete could still land.
+async fn being_deleted(txn: &Transaction<'_>, digest: &Digest) -> Result<bool, TxnError> {
+    let sql =
+        format!("SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND since > now() - interval '{DELETE_LIFE}'");
+    Ok(txn.query_opt(&sql, &[&&digest.0[..]]).await?.is_some())
+}
+
 /// Locks the given keys for the transaction, in a fixed order.
 async fn lock_keys(txn: &Transaction<'_>, bucket_keys: &[(&str, &str)]) -> Result<(), TxnError> {
     let mut locks: Vec<i64> = bucket_keys.iter().map(|(b, k)| key_lock(b, k)).collect();
@@ -667,7 +677,7 @@ impl Catalog for PostgresCatalog {
                     return Ok(true);
                 }
             }
-            if claimed(txn, digest).await? {
+            if claimed(txn, digest).await? || being_deleted(txn, digest).await? {
                 return Ok(false);
             }
             let row = txn
@@ -756,7 +766,7 @@ impl Catalog for PostgresCatalog {
                     &[&&blob.digest.0[..], &blob.locator],
                 )
                 .await?;
-            if recorded.is_some() || claimed(txn, &blob.digest).await? {
+            if recorded.is_some() || claimed(txn, &blob.digest).await? || being_deleted(txn, &blob.digest).await? {
                 return Ok(false);
             }
             mark_deleting(txn, &blob.digest, 0).await?;
@@ -1094,8 +1104,11 @@ mod tests {
         // Bytes the record points at are not leftovers.
         assert!(!b.begin_delete(&x).await.unwrap());
 
-        // Once `b` has removed the record, a claim waits for its delete.
+        // Once `b` has removed the record, a claim waits for its delete,
+        // and no other delete of the digest begins (its end would let the
+        // claim through while `b`'s delete could still land).
         assert!(b.remove_dead_blob(&x.digest, None).await.unwrap());
+        assert!(!a.begin_delete(&BlobRef { locator: vec![98], ..x.clone() }).await.unwrap());
         let waiting = tokio::spawn({
             let a = a.clone();
             async move { a.claim_blob(&x.digest).await }
@@ -1106,9 +1119,14 @@ mod tests {
         let claim = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
         assert!(claim.is_some());
 
-        // A leftover's delete holds claims back the same way.
+        // A leftover's delete holds claims back the same way, and other
+        // deletes of the digest too.
         let y = blob(8, 10);
         assert!(b.begin_delete(&y).await.unwrap());
+        assert!(!a.begin_delete(&BlobRef { locator: vec![97], ..y.clone() }).await.unwrap());
+        a.put_object(put("shared", "y", std::slice::from_ref(&y))).await.unwrap();
+        a.delete_object("shared", "y", &Precondition::default()).await.unwrap();
+        assert!(!a.remove_dead_blob(&y.digest, None).await.unwrap());
         let waiting = tokio::spawn({
             let a = a.clone();
             async move { a.claim_blob(&y.digest).await }

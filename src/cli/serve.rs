@@ -3,13 +3,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
 use crate::catalog::postgres::PostgresCatalog;
 use crate::catalog::rocks::RocksCatalog;
-use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LEASE, NODE_LIFE};
+use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LIFE};
 use crate::config::{FreeSpace, ServeArgs, Settings};
 use crate::engine::{self, DynEngine, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App};
@@ -285,10 +285,10 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     );
     let node = node_name(addr);
     if matches!(settings.catalog, CatalogKind::Postgres(_)) {
-        let sent = Instant::now();
+        let sent = crate::store::lease_clock();
         app.store.catalog().node_seen(&node).await.context("noting this node in the catalog")?;
         refuse_during_maintenance(app.store.catalog(), &node).await?;
-        app.store.lease_writes(sent + NODE_LEASE);
+        app.store.lease_writes(sent);
         let (app, node) = (app.clone(), node.clone());
         tokio::spawn(async move {
             loop {
@@ -337,25 +337,32 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
 /// once, as it starts: a node the catalog did not hear from then (cut off,
 /// paused) may be back while it runs. Its writes could then be counted
 /// out by `verify --repair` or left in the old engine by `migrate`, so it
-/// takes none. Only a round that finds no maintenance at all renews the
-/// lease on writes (see [`crate::store::Store::lease_writes`]): maintenance
-/// still starting either saw this node and will give way, or began while
-/// the node was silent and will stop it.
+/// takes none.
+///
+/// A round renews the lease on writes (see
+/// [`crate::store::Store::lease_writes`]) when it finds no maintenance
+/// running. Maintenance still starting (looking for nodes) is no reason
+/// not to while the lease held as the round began: the node was noted
+/// within the lease then, so the maintenance saw it whenever it looked,
+/// and gives way. With the lease lapsed, the maintenance may have looked
+/// while the node was silent: its lease waits for the next round.
 async fn heartbeat(store: &crate::store::Store, node: &str) {
-    let sent = Instant::now();
+    let (sent, held) = (crate::store::lease_clock(), store.lease_holds());
     if let Err(e) = store.catalog().node_seen(node).await {
         tracing::warn!("could not note this node in the catalog: {e}");
         return;
     }
     match maintenance_notes(store.catalog()).await {
-        Ok(notes) if notes.is_empty() => store.lease_writes(sent + NODE_LEASE),
         Ok(notes) => {
-            let running: Vec<String> = notes.into_iter().filter(|n| n.starts_with(MAINTENANCE)).collect();
+            let running: Vec<&String> = notes.iter().filter(|n| n.starts_with(MAINTENANCE)).collect();
             if !running.is_empty() {
+                let running: Vec<&str> = running.iter().map(|n| n.as_str()).collect();
                 store.refuse_writes(format!(
                     "{} began while this node was not heard from: restart this node once it has ended",
                     running.join("; ")
                 ));
+            } else if notes.is_empty() || held {
+                store.lease_writes(sent);
             }
         }
         Err(e) => tracing::warn!("could not look for maintenance in the catalog: {e}"),
@@ -393,16 +400,22 @@ pub(crate) async fn alone<T>(
     let about = format!("{what} on {} (pid {})", crate::engine::fs::hostname(), std::process::id());
     let (starting, note) = (format!("{MAINTENANCE_STARTING}{about}"), format!("{MAINTENANCE}{about}"));
     catalog.node_seen(&starting).await.context("noting the maintenance in the catalog")?;
-    let live: Vec<String> = catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| *n != starting).collect();
-    // Only maintenance that goes ahead tells serving nodes to stop writing.
-    let ahead = match live.is_empty() {
-        true => catalog.node_seen(&note).await.context("noting the maintenance in the catalog"),
-        false => Ok(()),
+    let looked = async {
+        let live: Vec<String> = catalog.live_nodes(NODE_LIFE).await?.into_iter().filter(|n| *n != starting).collect();
+        // Only maintenance that goes ahead tells serving nodes to stop
+        // writing.
+        if live.is_empty() {
+            catalog.node_seen(&note).await.context("noting the maintenance in the catalog")?;
+        }
+        anyhow::Ok(live)
     };
+    let live = looked.await;
+    // Whatever the look found, the first note goes: left, it would keep
+    // nodes from starting until it lapsed.
     if let Err(e) = catalog.node_gone(&starting).await {
         tracing::warn!("could not clear the maintenance's first note in the catalog (it lapses by itself): {e}");
     }
-    ahead?;
+    let live = live?;
     let out = if live.is_empty() {
         let heartbeat = async {
             loop {

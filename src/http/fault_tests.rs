@@ -276,7 +276,7 @@ async fn a_slow_completion_is_kept_alive_until_its_document() {
         );
         uploads.push((format!("{}?uploadId={id}", node.object(key)), document));
     }
-    let delay = Duration::from_secs(6);
+    let delay = Duration::from_secs(8);
     *node.engine.read_delay.lock() = delay;
     let complete = |(url, document): (String, String)| {
         let http = http.clone();

@@ -321,6 +321,14 @@ pub struct GcReport {
     pub bytes_freed: u64,
 }
 
+/// Milliseconds on the clock of write leases: the boot-time clock, which
+/// goes on while the machine is suspended, so that a lease lapses during a
+/// suspend too (the monotonic clock stops).
+pub fn lease_clock() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
 /// Buckets, objects and blobs over one catalog and one engine.
 pub struct Store {
     catalog: Arc<dyn Catalog>,
@@ -333,10 +341,8 @@ pub struct Store {
     /// refused until restart, for the reason it holds.
     poisoned: std::sync::OnceLock<String>,
     /// With a shared catalog, writes are leased (see [`Store::lease_writes`]):
-    /// the end of the lease in milliseconds since `opened`, `u64::MAX` for
-    /// none.
+    /// the end of the lease on the [`lease_clock`], `u64::MAX` for none.
     lease_ends: AtomicU64,
-    opened: Instant,
     put_time: PutTime,
     /// Held by the collector, verification and backups, one at a time.
     maintenance: tokio::sync::Mutex<()>,
@@ -443,7 +449,6 @@ impl Store {
             hot: HotBlobs::default(),
             poisoned: std::sync::OnceLock::new(),
             lease_ends: AtomicU64::new(u64::MAX),
-            opened: Instant::now(),
             put_time: PutTime::default(),
             maintenance: tokio::sync::Mutex::new(()),
             free_space: parking_lot::Mutex::new(None),
@@ -523,9 +528,19 @@ impl Store {
     /// it is back until it has looked for maintenance again.
     ///
     /// [`NODE_LIFE`]: crate::catalog::NODE_LIFE
-    pub fn lease_writes(&self, ends: Instant) {
-        let ends = ends.saturating_duration_since(self.opened).as_millis() as u64;
+    /// The lease runs [`NODE_LEASE`] from `from`, a [`lease_clock`]
+    /// reading taken before the catalog was asked.
+    ///
+    /// [`NODE_LEASE`]: crate::catalog::NODE_LEASE
+    pub fn lease_writes(&self, from: u64) {
+        let ends = from + crate::catalog::NODE_LEASE.as_millis() as u64;
         self.lease_ends.store(ends, Ordering::Relaxed);
+    }
+
+    /// Whether writes are leased and the lease has not lapsed.
+    pub fn lease_holds(&self) -> bool {
+        let ends = self.lease_ends.load(Ordering::Relaxed);
+        ends != u64::MAX && lease_clock() <= ends
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -536,7 +551,7 @@ impl Store {
         if ends == u64::MAX {
             return Ok(());
         }
-        let now = self.opened.elapsed().as_millis() as u64;
+        let now = lease_clock();
         if now > ends {
             return Err(StoreError::Unavailable(format!(
                 "the shared catalog has not answered this node for {} s: writes wait until it does",
@@ -1170,6 +1185,9 @@ impl Store {
             let dead = self.catalog.dead_blobs(grace, 512).await?;
             let mut progressed = false;
             for blob in dead {
+                // A pass can be long: writes (a collection is one) may have
+                // been refused since it began.
+                self.check_writable()?;
                 let Some(_guard) = self.guards.collecting(blob.digest) else {
                     continue;
                 };
@@ -1189,6 +1207,7 @@ impl Store {
             if info.modified > cutoff {
                 continue;
             }
+            self.check_writable()?;
             if self.drop_if_orphan(&info.blob_ref()).await? {
                 report.orphans += 1;
                 report.bytes_freed += info.size;

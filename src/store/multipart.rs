@@ -659,6 +659,10 @@ impl Store {
         // first: the later then answers with the earlier's object, rather
         // than both answering 200 with different ETags.
         let first = Precondition { if_absent: true, ..Precondition::default() };
+        // Reading the parts back may have taken minutes: writes may have
+        // been refused meanwhile (a failed sync, maintenance, a lapsed
+        // lease).
+        self.check_writable()?;
         let puts = vec![
             ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
             ObjectPut { precondition: first, ..upload_put(done) },

@@ -515,9 +515,10 @@ pub async fn handle(service: &S3Service, req: Request, anonymous: bool, request_
     let completion = req.method() == http::Method::POST
         && form_urlencoded::parse(query.as_bytes()).any(|(name, _)| name == "uploadId");
     if completion {
-        let (service, request_id) = (service.clone(), request_id.to_string());
-        let work = tokio::spawn(async move { answer(&service, req, anonymous, &request_id).await });
-        return kept_alive(work, KEEP_ALIVE).await;
+        let (service, id) = (service.clone(), request_id.to_string());
+        // Its log lines name the request, as on the request's own task.
+        let work = super::log::scope(id.clone(), async move { answer(&service, req, anonymous, &id).await });
+        return kept_alive(tokio::spawn(work), KEEP_ALIVE, request_id).await;
     }
     answer(service, req, anonymous, request_id).await
 }
@@ -529,16 +530,29 @@ pub async fn handle(service: &S3Service, req: Request, anonymous: bool, request_
 /// `every`, then the document it ends with, the result or an error (S3's
 /// clients look for an error in a Complete's 200). The work goes on to its
 /// end if the client goes away, as it would on S3.
-async fn kept_alive(mut work: tokio::task::JoinHandle<Response>, every: Duration) -> Response {
+/// A failure after the 200 is logged here, with `request_id`: the
+/// server's own log of the request saw a 200.
+async fn kept_alive(mut work: tokio::task::JoinHandle<Response>, every: Duration, request_id: &str) -> Response {
     tokio::select! {
         done = &mut work => return joined(done),
         () = tokio::time::sleep(every) => {}
     }
-    let spaces = futures::stream::unfold(Some(work), move |work| async move {
-        let mut work = work?;
-        tokio::select! {
-            done = &mut work => Some((document(joined(done)).await, None)),
-            () = tokio::time::sleep(every) => Some((Ok(Bytes::from_static(b" ")), Some(work))),
+    let id = request_id.to_string();
+    let spaces = futures::stream::unfold(Some(work), move |work| {
+        let id = id.clone();
+        async move {
+            let mut work = work?;
+            tokio::select! {
+                done = &mut work => {
+                    let answer = joined(done);
+                    if !answer.status().is_success() {
+                        let status = answer.status().as_u16();
+                        tracing::warn!(status, request_id = %id, "a CompleteMultipartUpload answered 200 ahead of its outcome failed");
+                    }
+                    Some((document(answer).await, None))
+                }
+                () = tokio::time::sleep(every) => Some((Ok(Bytes::from_static(b" ")), Some(work))),
+            }
         }
     });
     let start = futures::stream::once(async { Ok(Bytes::from_static(XML_DECLARATION.as_bytes())) });
@@ -819,24 +833,25 @@ mod tests {
                 answer
             })
         };
-        let quick = kept_alive(later(0, xml(400, "<?xml version=\"1.0\"?><Error/>")), every).await;
+        let quick = kept_alive(later(0, xml(400, "<?xml version=\"1.0\"?><Error/>")), every, "t").await;
         assert_eq!(text(quick).await, (400, "<?xml version=\"1.0\"?><Error/>".into()));
 
         let result = format!("{XML_DECLARATION}<CompleteMultipartUploadResult/>");
-        let (status, body) = text(kept_alive(later(450, xml(200, &result)), every).await).await;
+        let (status, body) = text(kept_alive(later(450, xml(200, &result)), every, "t").await).await;
         assert_eq!(status, 200);
         let spaces = body.strip_prefix(XML_DECLARATION).unwrap().strip_suffix("<CompleteMultipartUploadResult/>");
         let spaces = spaces.unwrap_or_else(|| panic!("{body:?}"));
-        assert!((2..=4).contains(&spaces.len()) && spaces.bytes().all(|b| b == b' '), "{body:?}");
+        assert!((1..=4).contains(&spaces.len()) && spaces.bytes().all(|b| b == b' '), "{body:?}");
 
         let error = format!("{XML_DECLARATION}<Error><Code>InternalError</Code></Error>");
-        let (status, body) = text(kept_alive(later(250, xml(500, &error)), every).await).await;
+        let (status, body) = text(kept_alive(later(250, xml(500, &error)), every, "t").await).await;
         assert_eq!(status, 200);
         assert!(body.starts_with(XML_DECLARATION) && body.trim_end().ends_with("<Code>InternalError</Code></Error>"));
         assert_eq!(body.matches("<?xml").count(), 1, "{body:?}");
 
+        // Within a wait long enough for a panic's backtrace.
         let panicked = tokio::spawn(async { panic!("a bug") });
-        let (status, body) = text(kept_alive(panicked, every).await).await;
+        let (status, body) = text(kept_alive(panicked, Duration::from_secs(30), "t").await).await;
         assert_eq!(status, 500, "{body}");
     }
     #[test]

@@ -298,11 +298,12 @@
     S.search = '';
     $('search').value = '';
   }
-  function go(href) {
+  // `changed`: as for `load`.
+  function go(href, changed = false) {
     history.pushState(null, '', href);
     fromLocation();
     say('');
-    load();
+    load(changed);
     $('main').focus({ preventScroll: true });
   }
 
@@ -352,7 +353,7 @@
     try {
       if (v.public) await call('PUT', presign('PUT', path(v.name, '').slice(0, -1), {}, { 'x-amz-acl': 'public-read' }), { headers: { 'x-amz-acl': 'public-read' }, bearer: false });
       else await call('PUT', path(v.name, ''));
-      go(path(v.name, ''));
+      go(path(v.name, ''), true);
       say(`Created bucket ${v.name}.`);
     } catch (e) { say(`Could not create bucket ${v.name}: ${e.message}`, true); }
   }
@@ -362,7 +363,7 @@
     if (!name) return;
     try {
       await call('PUT', path(S.bucket, `${S.prefix}${name}/`), { body: '' });
-      go(path(S.bucket, `${S.prefix}${name}/`));
+      go(path(S.bucket, `${S.prefix}${name}/`), true);
       say(`Created folder ${name}.`);
     } catch (e) { say(`Could not create folder ${name}: ${e.message}`, true); }
   }
@@ -517,7 +518,7 @@
       S.cred = null;
       sessionStorage.removeItem('depot.cred');
       who();
-      go('/');
+      go('/', true);
     };
     let depth = 0;
     document.addEventListener('dragenter', (e) => { if (e.dataTransfer?.types.includes('Files')) { depth++; document.body.classList.add('dragging'); } });
