@@ -1181,8 +1181,13 @@ impl Store {
         let expiry = to_millis(std::time::UNIX_EPOCH + self.config.upload_expiry);
         report.uploads_expired = self.expire_uploads(now_millis().saturating_sub(expiry)).await?;
         let grace = self.config.gc_grace;
+        // The oldest dead blobs come first, and those held (read, or
+        // claimed by a writer) come again every time: a window they fill
+        // widens, so that the dead behind them are reached.
+        let mut window = 512;
         loop {
-            let dead = self.catalog.dead_blobs(grace, 512).await?;
+            let dead = self.catalog.dead_blobs(grace, window).await?;
+            let full = dead.len() == window;
             let mut progressed = false;
             for blob in dead {
                 // A pass can be long: writes (a collection is one) may have
@@ -1199,6 +1204,10 @@ impl Store {
                 }
             }
             if !progressed {
+                if full && window < 1 << 16 {
+                    window *= 4;
+                    continue;
+                }
                 break;
             }
         }
@@ -1395,6 +1404,32 @@ mod tests {
         assert_eq!(b.gc().await.unwrap(), GcReport::default());
         assert_eq!(read_all(&a, "shared", "new").await, b"the same bytes, twice");
         assert!(a.verify(false, &indicatif::ProgressBar::hidden()).await.unwrap().problems.is_empty());
+    }
+
+    /// Dead blobs held from the collector (here read; on a shared catalog
+    /// also claimed by a writer) come first in every pass: a full window of
+    /// them must not hide the dead behind them.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_window_of_held_dead_blobs_hides_none_behind_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let config = StoreConfig { gc_grace: Duration::ZERO, ..StoreConfig::default() };
+        let s = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
+        for i in 0..520 {
+            let key = format!("k{i}");
+            let bytes = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(format!("body {i}")))]);
+            s.put("files", &key, bytes, PutOptions::default()).await.unwrap();
+            s.delete("files", &key, &Precondition::default()).await.unwrap();
+        }
+        let first = s.catalog.dead_blobs(Duration::ZERO, 512).await.unwrap();
+        let mut held = Vec::new();
+        for blob in &first {
+            held.push(s.guards.reading(blob.digest).await);
+        }
+        let report = s.gc().await.unwrap();
+        assert_eq!(report.dead_blobs, 8, "the dead behind a held window were left");
+        drop(held);
+        assert_eq!(s.gc().await.unwrap().dead_blobs, 512);
     }
 
     /// A copy whose source is deleted and its blob collected meanwhile
