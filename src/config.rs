@@ -536,18 +536,19 @@ pub fn check_engine_settings(engine: EngineKind, prefix: &str, given: [bool; 8])
     Ok(())
 }
 
-/// A settings file's error without the values it quotes, which may be
-/// secrets: "invalid type: string \"AKIA:secret\", expected ..." says
-/// "invalid type, expected ...", and any other text in double quotes goes.
+/// A settings file's error without the value it quotes, which may be a
+/// secret: "invalid type: string \"AKIA:secret\", expected ..." says
+/// "invalid type, expected ...". (Syntax errors quote no value; unknown
+/// settings are named, which is what they are for.)
 fn without_values(message: &str) -> String {
     for kind in ["invalid type", "invalid value", "invalid length"] {
         if let Some(rest) = message.strip_prefix(kind).and_then(|r| r.strip_prefix(": "))
-            && let Some(at) = rest.find(", expected")
+            && let Some(at) = rest.rfind(", expected")
         {
             return format!("{kind}{}", &rest[at..]);
         }
     }
-    message.split('"').enumerate().map(|(i, piece)| if i % 2 == 1 { "…" } else { piece }).collect::<Vec<_>>().join("\"")
+    message.to_string()
 }
 
 /// Reads a settings file. A relative `data` in it is relative to the

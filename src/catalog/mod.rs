@@ -593,7 +593,7 @@ impl std::str::FromStr for CatalogKind {
             // Of a URL, only the scheme: the rest may hold a password.
             let named = match s.split_once("://") {
                 Some((scheme, _)) => format!("a {scheme}:// URL"),
-                None if s.contains('@') => "(not shown: it may hold a password)".to_string(),
+                None if s.contains(['@', '=']) => "(not shown: it may hold a password)".to_string(),
                 None => format!("{s:?}"),
             };
             Err(format!("unknown catalog {named}: use \"rocksdb\" or a postgres:// URL"))

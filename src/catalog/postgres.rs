@@ -758,8 +758,16 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn begin_delete(&self, blob: &BlobRef) -> Result<bool> {
-        in_txn!(self.pool, "starting a delete", |txn| {
+        let token = rand::random::<i64>() | 1;
+        in_txn!(self.pool, "starting a delete", |txn, replay| {
             lock_digest(txn, &blob.digest).await?;
+            // The first attempt's COMMIT may have been applied, its answer
+            // lost: its mark makes the delete this call's (else the mark
+            // would keep writers of the digest waiting for minutes).
+            let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND token = $2";
+            if replay && txn.query_opt(sql, &[&&blob.digest.0[..], &token]).await?.is_some() {
+                return Ok(true);
+            }
             let recorded = txn
                 .query_opt(
                     "SELECT 1 FROM depot_catalog_blobs WHERE digest = $1 AND locator = $2",
@@ -769,7 +777,7 @@ impl Catalog for PostgresCatalog {
             if recorded.is_some() || claimed(txn, &blob.digest).await? || being_deleted(txn, &blob.digest).await? {
                 return Ok(false);
             }
-            mark_deleting(txn, &blob.digest, 0).await?;
+            mark_deleting(txn, &blob.digest, token).await?;
             Ok(true)
         })
     }

@@ -527,15 +527,18 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             say!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size)?;
         }
         let leftover_bytes: u64 = report.leftovers.iter().map(|b| b.size).sum();
+        let unlisted = report.problems.iter().any(|p| matches!(p, crate::store::maintenance::Problem::Unlisted { .. }));
+        let leftovers = match unlisted {
+            true => "leftovers not looked for".to_string(),
+            false => format!("{} leftover blob(s), {}", report.leftovers.len(), indicatif::HumanBytes(leftover_bytes)),
+        };
         say!(
-            "{} objects, {} blobs, {} read and hashed: {} problem(s){}; {} leftover blob(s), {}{}",
+            "{} objects, {} blobs, {} read and hashed: {} problem(s){}; {leftovers}{}",
             report.objects,
             report.blobs,
             indicatif::HumanBytes(report.bytes_read),
             report.problems.len(),
             if repair { format!(", {} repaired", report.repaired) } else { String::new() },
-            report.leftovers.len(),
-            indicatif::HumanBytes(leftover_bytes),
             if repair {
                 format!(
                     "; removed {} leftover and unreferenced blob(s) and the damaged bytes of {} blob(s)",
@@ -549,6 +552,10 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
         )?;
         match report.unresolved() {
             0 => Ok(()),
+            _ if unlisted => bail!(
+                "the engine could not list its blobs (see above), so verification is incomplete: run it again once \
+                 the engine reads"
+            ),
             n if repair => bail!("{n} problem(s) cannot be repaired: those objects' bytes are lost or damaged"),
             n if report.damaged_objects.is_empty() => {
                 bail!("{n} problem(s); `depot verify --repair` fixes counts and totals")

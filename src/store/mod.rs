@@ -731,7 +731,9 @@ impl Store {
         let blobs = self
             .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))
             .await;
-        let outcome = match blobs {
+        // Holding the parts may have waited on collectors: writes may
+        // have been refused meanwhile (a lapsed lease).
+        let outcome = match blobs.and_then(|blobs| self.check_writable().map(|()| blobs)) {
             Ok(blobs) => {
                 let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
                 self.note(self.catalog.put_object(put).await.map_err(Into::into))
@@ -1203,11 +1205,11 @@ impl Store {
                     progressed = true;
                 }
             }
-            if !progressed {
-                if full && window < 1 << 16 {
-                    window *= 4;
-                    continue;
-                }
+            if progressed {
+                window = 512;
+            } else if full && window < 1 << 16 {
+                window = (window * 4).min(1 << 16);
+            } else {
                 break;
             }
         }
@@ -1316,6 +1318,9 @@ impl PutBatch<'_> {
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
         // The claims hold until the commit, however long the batch took.
         self.renew_claims().await?;
+        // The sync and the renewal may have taken long: writes may have
+        // been refused meanwhile (a lapsed lease).
+        self.store.check_writable()?;
         let puts = std::mem::take(&mut self.puts);
         self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))
     }

@@ -249,6 +249,7 @@
   // costly for every click.
   async function load(changed = false) {
     const seq = ++S.seq;
+    if (changed) stats();
     crumbs();
     const inBucket = S.bucket !== null;
     $('new-bucket').hidden = inBucket || !canWrite();
@@ -269,7 +270,6 @@
       render();
       say(`Could not list: ${e.message}`, true);
     }
-    if (changed) stats();
   }
 
   async function stats() {
@@ -277,6 +277,8 @@
     if (!canWrite()) { box.hidden = true; return; }
     try {
       const s = await (await call('GET', '/_/stats')).json();
+      // Signed out while it was asked: not for this page any more.
+      if (!canWrite()) { box.hidden = true; return; }
       const cell = (label, value, key) => el('div', {}, el('dt', {}, label), el('dd', { 'data-stat': key, title: String(value) }, key === 'objects' || key === 'engine' ? String(value) : human(value)));
       box.replaceChildren(el('dl', { style: 'display:contents' },
         cell('Objects', s.objects, 'objects'), cell('Stored (logical)', s.logical_bytes, 'logical_bytes'),
