@@ -100,9 +100,9 @@ impl S3Source {
             let encoded = page.encoding_type.as_deref() == Some("url");
             for item in page.contents {
                 let key = match encoded {
-                    true => match percent_decode_str(&item.key).decode_utf8() {
-                        Ok(key) => key.into_owned(),
-                        Err(_) => {
+                    true => match listed_key(&item.key) {
+                        Some(key) => key,
+                        None => {
                             problems.push(format!("{}: the key is not UTF-8", item.key));
                             continue;
                         }
@@ -178,5 +178,25 @@ fn error_summary(body: &str) -> String {
     match quick_xml::de::from_str::<Error>(body) {
         Ok(e) => format!("{}{}", e.code, e.message.map(|m| format!(": {m}")).unwrap_or_default()),
         Err(_) => body.chars().take(200).collect(),
+    }
+}
+
+/// A key of a listing asked for with `encoding-type=url`, decoded as the
+/// SDKs decode it: form encoding, where AWS sends a space as `+` (and a
+/// `+` as `%2B`); other servers send a space as `%20`, which reads the
+/// same. `None` when the bytes are not UTF-8.
+fn listed_key(encoded: &str) -> Option<String> {
+    percent_decode_str(&encoded.replace('+', " ")).decode_utf8().ok().map(|key| key.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn listed_keys_are_form_decoded() {
+        assert_eq!(super::listed_key("a+b.txt").as_deref(), Some("a b.txt"));
+        assert_eq!(super::listed_key("a%20b.txt").as_deref(), Some("a b.txt"));
+        assert_eq!(super::listed_key("a%2Bb.txt").as_deref(), Some("a+b.txt"));
+        assert_eq!(super::listed_key("%C3%BCn%C3%AF/100%25").as_deref(), Some("ünï/100%"));
+        assert_eq!(super::listed_key("%FF"), None);
     }
 }
