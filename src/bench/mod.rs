@@ -260,16 +260,7 @@ impl Settings {
 /// have it is skipped, saying why.
 async fn make_remote_scratch(settings: &mut Settings) {
     let Some((url, schema)) = &settings.postgres_schema else { return };
-    let made = async {
-        let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
-        db.batch_execute(&format!("CREATE SCHEMA {schema}")).await
-    };
-    let made = match tokio::time::timeout(crate::pg::ANSWER_WITHIN, made).await {
-        Ok(made) => made.map_err(|e| crate::pg::PgError::from(e).to_string()),
-        Err(_) => Err(format!("no answer within {} s", crate::pg::ANSWER_WITHIN.as_secs())),
-    };
-    if let Err(e) = made {
+    if let Err(e) = on_postgres(url, &format!("CREATE SCHEMA {schema}")).await {
         let why = format!("cannot create the schema {schema}: {e}");
         for engine in settings.engines.iter_mut().filter(|e| e.name == "postgres") {
             engine.serve_flags = Err(why.clone());
@@ -278,23 +269,28 @@ async fn make_remote_scratch(settings: &mut Settings) {
     }
 }
 
+/// Runs `sql` on a connection of its own to `url`, within
+/// [`crate::pg::ANSWER_WITHIN`].
+async fn on_postgres(url: &str, sql: &str) -> Result<(), String> {
+    let run = async {
+        let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        db.batch_execute(sql).await
+    };
+    match tokio::time::timeout(crate::pg::ANSWER_WITHIN, run).await {
+        Ok(done) => done.map_err(|e| crate::pg::PgError::from(e).to_string()),
+        Err(_) => Err(format!("no answer within {} s", crate::pg::ANSWER_WITHIN.as_secs())),
+    }
+}
+
 /// Drops what the run made on the engines' servers: the gridfs engine's
 /// database, the s3 engine's bucket and the postgres engine's schema, each
 /// named for this run alone.
 async fn remove_remote_scratch(settings: &Settings) {
-    if let Some((url, schema)) = &settings.postgres_schema {
-        let dropped = async {
-            let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-            tokio::spawn(conn);
-            db.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await
-        };
-        match tokio::time::timeout(crate::pg::ANSWER_WITHIN, dropped).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                eprintln!("could not drop the bench's PostgreSQL schema {schema}: {}", crate::pg::PgError::from(e))
-            }
-            Err(_) => eprintln!("could not drop the bench's PostgreSQL schema {schema}: no answer"),
-        }
+    if let Some((url, schema)) = &settings.postgres_schema
+        && let Err(e) = on_postgres(url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await
+    {
+        eprintln!("could not drop the bench's PostgreSQL schema {schema}: {e}");
     }
     if let Some(url) = &settings.gridfs_url {
         let dropped = async {

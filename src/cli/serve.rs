@@ -354,9 +354,8 @@ async fn heartbeat(store: &crate::store::Store, node: &str) {
     }
     match maintenance_notes(store.catalog()).await {
         Ok(notes) => {
-            let running: Vec<&String> = notes.iter().filter(|n| n.starts_with(MAINTENANCE)).collect();
+            let running: Vec<&str> = notes.iter().map(String::as_str).filter(|n| n.starts_with(MAINTENANCE)).collect();
             if !running.is_empty() {
-                let running: Vec<&str> = running.iter().map(|n| n.as_str()).collect();
                 store.refuse_writes(format!(
                     "{} began while this node was not heard from: restart this node once it has ended",
                     running.join("; ")

@@ -519,46 +519,49 @@ impl Store {
         }
     }
 
-    /// Takes writes until `ends` and no longer, unless the lease is renewed
-    /// meanwhile: a node of a shared catalog renews it each time the
-    /// catalog, having noted the node live, says no maintenance runs. A
-    /// node the catalog has not heard from for [`NODE_LIFE`] is taken for
-    /// stopped, and maintenance may then begin; a lease shorter than that
-    /// has lapsed by then, so a node cut off or paused takes no write when
-    /// it is back until it has looked for maintenance again.
-    ///
-    /// [`NODE_LIFE`]: crate::catalog::NODE_LIFE
-    /// The lease runs [`NODE_LEASE`] from `from`, a [`lease_clock`]
-    /// reading taken before the catalog was asked.
+    /// Takes writes for [`NODE_LEASE`] from `from` (a [`lease_clock`]
+    /// reading taken before the catalog was asked) and no longer, unless
+    /// the lease is renewed meanwhile: a node of a shared catalog renews it
+    /// each time the catalog, having noted the node live, says no
+    /// maintenance runs. A node the catalog has not heard from for
+    /// [`NODE_LIFE`] is taken for stopped, and maintenance may then begin;
+    /// a lease shorter than that has lapsed by then, so a node cut off or
+    /// paused takes no write when it is back until it has looked for
+    /// maintenance again.
     ///
     /// [`NODE_LEASE`]: crate::catalog::NODE_LEASE
+    /// [`NODE_LIFE`]: crate::catalog::NODE_LIFE
     pub fn lease_writes(&self, from: u64) {
         let ends = from + crate::catalog::NODE_LEASE.as_millis() as u64;
         self.lease_ends.store(ends, Ordering::Relaxed);
     }
 
-    /// Whether writes are leased and the lease has not lapsed.
+    /// Whether the lease on writes holds (or writes are not leased).
     pub fn lease_holds(&self) -> bool {
+        self.lapsed_for().is_none()
+    }
+
+    /// Milliseconds since the lease on writes lapsed; `None` while it
+    /// holds, and with no lease (an embedded catalog).
+    fn lapsed_for(&self) -> Option<u64> {
         let ends = self.lease_ends.load(Ordering::Relaxed);
-        ends != u64::MAX && lease_clock() <= ends
+        if ends == u64::MAX {
+            return None;
+        }
+        lease_clock().checked_sub(ends).filter(|&ago| ago > 0)
     }
 
     fn check_writable(&self) -> Result<()> {
         if let Some(why) = self.poisoned.get() {
             return Err(StoreError::WritesDisabled(why.clone()));
         }
-        let ends = self.lease_ends.load(Ordering::Relaxed);
-        if ends == u64::MAX {
-            return Ok(());
-        }
-        let now = lease_clock();
-        if now > ends {
-            return Err(StoreError::Unavailable(format!(
+        match self.lapsed_for() {
+            Some(ago) => Err(StoreError::Unavailable(format!(
                 "the shared catalog has not answered this node for {} s: writes wait until it does",
-                (now - ends) / 1000 + crate::catalog::NODE_LEASE.as_secs()
-            )));
+                ago / 1000 + crate::catalog::NODE_LEASE.as_secs()
+            ))),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     // ----- buckets -----
@@ -1058,10 +1061,7 @@ impl Store {
                 .try_flatten();
             stream = Box::pin(stream.chain(rest));
         }
-        // The guards live in the stream, and go when it is dropped.
-        Ok(Box::pin(stream.inspect(move |_| {
-            let _ = &held;
-        })))
+        Ok(holding(stream, held))
     }
 
     async fn read_blob_range(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -1118,9 +1118,7 @@ impl Store {
         // until the stream goes.
         let held = self.guards.reading(blob.digest).await;
         let stream = self.read_blob_range(&blob.blob_ref(), ByteRange::full(blob.size)).await?;
-        Ok(Box::pin(stream.inspect(move |_| {
-            let _ = &held;
-        })))
+        Ok(holding(stream, held))
     }
 
     /// Many small blobs whole, in order, in as few engine calls as the
@@ -1324,6 +1322,14 @@ impl PutBatch<'_> {
         let puts = std::mem::take(&mut self.puts);
         self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))
     }
+}
+
+/// `stream`, keeping `held` (guards from the collector) until it is
+/// dropped.
+fn holding<T: Send + 'static>(stream: ByteStream, held: T) -> ByteStream {
+    Box::pin(stream.inspect(move |_| {
+        let _ = &held;
+    }))
 }
 
 /// The digests of `parts`, each once, in order.
