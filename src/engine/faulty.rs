@@ -83,6 +83,10 @@ pub struct EngineFaults {
     /// How long `read` and `read_small` wait before they begin: a slow
     /// device.
     pub read_delay: Mutex<std::time::Duration>,
+    /// How long after it is asked a `delete` lands, whether or not its
+    /// caller still waits: a slow device under an engine that deletes on
+    /// the blocking pool, where a dropped future does not stop the work.
+    pub delete_delay: Mutex<std::time::Duration>,
 }
 
 impl EngineFaults {
@@ -92,6 +96,7 @@ impl EngineFaults {
             s.set(Trigger::Never);
         }
         *self.read_delay.lock() = std::time::Duration::ZERO;
+        *self.delete_delay.lock() = std::time::Duration::ZERO;
     }
 }
 
@@ -118,6 +123,7 @@ impl FaultyEngine {
             syncs: Switch::new(seed ^ 0x5359_4e43),
             lists: Switch::new(seed ^ 0x4c49_5354),
             read_delay: Mutex::new(std::time::Duration::ZERO),
+            delete_delay: Mutex::new(std::time::Duration::ZERO),
         };
         FaultyEngine { inner, faults: Arc::new(faults) }
     }
@@ -206,7 +212,16 @@ impl BlobEngine for FaultyEngine {
         if self.faults.writes.fires() {
             return Err(EngineError::io("faulty", std::io::Error::other("injected delete failure")));
         }
-        self.inner.delete(blob).await
+        let delay = *self.faults.delete_delay.lock();
+        if delay.is_zero() {
+            return self.inner.delete(blob).await;
+        }
+        let (inner, blob) = (self.inner.clone(), blob.clone());
+        let landing = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.delete(&blob).await
+        });
+        landing.await.map_err(|e| EngineError::io("faulty", std::io::Error::other(e.to_string())))?
     }
 
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
+use tracing::Instrument;
 
 use crate::catalog::{
     BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_TIMEOUT, ListPage,
@@ -940,27 +941,46 @@ impl Store {
     /// Deletes bytes no catalog record points at, unless a writer or a
     /// reader holds their digest, here or on another node. Whether it did.
     async fn drop_if_orphan(&self, blob: &BlobRef) -> Result<bool> {
-        let Some(_guard) = self.guards.collecting(blob.digest) else {
+        let Some(hold) = self.guards.collecting(blob.digest) else {
             return Ok(false);
         };
         if !self.catalog.begin_delete(blob).await? {
             return Ok(false);
         }
-        self.delete_bytes(blob).await?;
+        self.delete_bytes(blob, hold).await?;
         Ok(true)
     }
 
     /// Deletes bytes the catalog gave up ([`Catalog::begin_delete`],
-    /// [`Catalog::remove_dead_blob`]), then lets writers of the digest go
-    /// on. A delete that takes too long stays marked in the catalog: other
-    /// nodes' writers wait until the mark lapses, after the delete could
-    /// have landed.
-    pub(super) async fn delete_bytes(&self, blob: &BlobRef) -> Result<()> {
-        let deleted = tokio::time::timeout(DELETE_TIMEOUT, self.engine.delete(blob))
-            .await
-            .map_err(|_| StoreError::Unavailable(format!("deleting blob {} took too long", blob.digest)))?;
-        self.catalog.end_delete(&blob.digest).await?;
-        Ok(deleted?)
+    /// [`Catalog::remove_dead_blob`]) while `hold` keeps this node's
+    /// writers and readers of the digest waiting, then lets writers on other
+    /// nodes go on.
+    ///
+    /// The delete runs to its end whoever waits for it, and the hold lasts
+    /// until it has: an engine's delete can land after its caller stopped
+    /// waiting (the local engines' run on the blocking pool), and a writer
+    /// let in before then could store the same content only to have it
+    /// removed. A delete that takes too long fails its caller; writers here
+    /// wait on, and other nodes' writers wait for the catalog's mark, which
+    /// ends when the delete does (or lapses, should this node die).
+    async fn delete_bytes(&self, blob: &BlobRef, hold: guards::Guard) -> Result<()> {
+        let (engine, catalog, blob) = (self.engine.clone(), self.catalog.clone(), blob.clone());
+        let digest = blob.digest;
+        let delete = tokio::spawn(
+            async move {
+                let deleted = engine.delete(&blob).await;
+                let ended = catalog.end_delete(&blob.digest).await;
+                drop(hold);
+                ended?;
+                Ok::<_, StoreError>(deleted?)
+            }
+            .in_current_span(),
+        );
+        match tokio::time::timeout(DELETE_TIMEOUT, delete).await {
+            Err(_) => Err(StoreError::Unavailable(format!("deleting blob {digest} took too long"))),
+            Ok(Err(e)) => Err(StoreError::Internal(format!("deleting blob {digest} failed: {e}"))),
+            Ok(Ok(deleted)) => deleted,
+        }
     }
 
     /// Gives up bytes written for a write that will not be recorded: they
@@ -1193,11 +1213,11 @@ impl Store {
                 // A pass can be long: writes (a collection is one) may have
                 // been refused since it began.
                 self.check_writable()?;
-                let Some(_guard) = self.guards.collecting(blob.digest) else {
+                let Some(hold) = self.guards.collecting(blob.digest) else {
                     continue;
                 };
                 if self.catalog.remove_dead_blob(&blob.digest, Some(grace)).await? {
-                    self.delete_bytes(&blob.blob_ref()).await?;
+                    self.delete_bytes(&blob.blob_ref(), hold).await?;
                     report.dead_blobs += 1;
                     report.bytes_freed += blob.size;
                     progressed = true;
@@ -1408,7 +1428,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!upload.is_finished(), "the upload went on while another node deleted its bytes");
-        b.delete_bytes(&dead.blob_ref()).await.unwrap();
+        b.delete_bytes(&dead.blob_ref(), b.guards.collecting(digest).unwrap()).await.unwrap();
         let put = tokio::time::timeout(Duration::from_secs(10), upload).await.unwrap().unwrap().unwrap();
         assert!(!put.deduplicated);
         assert_eq!(read_all(&b, "shared", "new").await, b"the same bytes, twice");
@@ -1465,8 +1485,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!copy.is_finished(), "the copy went on while its blob was being collected");
         assert!(s.catalog.remove_dead_blob(&source.sha256, None).await.unwrap());
-        s.delete_bytes(&blob).await.unwrap();
-        drop(collecting);
+        s.delete_bytes(&blob, collecting).await.unwrap();
         let copied = copy.await.unwrap();
         assert!(matches!(copied, Err(StoreError::NoSuchKey(_))), "{copied:?}");
         assert!(matches!(s.head("files", "copy").await, Err(StoreError::NoSuchKey(_))));
@@ -1519,6 +1538,28 @@ mod tests {
             [Digest(<sha2::Sha256 as sha2::Digest>::digest(b"kept").into())],
             "only the recorded write's bytes"
         );
+    }
+
+    /// A collection given up on mid-delete (a timeout, a request gone)
+    /// leaves the engine's delete to land later: a writer of the same
+    /// content must not store its bytes before it has.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_delete_left_running_keeps_writers_of_its_content_waiting() {
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let config = StoreConfig { gc_grace: Duration::ZERO, ..StoreConfig::default() };
+        let s = Store::open(catalog, faulty.clone(), config).await.unwrap();
+        s.put("files", "old", body(b"deleted, then stored again"), PutOptions::default()).await.unwrap();
+        s.delete("files", "old", &Precondition::default()).await.unwrap();
+        *faulty.faults.delete_delay.lock() = Duration::from_secs(1);
+        let gave_up = tokio::time::timeout(Duration::from_millis(200), s.gc()).await;
+        assert!(gave_up.is_err(), "the collection ended before its delete landed");
+        let put = s.put("files", "new", body(b"deleted, then stored again"), PutOptions::default()).await.unwrap();
+        assert!(!put.deduplicated);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(read_all(&s, "files", "new").await, b"deleted, then stored again");
+        assert!(s.verify(false, &indicatif::ProgressBar::hidden()).await.unwrap().problems.is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread")]
