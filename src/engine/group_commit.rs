@@ -47,7 +47,8 @@ struct Asked {
 struct Synced {
     /// Every ticket up to this one is durable.
     through: u64,
-    /// The error of the first failed sync.
+    /// The error of the first failed sync. `through` stops there: no
+    /// later sync is trusted.
     failed: Option<String>,
 }
 
@@ -85,9 +86,11 @@ impl GroupCommit {
             .wait_for(|s| s.through >= ticket || s.failed.is_some())
             .await
             .map_err(|_| "the syncing thread stopped".to_string())?;
+        // A sync that covered this write may have ended before a later
+        // one failed: the write is durable all the same.
         match &done.failed {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
+            Some(e) if done.through < ticket => Err(e.clone()),
+            _ => Ok(()),
         }
     }
 }
@@ -108,11 +111,17 @@ fn sync_loop(mut sync: impl FnMut() -> Result<(), String>, shared: &Shared, tx: 
         match sync() {
             Ok(()) => {
                 through = goal;
-                tx.send_modify(|s| s.through = goal);
+                tx.send_modify(|s| {
+                    if s.failed.is_none() {
+                        s.through = goal;
+                    }
+                });
             }
             Err(e) => {
                 tracing::error!("syncing the write-ahead log failed: {e}");
-                tx.send_modify(|s| s.failed = Some(e));
+                tx.send_modify(|s| {
+                    s.failed.get_or_insert(e);
+                });
                 // Later waiters read the failure at once; keep answering
                 // tickets so none waits for a sync that will not come.
                 through = goal;
@@ -188,6 +197,30 @@ mod tests {
         group.durable().await.unwrap();
         assert_eq!(group.durable().await.unwrap_err(), "disk on fire");
         assert_eq!(group.durable().await.unwrap_err(), "disk on fire", "a later sync is not trusted");
+    }
+
+    #[tokio::test]
+    async fn a_write_a_sync_covered_is_durable_though_a_later_sync_fails() {
+        let (results_tx, results) = std::sync::mpsc::channel::<Result<(), String>>();
+        let results = Mutex::new(results);
+        let group =
+            GroupCommit::with_sync("test", move || results.lock().recv().unwrap_or(Err("no more".into()))).unwrap();
+        let mut synced = group.synced.clone();
+        let mut first = std::pin::pin!(group.durable());
+        assert!(futures::poll!(first.as_mut()).is_pending(), "the first waiter took its ticket");
+        results_tx.send(Ok(())).unwrap();
+        synced.wait_for(|s| s.through >= 1).await.unwrap();
+        // The first waiter has not looked yet when the next sync fails.
+        let mut second = std::pin::pin!(group.durable());
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        results_tx.send(Err("disk on fire".into())).unwrap();
+        synced.wait_for(|s| s.failed.is_some()).await.unwrap();
+        results_tx.send(Ok(())).unwrap();
+        results_tx.send(Err("second fire".into())).unwrap();
+        assert_eq!(first.await, Ok(()), "its sync covered it before the failure");
+        assert_eq!(second.await.unwrap_err(), "disk on fire");
+        assert_eq!(group.durable().await.unwrap_err(), "disk on fire", "a later success is not trusted");
+        assert_eq!(group.durable().await.unwrap_err(), "disk on fire", "the first failure is the one kept");
     }
 
     #[tokio::test]
