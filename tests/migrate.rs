@@ -180,18 +180,35 @@ async fn a_copy_that_went_bad_between_slices_is_copied_again() {
 async fn blobs_collected_between_slices_leave_no_copy() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut server = Server::start_in(&data, &[]);
+    collected_between_slices(&data, "hybrid", "fs", 50_000).await;
+    assert_eq!(files_under(&data.join("fs")).iter().filter(|p| p.is_file()).count(), 1, "one blob, one file");
+}
+
+/// The same into the `hybrid` engine, whose small copies live in their
+/// catalog records: the copy of a collected blob goes with nothing to
+/// delete, and the switch ends.
+#[tokio::test]
+async fn small_blobs_collected_between_slices_leave_no_copy_in_hybrid() {
+    let dir = tempfile::tempdir().unwrap();
+    collected_between_slices(&dir.path().join("data"), "fs", "hybrid", 1_000).await;
+}
+
+/// Stores six blobs of about `size` bytes in `from`, migrates three to
+/// `to`, collects five of the six while serving, then finishes the
+/// migration and verifies the store.
+async fn collected_between_slices(data: &Path, from: &str, to: &str, size: usize) {
+    let mut server = Server::start_in(data, &["--engine", from]);
     let http = common::client();
     for i in 0..6u8 {
-        let body = pattern(50_000 + usize::from(i), u64::from(i));
+        let body = pattern(size + usize::from(i), u64::from(i));
         let resp = http.put(server.object_url("files", &format!("k{i}"))).body(body).send().await.unwrap();
         assert!(resp.status().is_success());
     }
     server.stop();
-    ok(&migrate(&data, &["--to-engine", "fs", "--max-blobs", "3"]));
+    ok(&migrate(data, &["--engine", from, "--to-engine", to, "--max-blobs", "3"]));
 
     // Five of six blobs go, so at least two of the three copied.
-    let mut server = Server::start_in(&data, &["--gc-grace", "0", "--gc-interval", "1"]);
+    let mut server = Server::start_in(data, &["--engine", from, "--gc-grace", "0", "--gc-interval", "1"]);
     for i in 1..6 {
         let resp = http.delete(server.object_url("files", &format!("k{i}"))).send().await.unwrap();
         assert_eq!(resp.status(), 204);
@@ -206,10 +223,12 @@ async fn blobs_collected_between_slices_leave_no_copy() {
     }
     server.stop();
 
-    ok(&migrate(&data, &["--to-engine", "fs"]));
-    let verify = Command::new(BIN).args(["verify", "--engine", "fs", "--data"]).arg(&data).output().unwrap();
+    ok(&migrate(data, &["--engine", from, "--to-engine", to]));
+    let verify = Command::new(BIN).args(["verify", "--engine", to, "--data"]).arg(data).output().unwrap();
     assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
-    assert_eq!(files_under(&data.join("fs")).iter().filter(|p| p.is_file()).count(), 1, "one blob, one file");
+    let server = Server::start_in(data, &["--engine", to]);
+    let kept = http.get(server.object_url("files", "k0")).send().await.unwrap();
+    assert_eq!(kept.bytes().await.unwrap(), pattern(size, 0));
 }
 
 /// An engine's database that another store's blobs are in is refused as a
@@ -494,7 +513,8 @@ async fn cancel_removes_unjournaled_copies_and_staged_parts_from_s3() {
 /// The staged parts of uploads that crashed, or that a migration into this
 /// engine lost when interrupted, are younger than the engine's cleanup age,
 /// and an engine migrated away from is never opened again to remove them:
-/// the migration removes them with the blobs.
+/// the migration removes them with the blobs. A run that goes on given
+/// another database or bucket is refused.
 async fn migrating_away_leaves_nothing_in(kind: EngineKind) {
     let place = Place::fresh(kind).await;
     let from = place.args("");
@@ -507,6 +527,14 @@ async fn migrating_away_leaves_nothing_in(kind: EngineKind) {
     let before = place.leftovers().await;
     let blobs = place.engine().await.list().await.unwrap().len() as u64;
     assert!(before > blobs, "staged parts beside the {blobs} blobs: {before}");
+
+    // A run that goes on must be given the old engine's place: the cleanup
+    // empties what it names.
+    ok(&migrate(&data, &[&strings(&from)[..], &["--to-engine", "fs", "--max-blobs", "1"]].concat()));
+    let elsewhere = Place::fresh(kind).await.args("");
+    let out = migrate(&data, &[&strings(&elsewhere)[..], &["--to-engine", "fs"]].concat());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("the settings the store had before it"), "{said}");
 
     let said = ok(&migrate(&data, &[&strings(&from)[..], &["--to-engine", "fs"]].concat()));
     assert!(said.contains("now lives in the fs engine"), "{said}");

@@ -120,7 +120,14 @@ struct State {
     /// deletes what is there, must be given the same. Empty in the state of
     /// a migration begun before it was recorded.
     target: String,
+    /// The old engine's marker: a run that goes on must be given the same,
+    /// or its cleanup would empty another database or bucket. Empty in
+    /// the state of a migration begun before it was recorded.
+    source: String,
 }
+
+/// The line between the two markers in the `MIGRATING` file.
+const SOURCE_LINE: &str = "source:\n";
 
 impl State {
     fn read(data: &Path) -> anyhow::Result<Option<State>> {
@@ -129,7 +136,8 @@ impl State {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).context("reading the migration state"),
         };
-        let (first, target) = text.split_once('\n').unwrap_or((&text, ""));
+        let (first, markers) = text.split_once('\n').unwrap_or((&text, ""));
+        let (target, source) = markers.split_once(SOURCE_LINE).unwrap_or((markers, ""));
         let words: Vec<&str> = first.split_whitespace().collect();
         let [phase, from, to] = words[..] else { bail!("{} is damaged: {text:?}", data.join(STATE).display()) };
         let phase = match phase {
@@ -143,27 +151,46 @@ impl State {
             from: from.parse().map_err(anyhow::Error::msg)?,
             to: to.parse().map_err(anyhow::Error::msg)?,
             target: target.to_string(),
+            source: source.to_string(),
         }))
     }
 
     fn write(&self, data: &Path) -> anyhow::Result<()> {
         let line = format!("{} {} {}\n", self.phase.name(), self.from.name(), self.to.name());
-        write_durably(data, STATE, &(line + &self.target))
+        write_durably(data, STATE, &format!("{line}{}{SOURCE_LINE}{}", self.target, self.source))
     }
 
     /// Refuses new-engine settings (`config`) that name another database
     /// or bucket than the migration's.
     fn check_target(&self, config: &EngineConfig) -> anyhow::Result<()> {
-        let given = engine::marker(self.to, config);
-        if !self.target.is_empty() && given != self.target {
-            bail!(
-                "this migration goes to {}, not {}: give the --to-* settings it began with",
-                engine::describe_marker(&self.target),
-                engine::describe_marker(&given)
-            );
-        }
-        Ok(())
+        same_place_as(&self.target, self.to, config, "goes to", "give the --to-* settings it began with")
     }
+
+    /// Refuses old-engine settings (`config`) that name another database
+    /// or bucket than the migration's: its cleanup empties what they name.
+    fn check_source(&self, config: &EngineConfig) -> anyhow::Result<()> {
+        same_place_as(
+            &self.source,
+            self.from,
+            config,
+            "moves the store from",
+            "give the settings the store had before it",
+        )
+    }
+}
+
+/// Refuses `config` for an engine of `kind` unless it names the place of
+/// the `recorded` marker (or none was recorded).
+fn same_place_as(recorded: &str, kind: EngineKind, config: &EngineConfig, goes: &str, fix: &str) -> anyhow::Result<()> {
+    let given = engine::marker(kind, config);
+    if !recorded.is_empty() && given != recorded {
+        bail!(
+            "this migration {goes} {}, not {}: {fix}",
+            engine::describe_marker(recorded),
+            engine::describe_marker(&given)
+        );
+    }
+    Ok(())
 }
 
 /// Refuses to open a store whose migration stopped while switching: its
@@ -380,41 +407,12 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     // holding the store refuses the migration before anything is written.
     let (state, new) = match State::read(&data)? {
         Some(s) if args.cancel && s.phase == Phase::Copy => {
-            // The copies made so far go with an embedded engine's directory.
-            // A server's engine held nothing when the migration began, so
-            // all it holds now is this migration's: the journaled copies,
-            // those a killed run finished but had not journaled yet, and
-            // the staged parts of those it was still writing.
-            let copies = engine_root(&data, s.to);
-            if s.to.is_embedded() && s.to != s.from {
-                std::fs::remove_dir_all(&copies).or_else(ignore_missing)?;
-            } else if !s.to.is_embedded() {
-                let config = target_config(args, &settings.engine_config);
-                // Everything there is deleted: it must be the migration's.
-                if s.target.is_empty() || same_place(s.from, &settings.engine_config, s.to, &config) {
-                    bail!(
-                        "cannot tell that the {} engine given is the one this migration copied into: remove the \
-                         copies there by hand, then {} and {}",
-                        s.to.name(),
-                        data.join(STATE).display(),
-                        data.join(JOURNAL).display()
-                    );
-                }
-                s.check_target(&config)?;
-                let removed = runtime(2)?
-                    .block_on(async {
-                        let target = open_alone(s.to, &copies, &config).await?;
-                        let removed = delete_all(&target, "removing the copies").await?;
-                        target.remove_abandoned().await?;
-                        anyhow::Ok(removed)
-                    })
-                    .context("removing the copies made in the new engine (give the same --to-* settings)")?;
-                say!("removed {removed} copies from the {} engine", s.to.name())?;
-            }
-            std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
-            std::fs::remove_file(data.join(STATE))?;
-            say!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name())?;
-            return Ok(());
+            // Under the catalog's lock, as a run is: a run going on
+            // meanwhile could switch to the copies this would delete.
+            return runtime(2)?.block_on(async {
+                let catalog = open_catalog(&settings).await?;
+                alone(catalog.as_ref(), "cancelling a migration", cancel(&data, &settings, args)).await
+            });
         }
         Some(_) if args.cancel => bail!("the engines were switched already: run without --cancel to finish"),
         None if args.cancel => bail!("no migration is under way in {}", data.display()),
@@ -439,6 +437,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                     from.name()
                 );
             }
+            s.check_source(&settings.engine_config)?;
             (s, false)
         }
         None => {
@@ -449,7 +448,8 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 bail!("the store is in that {} engine already", from.name());
             }
             let target = engine::marker(to, &target_config(args, &settings.engine_config));
-            (State { phase: Phase::Copy, from, to, target }, true)
+            let source = engine::marker(from, &settings.engine_config);
+            (State { phase: Phase::Copy, from, to, target, source }, true)
         }
     };
     let to_config = target_config(args, &settings.engine_config);
@@ -496,7 +496,12 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             if state.phase != Phase::Cleanup {
                 let journal = data.join(JOURNAL);
                 let interrupt = Interrupt::watch()?;
-                let copied = copy(&*catalog, &source, &target, &journal, args, &interrupt).await;
+                // A run that stopped while switching had checked every copy
+                // before it began, and the catalog points at some of them
+                // already: none is read back again, or removed for a failed
+                // read.
+                let reread = state.phase == Phase::Copy;
+                let copied = copy(&*catalog, &source, &target, &journal, args, &interrupt, reread).await;
                 // However the copy ended: a Ctrl-C from now on ends the run.
                 interrupt.copying.store(false, Ordering::SeqCst);
                 if !copied? {
@@ -557,6 +562,50 @@ fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
     }
 }
 
+/// Cancels a migration still copying: removes its copies and its state.
+async fn cancel(data: &Path, settings: &Settings, args: &MigrateArgs) -> anyhow::Result<()> {
+    // Read again under the lock: a run may have switched meanwhile.
+    let Some(s) = State::read(data)? else { bail!("no migration is under way in {}", data.display()) };
+    if s.phase != Phase::Copy {
+        bail!("the engines were switched already: run without --cancel to finish");
+    }
+    // The copies made so far go with an embedded engine's directory.
+    // A server's engine held nothing when the migration began, so
+    // all it holds now is this migration's: the journaled copies,
+    // those a killed run finished but had not journaled yet, and
+    // the staged parts of those it was still writing.
+    let copies = engine_root(data, s.to);
+    if s.to.is_embedded() && s.to != s.from {
+        std::fs::remove_dir_all(&copies).or_else(ignore_missing)?;
+    } else if !s.to.is_embedded() {
+        let config = target_config(args, &settings.engine_config);
+        // Everything there is deleted: it must be the migration's.
+        if s.target.is_empty() || same_place(s.from, &settings.engine_config, s.to, &config) {
+            bail!(
+                "cannot tell that the {} engine given is the one this migration copied into: remove the \
+                 copies there by hand, then {} and {}",
+                s.to.name(),
+                data.join(STATE).display(),
+                data.join(JOURNAL).display()
+            );
+        }
+        s.check_target(&config)?;
+        let removed = async {
+            let target = open_alone(s.to, &copies, &config).await?;
+            let removed = delete_all(&target, "removing the copies").await?;
+            target.remove_abandoned().await?;
+            anyhow::Ok(removed)
+        }
+        .await
+        .context("removing the copies made in the new engine (give the same --to-* settings)")?;
+        say!("removed {removed} copies from the {} engine", s.to.name())?;
+    }
+    std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
+    std::fs::remove_file(data.join(STATE))?;
+    say!("migration to {} cancelled; the store stays in the {} engine", s.to.name(), s.from.name())?;
+    Ok(())
+}
+
 /// Opens the journal to append to it, cutting a torn last line first: what
 /// is appended would otherwise run on from it and be lost with it.
 fn append_to_journal(path: &Path) -> anyhow::Result<std::fs::File> {
@@ -570,7 +619,8 @@ fn append_to_journal(path: &Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
-/// Copies every blob not yet journaled; returns whether all are done.
+/// Copies every blob not yet journaled, then reads back the copies earlier
+/// runs made if `reread`; returns whether all are done.
 async fn copy(
     catalog: &dyn Catalog,
     source: &DynEngine,
@@ -578,6 +628,7 @@ async fn copy(
     journal: &Path,
     args: &MigrateArgs,
     interrupt: &Interrupt,
+    reread: bool,
 ) -> anyhow::Result<bool> {
     let done = read_journal(journal)?;
     let stats = catalog.stats().await?;
@@ -645,7 +696,9 @@ async fn copy(
         say!("{left} blobs left: run the same command again to go on")?;
         return Ok(false);
     }
-    recheck(catalog, target, journal, &done, args.jobs).await?;
+    if reread {
+        recheck(catalog, target, journal, &done, args.jobs).await?;
+    }
     Ok(true)
 }
 
@@ -653,7 +706,8 @@ async fn copy(
 /// were checked as they were written): bytes that changed in the new engine
 /// meanwhile would otherwise become the only copy once the old engine is
 /// emptied. A copy that does not match its SHA-256 is deleted and dropped
-/// from the journal, and the run stops, so the next run copies it anew.
+/// from the journal, and the run stops, so the next run copies it anew; one
+/// that cannot be read stops the run too, and is read again by the next.
 async fn recheck(
     catalog: &dyn Catalog,
     target: &DynEngine,
@@ -666,7 +720,7 @@ async fn recheck(
     }
     let progress = progress_bar(0, BYTES_BAR);
     progress.set_message("re-reading earlier copies");
-    let mut bad = Vec::new();
+    let (mut bad, mut unread) = (Vec::new(), 0u64);
     let mut after = None;
     loop {
         let page = catalog.list_blobs(after, 1000).await?;
@@ -693,18 +747,23 @@ async fn recheck(
                     progress.suspend(|| eprintln!("blob {}: its copy in the new engine does not match", copy.digest));
                     bad.push(copy);
                 }
+                // Unread is not wrong: the copy stays for the next run to
+                // read again.
                 Err(e) => {
                     progress.suspend(|| {
                         eprintln!("blob {}: its copy in the new engine cannot be read: {e:#}", copy.digest)
                     });
-                    bad.push(copy);
+                    unread += 1;
                 }
             }
         }
     }
     progress.finish_and_clear();
-    if bad.is_empty() {
+    if bad.is_empty() && unread == 0 {
         return Ok(());
+    }
+    if bad.is_empty() {
+        bail!("{unread} copies made by an earlier run could not be read (see above); nothing was switched. Run again");
     }
     for copy in &bad {
         target.delete(copy).await.with_context(|| format!("deleting the bad copy of {}", copy.digest))?;
@@ -822,5 +881,34 @@ mod tests {
 
         assert!(same_place(EngineKind::Fs, &at("x"), EngineKind::Fs, &at("y")), "one per data directory");
         assert!(!same_place(EngineKind::Fs, &at("x"), EngineKind::Hybrid, &at("x")));
+    }
+
+    /// A copy an earlier run made that cannot be read now (a network
+    /// hiccup) is not a bad copy: it stays, and so does its journal line.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_copy_that_cannot_be_read_is_kept() {
+        use crate::engine::faulty::{FaultyEngine, Trigger};
+        use crate::store::{PutOptions, Store, StoreConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(crate::catalog::rocks::RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+        let memory: DynEngine = Arc::new(crate::engine::memory::MemoryEngine::new());
+        let store = Store::open(catalog.clone(), memory.clone(), StoreConfig::default()).await.unwrap();
+        let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"copied before"))]);
+        store.put("files", "k", body, PutOptions::default()).await.unwrap();
+        let blob = catalog.list_blobs(None, 10).await.unwrap().remove(0);
+        let journal = dir.path().join(JOURNAL);
+        let line = format!("{} {}\n", blob.digest.to_hex(), hex::encode(&blob.locator));
+        std::fs::write(&journal, &line).unwrap();
+
+        let faulty = Arc::new(FaultyEngine::new(memory, 0));
+        faulty.faults.reads.set(Trigger::Always);
+        let target: DynEngine = faulty.clone();
+        let earlier = read_journal(&journal).unwrap();
+        let refused = recheck(catalog.as_ref(), &target, &journal, &earlier, 1).await.unwrap_err();
+        assert!(refused.to_string().contains("could not be read"), "{refused:#}");
+        faulty.faults.off();
+        assert_eq!(target.stat(&blob.blob_ref()).await.unwrap(), Some(blob.size), "the copy was kept");
+        assert_eq!(std::fs::read_to_string(&journal).unwrap(), line);
+        recheck(catalog.as_ref(), &target, &journal, &earlier, 1).await.unwrap();
     }
 }
