@@ -654,3 +654,26 @@ async fn a_collection_whose_commit_answer_was_lost_deletes_the_bytes_and_its_mar
     assert_eq!(marks, 0, "a delete mark outlived its delete");
     server.assert_no_panic();
 }
+
+/// A batch of the most entries allowed by default commits on a shared
+/// catalog, and one node sees what the other wrote. A lock per key once ran
+/// PostgreSQL out of its lock table at a few thousand entries ("out of
+/// shared memory"), and a round trip per statement took half a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_ten_thousand_entries_commits_on_a_shared_catalog() {
+    let (a, b, _dir) = two_nodes("fs").await;
+    let http = client();
+    let body: String = (0..10_000).map(|i| format!("k{i}\n{}\n{i}\n", i.to_string().len())).collect();
+    let r = http.post(format!("{}/_/batch/put?bucket=files", a.url)).body(body).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = http.get(b.object_url("files", "k9999")).send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap(), "9999".as_bytes());
+    assert_eq!(metric(&b, "depot_objects").await, 10_000);
+
+    let keys: String = (0..10_000).map(|i| format!("k{i}\n")).collect();
+    let r = http.post(format!("{}/_/batch/delete?bucket=files", b.url)).body(keys).send().await.unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains(r#""deleted":10000"#), "{text}");
+    assert_eq!(http.get(a.object_url("files", "k0")).send().await.unwrap().status(), 404);
+    assert_eq!(metric(&a, "depot_objects").await, 0);
+}

@@ -38,7 +38,7 @@
 //! claim or a delete older than its node could still hold it (a node that
 //! crashed) no longer counts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -161,8 +161,18 @@ CREATE TABLE IF NOT EXISTS depot_catalog_settings (
 const MIGRATION_LOCK: i64 = 0x6465_706f_7400_0001;
 
 /// The first of the two keys of a digest's advisory lock: the two-key
-/// locks are apart from the one-key locks of object keys.
+/// locks are apart from the one-key migration lock.
 const DIGEST_LOCKS: i32 = 0x6465_706f;
+
+/// The first of the two keys of an object key's advisory lock.
+const KEY_LOCKS: i32 = 0x6465_706e;
+
+/// Object keys, and digests, are locked by stripe, this many of each. A
+/// lock per key ran PostgreSQL out of its shared lock table (64 locks per
+/// connection by default, some 6,400 for the whole server) at a batch of
+/// a few thousand entries: "out of shared memory". Two keys of one stripe
+/// wait for each other, as in the embedded catalog.
+const STRIPES: u64 = 512;
 
 /// How long a claim counts: from the end of an upload's body to its commit,
 /// seconds at most, unless its node crashed meanwhile; a batch that takes
@@ -224,14 +234,41 @@ fn grace_millis(grace: Duration) -> i64 {
     i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The advisory-lock key of one object key: the first 8 bytes of the
-/// SHA-256 of bucket, NUL, key. Every node must take the same lock for a
-/// key, whatever it was built with (the standard library's hasher may
-/// change between releases).
-fn key_lock(bucket: &str, key: &str) -> i64 {
+/// The advisory-lock stripe of one object key, from the SHA-256 of bucket,
+/// NUL, key. Every node must take the same lock for a key, whatever it was
+/// built with (the standard library's hasher may change between releases).
+fn key_stripe(bucket: &str, key: &str) -> i32 {
     use sha2::Digest as _;
     let hash = sha2::Sha256::new().chain_update(bucket).chain_update([0]).chain_update(key).finalize();
-    i64::from_be_bytes(hash[..8].try_into().expect("eight bytes"))
+    (u64::from_be_bytes(hash[..8].try_into().expect("eight bytes")) % STRIPES) as i32
+}
+
+/// The advisory-lock stripe of one digest.
+fn digest_stripe(digest: &Digest) -> i32 {
+    (u64::from(u32::from_be_bytes(digest.0[..4].try_into().expect("four bytes"))) % STRIPES) as i32
+}
+
+/// Locks the `stripes` of one lock space for the transaction, in stripe
+/// order and in one statement. Every transaction locks its keys' stripes
+/// first, then its digests' (see [`lock_digests`]), each set in that order,
+/// so no two ever wait for each other in a cycle.
+async fn lock_stripes(txn: &Transaction<'_>, space: i32, mut stripes: Vec<i32>) -> Result<(), TxnError> {
+    stripes.sort_unstable();
+    stripes.dedup();
+    match stripes.as_slice() {
+        [] => {}
+        [one] => {
+            txn.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&space, one]).await?;
+        }
+        // PostgreSQL calls a volatile function of the select list after
+        // the ORDER BY has sorted the rows.
+        _ => {
+            let sql =
+                "SELECT pg_advisory_xact_lock($1, s) FROM unnest($2::int4[]) WITH ORDINALITY AS t(s, n) ORDER BY n";
+            txn.execute(sql, &[&space, &stripes]).await?;
+        }
+    }
+    Ok(())
 }
 
 fn blob_from_row(row: &tokio_postgres::Row) -> Result<BlobRecord, TxnError> {
@@ -251,14 +288,21 @@ async fn bucket_exists(txn: &Transaction<'_>, bucket: &str, lock: &str) -> Resul
     Ok(txn.query_opt(&sql, &[&bucket]).await?.is_some())
 }
 
-async fn read_object(txn: &Transaction<'_>, bucket: &str, key: &str) -> Result<Option<ObjectRecord>, TxnError> {
-    let row = txn
-        .query_opt("SELECT record FROM depot_catalog_objects WHERE bucket = $1 AND key = $2", &[&bucket, &key])
+/// The records of those of `keys` that `bucket` holds, in one query.
+async fn read_objects<K: AsRef<str> + Sync + tokio_postgres::types::ToSql>(
+    txn: &Transaction<'_>,
+    bucket: &str,
+    keys: &[K],
+) -> Result<HashMap<String, ObjectRecord>, TxnError> {
+    let rows = txn
+        .query("SELECT key, record FROM depot_catalog_objects WHERE bucket = $1 AND key = ANY($2)", &[&bucket, &keys])
         .await?;
-    match row {
-        Some(r) => Ok(Some(ObjectRecord::decode(r.get::<_, &[u8]>(0), key.to_string())?)),
-        None => Ok(None),
+    let mut found = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let key: String = row.get(0);
+        found.insert(key.clone(), ObjectRecord::decode(row.get::<_, &[u8]>(1), key)?);
     }
+    Ok(found)
 }
 
 /// The database's clock, in milliseconds since the epoch, as SQL. Blobs'
@@ -301,8 +345,9 @@ async fn apply_refs(
     changes: &BTreeMap<Digest, RefChange>,
     stats: &mut CatalogStats,
 ) -> Result<BTreeMap<Digest, Recorded>, TxnError> {
-    let mut recorded = BTreeMap::new();
-    for (digest, change) in changes {
+    // Sent one after the other without waiting for each answer, in digest
+    // order, which is the order the rows are locked in.
+    let applied = futures::future::try_join_all(changes.iter().map(|(digest, change)| async move {
         let delta = change.gained - change.lost;
         if change.gained > 0 {
             let stored =
@@ -323,13 +368,10 @@ async fn apply_refs(
                     &[&&digest.0[..], &to_i64(stored.size), &stored.locator, &delta],
                 )
                 .await?;
-            let inserted = row.get::<_, bool>("inserted");
-            if inserted {
-                stats.blobs += 1;
-                stats.blob_bytes += to_i64(stored.size);
-            }
-            recorded.insert(*digest, Recorded { locator: row.get("locator"), inserted });
-        } else if delta < 0 {
+            let recorded = Recorded { locator: row.get("locator"), inserted: row.get("inserted") };
+            return Ok::<_, TxnError>(Some((*digest, recorded, stored.size)));
+        }
+        if delta < 0 {
             txn.execute(
                 concat!(
                     "UPDATE depot_catalog_blobs
@@ -343,6 +385,16 @@ async fn apply_refs(
             )
             .await?;
         }
+        Ok(None)
+    }))
+    .await?;
+    let mut recorded = BTreeMap::new();
+    for (digest, r, size) in applied.into_iter().flatten() {
+        if r.inserted {
+            stats.blobs += 1;
+            stats.blob_bytes += to_i64(size);
+        }
+        recorded.insert(digest, r);
     }
     Ok(recorded)
 }
@@ -364,9 +416,15 @@ async fn add_stats(txn: &Transaction<'_>, s: &CatalogStats) -> Result<(), TxnErr
 /// Locks `digest` for the transaction: claims and deletes of one digest
 /// happen one after the other.
 async fn lock_digest(txn: &Transaction<'_>, digest: &Digest) -> Result<(), TxnError> {
-    let key = i32::from_be_bytes(digest.0[..4].try_into().expect("four bytes"));
-    txn.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&DIGEST_LOCKS, &key]).await?;
-    Ok(())
+    lock_digests(txn, [digest]).await
+}
+
+/// [`lock_digest`] for several digests at once.
+async fn lock_digests<'d>(
+    txn: &Transaction<'_>,
+    digests: impl IntoIterator<Item = &'d Digest>,
+) -> Result<(), TxnError> {
+    lock_stripes(txn, DIGEST_LOCKS, digests.into_iter().map(digest_stripe).collect()).await
 }
 
 /// Whether a writer claims `digest`, under the lock of [`lock_digest`].
@@ -401,13 +459,7 @@ async fn being_deleted(txn: &Transaction<'_>, digest: &Digest) -> Result<bool, T
 
 /// Locks the given keys for the transaction, in a fixed order.
 async fn lock_keys(txn: &Transaction<'_>, bucket_keys: &[(&str, &str)]) -> Result<(), TxnError> {
-    let mut locks: Vec<i64> = bucket_keys.iter().map(|(b, k)| key_lock(b, k)).collect();
-    locks.sort_unstable();
-    locks.dedup();
-    for l in locks {
-        txn.execute("SELECT pg_advisory_xact_lock($1)", &[&l]).await?;
-    }
-    Ok(())
+    lock_stripes(txn, KEY_LOCKS, bucket_keys.iter().map(|(b, k)| key_stripe(b, k)).collect()).await
 }
 
 #[async_trait]
@@ -478,17 +530,7 @@ impl Catalog for PostgresCatalog {
             if !bucket_exists(txn, bucket, "").await? {
                 return Err(CatalogError::NoSuchBucket(bucket.to_string()).into());
             }
-            let rows = txn
-                .query(
-                    "SELECT key, record FROM depot_catalog_objects WHERE bucket = $1 AND key = ANY($2)",
-                    &[&bucket, &keys],
-                )
-                .await?;
-            let mut found = std::collections::HashMap::with_capacity(rows.len());
-            for row in rows {
-                let key: String = row.get(0);
-                found.insert(key.clone(), ObjectRecord::decode(row.get::<_, &[u8]>(1), key)?);
-            }
+            let found = read_objects(txn, bucket, keys).await?;
             Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
         })
     }
@@ -503,15 +545,25 @@ impl Catalog for PostgresCatalog {
             let mut replaced = Vec::with_capacity(puts.len());
             // Within one batch a key may repeat: what an earlier entry
             // wrote is what a later one replaces.
-            let mut written: std::collections::HashMap<(&str, &str), ObjectRecord> = Default::default();
+            let mut written: HashMap<(&str, &str), ObjectRecord> = Default::default();
+            // A batch comes to one bucket: its records are read in one
+            // query, as it is checked once.
+            let mut stored: HashMap<&str, HashMap<String, ObjectRecord>> = HashMap::new();
             for put in puts {
+                if stored.contains_key(put.bucket.as_str()) {
+                    continue;
+                }
                 if !bucket_exists(txn, &put.bucket, "FOR SHARE").await? {
                     return Err(CatalogError::NoSuchBucket(put.bucket.clone()).into());
                 }
+                let keys: Vec<&str> = ids.iter().filter(|(b, _)| *b == put.bucket).map(|(_, k)| *k).collect();
+                stored.insert(&put.bucket, read_objects(txn, &put.bucket, &keys).await?);
+            }
+            for put in puts {
                 let id = (put.bucket.as_str(), put.record.key.as_str());
                 let current = match written.get(&id) {
                     Some(r) => Some(r.clone()),
-                    None => read_object(txn, id.0, id.1).await?,
+                    None => stored[id.0].get(id.1).cloned(),
                 };
                 if !put.precondition.check(current.as_ref()) {
                     return Err(if replay { unsure() } else { CatalogError::PreconditionFailed }.into());
@@ -537,23 +589,24 @@ impl Catalog for PostgresCatalog {
                 replaced.push(current);
             }
             // A digest that gains references is locked as claims and
-            // deletes lock it, in digest order: a delete of its bytes that
+            // deletes lock it: a delete of its bytes that
             // starts while this transaction runs (begun by this very write,
             // if its COMMIT outlasts the wait for its answer and its bytes
             // are given up as unrecorded) waits for it, and then sees the
             // references it committed.
-            for (digest, _) in changes.iter().filter(|(_, c)| c.gained > 0) {
-                lock_digest(txn, digest).await?;
-            }
+            lock_digests(txn, changes.iter().filter(|(_, c)| c.gained > 0).map(|(d, _)| d)).await?;
             let recorded = apply_refs(txn, &changes, &mut stats).await?;
-            for ((bucket, key), record) in &written {
+            // Sent one after the other without waiting for each answer.
+            let encoded: Vec<(&&str, &&str, Vec<u8>)> = written.iter().map(|((b, k), r)| (b, k, r.encode())).collect();
+            futures::future::try_join_all(encoded.iter().map(|(bucket, key, record)| async move {
                 txn.execute(
                     "INSERT INTO depot_catalog_objects (bucket, key, record) VALUES ($1, $2, $3)
                          ON CONFLICT (bucket, key) DO UPDATE SET record = EXCLUDED.record",
-                    &[bucket, key, &record.encode()],
+                    &[bucket, key, record],
                 )
-                .await?;
-            }
+                .await
+            }))
+            .await?;
             add_stats(txn, &stats).await?;
             let mut outcomes = Vec::with_capacity(puts.len());
             // Only the first entry to bring a new blob stored it.
@@ -598,8 +651,9 @@ impl Catalog for PostgresCatalog {
             let mut changes: BTreeMap<Digest, RefChange> = BTreeMap::new();
             let mut out = Vec::with_capacity(keys.len());
             let mut gone = std::collections::HashSet::new();
+            let stored = read_objects(txn, bucket, keys).await?;
             for key in keys {
-                let current = if gone.contains(key) { None } else { read_object(txn, bucket, key).await? };
+                let current = if gone.contains(key) { None } else { stored.get(key).cloned() };
                 if replay && current.is_none() && !gone.contains(key) {
                     return Err(unsure().into());
                 }
@@ -612,12 +666,13 @@ impl Catalog for PostgresCatalog {
                     for part in &c.parts {
                         changes.entry(part.digest).or_default().lost += 1;
                     }
-                    txn.execute("DELETE FROM depot_catalog_objects WHERE bucket = $1 AND key = $2", &[&bucket, key])
-                        .await?;
                     gone.insert(key.clone());
                 }
                 out.push(current);
             }
+            let gone: Vec<&String> = gone.iter().collect();
+            txn.execute("DELETE FROM depot_catalog_objects WHERE bucket = $1 AND key = ANY($2)", &[&bucket, &gone])
+                .await?;
             apply_refs(txn, &changes, &mut stats).await?;
             add_stats(txn, &stats).await?;
             Ok(out)
@@ -1020,10 +1075,13 @@ mod tests {
 
     #[test]
     fn a_key_takes_the_same_lock_on_every_build() {
-        // The first 8 bytes of SHA-256("files\0k"), as any build computes them.
-        assert_eq!(key_lock("files", "k"), -5_836_227_842_344_136_322);
-        assert_ne!(key_lock("files", "k"), key_lock("files", "k2"));
-        assert_ne!(key_lock("a", "bc"), key_lock("ab", "c"));
+        // The first 8 bytes of SHA-256("files\0k"), as any build computes
+        // them, modulo 512.
+        assert_eq!(key_stripe("files", "k"), 382);
+        assert_ne!(key_stripe("files", "k"), key_stripe("files", "k2"));
+        assert_ne!(key_stripe("a", "bc"), key_stripe("ab", "c"));
+        let digest = Digest([0xff; 32]);
+        assert_eq!(digest_stripe(&digest), 511);
     }
 
     #[tokio::test(flavor = "multi_thread")]
