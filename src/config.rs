@@ -128,7 +128,7 @@ pub struct ServeArgs {
     #[arg(long, env = "DEPOT_MAX_BATCH_ENTRIES", value_name = "N")]
     pub max_batch_entries: Option<usize>,
     /// Most entries in one /_/batch/put, held in memory until it commits
-    /// (about 2 KB each) [default: 10000].
+    /// (about 2 KB each), and keys in one /_/batch/delete [default: 10000].
     #[arg(long, env = "DEPOT_MAX_BATCH_PUT_ENTRIES", value_name = "N")]
     pub max_batch_put_entries: Option<usize>,
     /// Largest key list sent to /_/batch/get or /_/batch/delete, in bytes

@@ -602,7 +602,8 @@ fn lowered_batch_limits_are_enforced() {
 }
 
 /// A batch put is held in memory until it commits, so by default it may
-/// have 10,000 entries, far fewer than a batch get may have keys.
+/// have 10,000 entries, far fewer than a batch get may have keys; a batch
+/// delete, one transaction as well, as many keys.
 #[test]
 fn a_batch_put_holds_ten_thousand_entries_at_most() {
     let mut s = Server::start(&[]);
@@ -616,6 +617,14 @@ fn a_batch_put_holds_ten_thousand_entries_at_most() {
     let a = post(10_000);
     assert!(a.status() == 200 && a.text().contains(r#""stored":10000"#), "{}", a.text());
     assert_eq!(get(&s, "/files/k9999", "").body(), b"x");
+    // A batch delete is one transaction too: as many keys at most.
+    let keys = |n: usize| -> String { (0..n).map(|i| format!("k{i}\n")).collect() };
+    let a = post_batch(&s, "delete", &keys(10_001));
+    assert!(a.status() == 413 && a.text().contains("more than 10000 keys"), "{}", a.text());
+    assert_eq!(get(&s, "/files/k0", "").body(), b"x", "nothing deleted");
+    let a = post_batch(&s, "delete", &keys(10_000));
+    assert!(a.status() == 200 && a.text().contains(r#""deleted":10000"#), "{}", a.text());
+    assert_absent(&s, "/files/k9999");
     assert_unharmed(&mut s, RSS_MIB);
 }
 

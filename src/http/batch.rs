@@ -14,6 +14,7 @@ use futures::{Stream, StreamExt};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::json;
+use tracing::Instrument;
 
 use super::error::ApiError;
 use super::native::{query, query_value, read_body};
@@ -86,15 +87,22 @@ pub(super) async fn get(app: &Arc<App>, req: Request) -> Result<Response, ApiErr
     let body = read_body(req, app.limits.max_batch_keys_bytes).await?;
     let keys = keys_of(&body, app.limits.max_batch_entries)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let (started, first) = tokio::sync::oneshot::channel();
     let app = app.clone();
-    tokio::spawn(async move {
-        if let Err(e) = answer_gets(&app, &bucket, &keys, &tx).await {
-            // The status is sent already: cut the answer short so the
-            // client sees a truncated body rather than wrong data.
-            tracing::error!("batch get failed midway: {e}");
-            let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+    tokio::spawn(
+        async move {
+            if let Err(e) = answer_gets(&app, &bucket, &keys, &tx, started).await {
+                // The status is sent already: cut the answer short so the
+                // client sees a truncated body rather than wrong data.
+                tracing::error!("batch get failed midway: {e}");
+                let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+            }
         }
-    });
+        .in_current_span(),
+    );
+    // The status waits for the first window: a catalog or an engine that
+    // fails it is answered as a GET would be, not as a 200 cut short.
+    first.await.map_err(|_| ApiError::from(StoreError::Internal("the batch's reader stopped".into())))??;
     let stream = crate::engine::channel_stream(rx);
     let body = http_body_util::StreamBody::new(stream.map(|r| r.map(hyper::body::Frame::data)));
     let mut r = http::Response::new(body.boxed_unsync());
@@ -115,7 +123,9 @@ async fn answer_gets(
     bucket: &str,
     keys: &[String],
     tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    started: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
 ) -> Result<(), StoreError> {
+    let mut started = Some(started);
     let mut out = BytesMut::with_capacity(SEND_AT * 2);
     let closed = || StoreError::Internal("client went away".into());
     let store = &app.store;
@@ -131,7 +141,18 @@ async fn answer_gets(
         })
         .buffered(LOOKAHEAD);
     while let Some(window) = windows.next().await {
-        let (found, ahead) = window?;
+        let (found, ahead) = match (window, started.take()) {
+            (Ok(window), Some(started)) => {
+                let _ = started.send(Ok(()));
+                window
+            }
+            // Answered as the status.
+            (Err(e), Some(started)) => {
+                let _ = started.send(Err(e));
+                return Ok(());
+            }
+            (window, None) => window?,
+        };
         let mut left = small_blobs(&found).skip(ahead.len()).peekable();
         let mut small = ahead.into_iter();
         for entry in &found {
@@ -163,6 +184,9 @@ async fn answer_gets(
             }
         }
     }
+    if let Some(started) = started {
+        let _ = started.send(Ok(()));
+    }
     if !out.is_empty() {
         tx.send(Ok(out.freeze())).await.map_err(|_| closed())?;
     }
@@ -189,7 +213,10 @@ fn within_budget<'a>(blobs: &mut std::iter::Peekable<impl Iterator<Item = &'a Bl
 pub(super) async fn delete(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
     let bucket = bucket_param(&req)?;
     let body = read_body(req, app.limits.max_batch_keys_bytes).await?;
-    let keys = keys_of(&body, app.limits.max_batch_entries)?;
+    // One transaction, as a batch put is: it holds its keys' locks, and
+    // waits for them, from its first key to its commit.
+    let most = app.limits.max_batch_entries.min(app.limits.max_batch_put_entries);
+    let keys = keys_of(&body, most)?;
     let done = app.store.delete_many(&bucket, &keys).await?;
     let deleted = done.iter().filter(|d| **d).count();
     Ok(json(StatusCode::OK, &json!({ "bucket": bucket, "deleted": deleted, "missing": done.len() - deleted })))

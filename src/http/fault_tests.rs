@@ -187,6 +187,21 @@ async fn io_errors_fail_the_request_with_a_500_and_a_message() {
     assert_eq!(deleted.status(), 500);
     node.catalog.commits.set(Trigger::Never);
     assert_eq!(get(&node.object("k")).await, (200, body), "a failed write changed the object");
+
+    // A batch get answers a failure of its first window with its status,
+    // not with a 200 cut short.
+    assert_eq!(put(&node.object("small"), b"never read".to_vec()).await.0, 201);
+    let batch = format!("{}/_/batch/get?bucket=files", node.url);
+    for faults in [&node.engine.reads, &node.catalog.reads] {
+        faults.set(Trigger::Always);
+        let r = reqwest::Client::new().post(&batch).body("small\n").send().await.unwrap();
+        assert_eq!(r.status(), 500);
+        let json: serde_json::Value = r.json().await.unwrap();
+        assert!(json["message"].as_str().unwrap().contains("injected"), "{json}");
+        faults.set(Trigger::Never);
+    }
+    let r = reqwest::Client::new().post(&batch).body("small\n").send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap(), &b"10\nnever read\n"[..]);
     node.stop().await;
 }
 

@@ -30,10 +30,12 @@ pub struct Limits {
     pub send_timeout: Duration,
     /// Most ranges honoured in one Range header.
     pub max_ranges: usize,
-    /// Most keys in one batch get or delete.
+    /// Most keys in one batch get or delete (a delete is held to
+    /// `max_batch_put_entries` too).
     pub max_batch_entries: usize,
-    /// Most entries in one batch put. A batch is stored all or nothing,
-    /// so its records are held until it commits: about 2 KB each.
+    /// Most entries in one batch put, and keys in one batch delete. Either
+    /// is one transaction, which locks its keys until it commits; a batch
+    /// put holds its records meanwhile too, about 2 KB each.
     pub max_batch_put_entries: usize,
     /// Largest list of keys sent to a batch route, in bytes.
     pub max_batch_keys_bytes: usize,
