@@ -74,8 +74,19 @@ impl Default for HotBlobs {
 
 impl HotBlobs {
     pub fn with_capacity(bytes: u64) -> HotBlobs {
-        // Sized for bodies of some 4 KiB on average.
-        let bodies = quick_cache::sync::Cache::with_weighter((bytes / 4096) as usize, bytes, BodyWeight);
+        // Sized for bodies of some 4 KiB on average. Each shard of the
+        // cache holds an equal share of `bytes` and refuses a body larger
+        // than its share: by default there are four per core, which on a
+        // large machine would refuse the largest bodies. A shard here holds
+        // eight of them.
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity((bytes / 4096) as usize)
+            .weight_capacity(bytes)
+            .shards((bytes / (8 * LARGEST)).clamp(1, 64) as usize)
+            .build()
+            .expect("the cache's options are complete");
+        let bodies =
+            quick_cache::sync::Cache::with_options(options, BodyWeight, Default::default(), Default::default());
         let forgets = (0..FORGET_STRIPES).map(|_| AtomicU64::new(0)).collect();
         HotBlobs { bodies, hits: AtomicU64::new(0), misses: AtomicU64::new(0), forgets }
     }
@@ -211,5 +222,18 @@ mod tests {
         }
         assert!(hot.bodies.weight() <= 64 * 1024, "{} bytes kept", hot.bodies.weight());
         assert!(hot.bodies.len() < 64);
+    }
+
+    /// The largest bodies are kept whatever the machine's cores: a shard
+    /// of the cache refuses a body larger than its share.
+    #[tokio::test]
+    async fn the_largest_bodies_are_kept() {
+        let hot = HotBlobs::default();
+        let body: &'static [u8] = Box::leak(vec![7; LARGEST as usize].into_boxed_slice());
+        for i in 0..8u8 {
+            let d = Digest([i; 32]);
+            hot.fill(d, LARGEST, hot.read_begins(&d), stream(&[body])).await.unwrap();
+            assert!(hot.get(&d).is_some(), "a body of {LARGEST} bytes was not kept");
+        }
     }
 }
