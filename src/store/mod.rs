@@ -752,7 +752,12 @@ impl Store {
     /// other nodes', waiting for a delete of it in progress to end: for a
     /// writer about to reference its bytes.
     async fn hold(&self, digest: Digest) -> Result<(guards::Guard, Option<ClaimId>)> {
-        let guard = self.guards.writing(digest).await;
+        // A delete of the content that hangs in the engine holds it as long.
+        let guard = tokio::time::timeout(DELETE_TIMEOUT, self.guards.writing(digest)).await.map_err(|_| {
+            StoreError::Unavailable(format!(
+                "the same content ({digest}) is being deleted, and that is slow: try again"
+            ))
+        })?;
         let claim = self.catalog.claim_blob(&digest).await?;
         Ok((guard, claim))
     }
@@ -961,15 +966,20 @@ impl Store {
     /// waiting (the local engines' run on the blocking pool), and a writer
     /// let in before then could store the same content only to have it
     /// removed. A delete that takes too long fails its caller; writers here
-    /// wait on, and other nodes' writers wait for the catalog's mark, which
-    /// ends when the delete does (or lapses, should this node die).
+    /// wait on (see [`Store::hold`]), and other nodes' writers wait for the
+    /// catalog's mark, which ends when the delete does, or lapses.
     async fn delete_bytes(&self, blob: &BlobRef, hold: guards::Guard) -> Result<()> {
         let (engine, catalog, blob) = (self.engine.clone(), self.catalog.clone(), blob.clone());
         let digest = blob.digest;
         let delete = tokio::spawn(
             async move {
+                let started = Instant::now();
                 let deleted = engine.delete(&blob).await;
-                let ended = catalog.end_delete(&blob.digest).await;
+                // A delete that outlasted its caller's wait may have
+                // outlasted its mark too: another node may have marked the
+                // digest since, a mark that is not this one's to end.
+                let ended =
+                    if started.elapsed() < DELETE_TIMEOUT { catalog.end_delete(&blob.digest).await } else { Ok(()) };
                 drop(hold);
                 ended?;
                 Ok::<_, StoreError>(deleted?)
