@@ -46,7 +46,9 @@ use crate::config::{ServeArgs, Settings};
 use crate::engine::gridfs::{self, GridfsEngine};
 use crate::engine::postgres::{self, PostgresEngine};
 use crate::engine::s3::{self, S3Engine};
-use crate::engine::{self, BlobRef, Digest, DynEngine, ENGINE_MARKER, EngineConfig, EngineKind, Locator, S3Config};
+use crate::engine::{
+    self, BlobRef, Digest, DynEngine, ENGINE_MARKER, EngineConfig, EngineError, EngineKind, Locator, S3Config,
+};
 use crate::store::maintenance::copy_blob;
 
 const STATE: &str = "MIGRATING";
@@ -137,7 +139,12 @@ impl State {
             Err(e) => return Err(e).context("reading the migration state"),
         };
         let (first, markers) = text.split_once('\n').unwrap_or((&text, ""));
-        let (target, source) = markers.split_once(SOURCE_LINE).unwrap_or((markers, ""));
+        // Place lines start with "database " or "bucket ": a line that is
+        // the separator alone is one.
+        let (target, source) = match markers.find(&format!("\n{SOURCE_LINE}")) {
+            Some(end) => (&markers[..=end], &markers[end + 1 + SOURCE_LINE.len()..]),
+            None => (markers, ""),
+        };
         let words: Vec<&str> = first.split_whitespace().collect();
         let [phase, from, to] = words[..] else { bail!("{} is damaged: {text:?}", data.join(STATE).display()) };
         let phase = match phase {
@@ -747,6 +754,11 @@ async fn recheck(
                     progress.suspend(|| eprintln!("blob {}: its copy in the new engine does not match", copy.digest));
                     bad.push(copy);
                 }
+                // Gone or damaged: as wrong as bytes that do not match.
+                Err(e @ (EngineError::NotFound(_) | EngineError::Damaged { .. })) => {
+                    progress.suspend(|| eprintln!("blob {}: its copy in the new engine is lost: {e}", copy.digest));
+                    bad.push(copy);
+                }
                 // Unread is not wrong: the copy stays for the next run to
                 // read again.
                 Err(e) => {
@@ -848,6 +860,22 @@ mod tests {
     }
 
     #[test]
+    fn the_state_keeps_both_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = "gridfs\ndatabase d, bucket resource:\n".to_string();
+        let target = "s3\nbucket source:\n".to_string();
+        let state = State { phase: Phase::Switch, from: EngineKind::Gridfs, to: EngineKind::S3, target, source };
+        state.write(dir.path()).unwrap();
+        let read = State::read(dir.path()).unwrap().unwrap();
+        assert_eq!((read.phase, read.from, read.to), (Phase::Switch, EngineKind::Gridfs, EngineKind::S3));
+        assert_eq!((read.target, read.source), (state.target, state.source));
+        // As a migration begun before the old place was recorded wrote it.
+        std::fs::write(dir.path().join(STATE), "copy fs s3\ns3\nbucket b\n").unwrap();
+        let read = State::read(dir.path()).unwrap().unwrap();
+        assert_eq!((read.target.as_str(), read.source.as_str()), ("s3\nbucket b\n", ""));
+    }
+
+    #[test]
     fn places_are_compared_as_the_engine_reads_them() {
         let pg = |a: &str, b: &str| same_place(EngineKind::Postgres, &at(a), EngineKind::Postgres, &at(b));
         assert!(pg("postgres://u@h/d", "postgres://u@h:5432/d"));
@@ -885,6 +913,7 @@ mod tests {
 
     /// A copy an earlier run made that cannot be read now (a network
     /// hiccup) is not a bad copy: it stays, and so does its journal line.
+    /// One that is gone is.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_copy_that_cannot_be_read_is_kept() {
         use crate::engine::faulty::{FaultyEngine, Trigger};
@@ -910,5 +939,11 @@ mod tests {
         assert_eq!(target.stat(&blob.blob_ref()).await.unwrap(), Some(blob.size), "the copy was kept");
         assert_eq!(std::fs::read_to_string(&journal).unwrap(), line);
         recheck(catalog.as_ref(), &target, &journal, &earlier, 1).await.unwrap();
+        // A copy that is gone is wrong, not unread: dropped from the journal
+        // to be copied anew.
+        target.delete(&blob.blob_ref()).await.unwrap();
+        let refused = recheck(catalog.as_ref(), &target, &journal, &earlier, 1).await.unwrap_err();
+        assert!(refused.to_string().contains("no longer match"), "{refused:#}");
+        assert_eq!(std::fs::read_to_string(&journal).unwrap(), "");
     }
 }
