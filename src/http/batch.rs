@@ -143,7 +143,9 @@ async fn answer_gets(
     while let Some(window) = windows.next().await {
         let (found, ahead) = match (window, started.take()) {
             (Ok(window), Some(started)) => {
-                let _ = started.send(Ok(()));
+                if started.send(Ok(())).is_err() {
+                    return Ok(()); // the client went away
+                }
                 window
             }
             // Answered as the status.
