@@ -282,6 +282,27 @@ async fn a_node_does_not_start_while_maintenance_runs() {
     assert!(client().get(format!("{}/_/health", node.url)).send().await.unwrap().status().is_success());
 }
 
+/// Nodes of an earlier version lock the catalog's keys another way: a
+/// node does not start beside one, and says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_does_not_start_beside_an_earlier_version() {
+    use depot::catalog::Catalog;
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--catalog", url.as_str(), "--engine", "fs"];
+    let catalog = depot::catalog::postgres::PostgresCatalog::connect(&url).await.unwrap();
+    let older = "elsewhere 127.0.0.1:8080 (pid 1)";
+    catalog.node_seen(older).await.unwrap();
+    let said = refused_start(&dir.path().join("shared"), &args);
+    assert!(said.contains(older) && said.contains("earlier version"), "{said}");
+    catalog.node_gone(older).await.unwrap();
+    let a = Server::start_in(&dir.path().join("shared"), &args);
+    let b = Server::start_in(&dir.path().join("shared"), &args);
+    for node in [&a, &b] {
+        assert!(client().get(format!("{}/_/health", node.url)).send().await.unwrap().status().is_success());
+    }
+}
+
 /// A node that finds maintenance running on the shared catalog (begun
 /// while the node was cut off, so the maintenance did not see it) takes
 /// no more writes, and goes on serving reads.

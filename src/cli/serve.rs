@@ -370,8 +370,14 @@ async fn heartbeat(store: &crate::store::Store, node: &str) {
 
 /// How this node appears to maintenance run against a shared catalog.
 fn node_name(addr: std::net::SocketAddr) -> String {
-    format!("{} {addr} (pid {})", crate::engine::fs::hostname(), std::process::id())
+    format!("{} {addr} (pid {}) {NODE_GENERATION}", crate::engine::fs::hostname(), std::process::id())
 }
+
+/// Ends the note of a serving node of this version. Nodes of earlier
+/// versions lock the catalog's keys and digests another way, so the two
+/// would not keep each other's writes apart: a node does not start beside
+/// one whose note lacks it.
+const NODE_GENERATION: &str = "[catalog locks 2]";
 
 /// How the note of maintenance in a shared catalog's list of nodes begins
 /// (see [`alone`]).
@@ -451,8 +457,25 @@ async fn maintenance_notes(catalog: &dyn Catalog) -> anyhow::Result<Vec<String>>
 }
 
 /// Refuses to serve while maintenance that needs the store to itself
-/// runs on the shared catalog (see [`alone`]), once this node is noted.
+/// runs on the shared catalog (see [`alone`]), or beside nodes of an
+/// earlier version, once this node is noted.
 async fn refuse_during_maintenance(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
+    let older: Vec<String> = catalog
+        .live_nodes(NODE_LIFE)
+        .await?
+        .into_iter()
+        .filter(|n| {
+            !n.starts_with(MAINTENANCE) && !n.starts_with(MAINTENANCE_STARTING) && !n.ends_with(NODE_GENERATION)
+        })
+        .collect();
+    if !older.is_empty() {
+        let _ = catalog.node_gone(node).await;
+        bail!(
+            "nodes of an earlier version serve this catalog ({}), and lock its keys another way: stop them all, \
+             then start this version",
+            older.join("; ")
+        );
+    }
     let running = maintenance_notes(catalog).await?;
     if running.is_empty() {
         return Ok(());
