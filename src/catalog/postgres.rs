@@ -762,23 +762,33 @@ impl Catalog for PostgresCatalog {
         let id = rand::random::<i64>() | i64::MIN;
         loop {
             let claim = in_txn!(self.pool, "claiming a blob", |txn| {
-                lock_digest(txn, digest).await?;
+                let d = &&digest.0[..];
                 // A delete in progress too long ago is a crashed node's.
-                let sql = format!(
+                let stale = format!(
                     "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND since <= now() - interval '{DELETE_LIFE}'"
                 );
-                txn.execute(&sql, &[&&digest.0[..]]).await?;
-                let deleting =
-                    txn.query_opt("SELECT 1 FROM depot_catalog_deleting WHERE digest = $1", &[&&digest.0[..]]).await?;
-                if deleting.is_some() {
-                    return Ok(None);
-                }
-                txn.execute(
-                    "INSERT INTO depot_catalog_claims (id, digest) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
-                    &[&id, &&digest.0[..]],
-                )
-                .await?;
-                Ok(Some(id))
+                // Sent together, without waiting for each answer (a claim
+                // comes before every upload's commit); the server runs them
+                // in order, the lock first.
+                let (_, _, _, deleting) = futures::try_join!(
+                    lock_digest(txn, digest),
+                    async { txn.execute(&stale, &[d]).await.map_err(TxnError::from) },
+                    async {
+                        txn.execute(
+                            "INSERT INTO depot_catalog_claims (id, digest) SELECT $1, $2
+                             WHERE NOT EXISTS (SELECT 1 FROM depot_catalog_deleting WHERE digest = $2)
+                             ON CONFLICT (id) DO NOTHING",
+                            &[&id, d],
+                        )
+                        .await
+                        .map_err(TxnError::from)
+                    },
+                    async {
+                        let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1";
+                        txn.query_opt(sql, &[d]).await.map_err(TxnError::from)
+                    },
+                )?;
+                Ok(deleting.is_none().then_some(id))
             })?;
             match claim {
                 Some(id) => return Ok(Some(id)),
