@@ -30,6 +30,11 @@ pub type Millis = u64;
 /// node crashed.
 pub const DELETE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a delete's mark in a shared catalog counts
+/// ([`Catalog::begin_delete`]): one older is a crashed node's, and another
+/// node may mark the digest anew.
+pub const DELETE_MARK_LIFE: Duration = Duration::from_secs(120);
+
 /// A writer's claim on a digest, in a catalog shared by several nodes (see
 /// [`Catalog::claim_blob`]).
 pub type ClaimId = i64;

@@ -179,9 +179,10 @@ const STRIPES: u64 = 512;
 /// longer renews its claims.
 const CLAIM_LIFE: &str = "10 minutes";
 
-/// How long a delete in progress counts: a node's delete of one blob's
-/// bytes gives up long before ([`super::DELETE_TIMEOUT`]).
-const DELETE_LIFE: &str = "2 minutes";
+/// How long a delete in progress counts ([`super::DELETE_MARK_LIFE`], as
+/// SQL): a node's delete of one blob's bytes gives up long before
+/// ([`super::DELETE_TIMEOUT`]).
+const DELETE_LIFE: &str = "120 seconds";
 
 /// How often a writer looks again at a delete in progress it waits for.
 const DELETE_POLL: Duration = Duration::from_millis(20);
@@ -762,16 +763,18 @@ impl Catalog for PostgresCatalog {
         let id = rand::random::<i64>() | i64::MIN;
         loop {
             let claim = in_txn!(self.pool, "claiming a blob", |txn| {
+                lock_digest(txn, digest).await?;
                 let d = &&digest.0[..];
                 // A delete in progress too long ago is a crashed node's.
                 let stale = format!(
                     "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND since <= now() - interval '{DELETE_LIFE}'"
                 );
-                // Sent together, without waiting for each answer (a claim
-                // comes before every upload's commit); the server runs them
-                // in order, the lock first.
-                let (_, _, _, deleting) = futures::try_join!(
-                    lock_digest(txn, digest),
+                // Under the lock, sent together without waiting for each
+                // answer (a claim comes before every upload's commit). Should
+                // the server run them out of order, the claim is missed and
+                // tried again, never taken for made: the answer is whether
+                // the claim's row is there.
+                let (_, _, claimed) = futures::try_join!(
                     async { txn.execute(&stale, &[d]).await.map_err(TxnError::from) },
                     async {
                         txn.execute(
@@ -784,11 +787,11 @@ impl Catalog for PostgresCatalog {
                         .map_err(TxnError::from)
                     },
                     async {
-                        let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1";
-                        txn.query_opt(sql, &[d]).await.map_err(TxnError::from)
+                        let sql = "SELECT 1 FROM depot_catalog_claims WHERE id = $1";
+                        txn.query_opt(sql, &[&id]).await.map_err(TxnError::from)
                     },
                 )?;
-                Ok(deleting.is_none().then_some(id))
+                Ok(claimed.map(|_| id))
             })?;
             match claim {
                 Some(id) => return Ok(Some(id)),

@@ -26,8 +26,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tracing::Instrument;
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_TIMEOUT, ListPage,
-    ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_MARK_LIFE,
+    DELETE_TIMEOUT, ListPage, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{
     BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
@@ -975,11 +975,11 @@ impl Store {
             async move {
                 let started = Instant::now();
                 let deleted = engine.delete(&blob).await;
-                // A delete that outlasted its caller's wait may have
-                // outlasted its mark too: another node may have marked the
+                // A delete that outlasted its mark (less the time ending it
+                // may take) leaves it: another node may have marked the
                 // digest since, a mark that is not this one's to end.
-                let ended =
-                    if started.elapsed() < DELETE_TIMEOUT { catalog.end_delete(&blob.digest).await } else { Ok(()) };
+                let ours = started.elapsed() + crate::pg::ANSWER_WITHIN < DELETE_MARK_LIFE;
+                let ended = if ours { catalog.end_delete(&blob.digest).await } else { Ok(()) };
                 drop(hold);
                 ended?;
                 Ok::<_, StoreError>(deleted?)
