@@ -141,9 +141,11 @@ impl State {
         let (first, markers) = text.split_once('\n').unwrap_or((&text, ""));
         // Place lines start with "database " or "bucket ": a line that is
         // the separator alone is one.
-        let (target, source) = match markers.find(&format!("\n{SOURCE_LINE}")) {
-            Some(end) => (&markers[..=end], &markers[end + 1 + SOURCE_LINE.len()..]),
-            None => (markers, ""),
+        let (target, source) = match (markers.strip_prefix(SOURCE_LINE), markers.find(&format!("\n{SOURCE_LINE}"))) {
+            // No target: a migration begun before it was recorded.
+            (Some(source), _) => ("", source),
+            (None, Some(end)) => (&markers[..=end], &markers[end + 1 + SOURCE_LINE.len()..]),
+            (None, None) => (markers, ""),
         };
         let words: Vec<&str> = first.split_whitespace().collect();
         let [phase, from, to] = words[..] else { bail!("{} is damaged: {text:?}", data.join(STATE).display()) };
@@ -873,6 +875,9 @@ mod tests {
         std::fs::write(dir.path().join(STATE), "copy fs s3\ns3\nbucket b\n").unwrap();
         let read = State::read(dir.path()).unwrap().unwrap();
         assert_eq!((read.target.as_str(), read.source.as_str()), ("s3\nbucket b\n", ""));
+        std::fs::write(dir.path().join(STATE), "copy fs s3\nsource:\nfs\n").unwrap();
+        let read = State::read(dir.path()).unwrap().unwrap();
+        assert_eq!((read.target.as_str(), read.source.as_str()), ("", "fs\n"));
     }
 
     #[test]
