@@ -179,10 +179,10 @@ const STRIPES: u64 = 512;
 /// longer renews its claims.
 const CLAIM_LIFE: &str = "10 minutes";
 
-/// How long a delete in progress counts ([`super::DELETE_MARK_LIFE`], as
-/// SQL): a node's delete of one blob's bytes gives up long before
-/// ([`super::DELETE_TIMEOUT`]).
-const DELETE_LIFE: &str = "120 seconds";
+/// How long a delete in progress counts, as SQL: [`super::DELETE_MARK_LIFE`].
+fn delete_life() -> String {
+    format!("interval '{} seconds'", super::DELETE_MARK_LIFE.as_secs())
+}
 
 /// How often a writer looks again at a delete in progress it waits for.
 const DELETE_POLL: Duration = Duration::from_millis(20);
@@ -448,13 +448,19 @@ async fn mark_deleting(txn: &Transaction<'_>, digest: &Digest, token: i64) -> Re
     Ok(())
 }
 
+/// Whether the mark of `digest` is the one `token` made: a transaction run
+/// again after a COMMIT whose answer was lost finds its first attempt's.
+async fn marked_with(txn: &Transaction<'_>, digest: &Digest, token: i64) -> Result<bool, TxnError> {
+    let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND token = $2";
+    Ok(txn.query_opt(sql, &[&&digest.0[..], &token]).await?.is_some())
+}
+
 /// Whether another delete of `digest`'s bytes is in progress (one begun
-/// longer than [`DELETE_LIFE`] ago is a crashed node's): one deleter at a
+/// longer than [`super::DELETE_MARK_LIFE`] ago is a crashed node's): one deleter at a
 /// time, since the end of either would let writers of the digest in while
 /// the other's delete could still land.
 async fn being_deleted(txn: &Transaction<'_>, digest: &Digest) -> Result<bool, TxnError> {
-    let sql =
-        format!("SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND since > now() - interval '{DELETE_LIFE}'");
+    let sql = format!("SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND since > now() - {}", delete_life());
     Ok(txn.query_opt(&sql, &[&&digest.0[..]]).await?.is_some())
 }
 
@@ -723,15 +729,12 @@ impl Catalog for PostgresCatalog {
         let token = rand::random::<i64>() | 1;
         in_txn!(self.pool, "removing a dead blob", |txn, replay| {
             lock_digest(txn, digest).await?;
-            if replay {
-                // The first attempt's COMMIT may have been applied, its
-                // answer lost: if its mark is there, the blob is this
-                // call's to delete (else its mark would keep writers of the
-                // digest waiting, and its bytes would stay).
-                let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND token = $2";
-                if txn.query_opt(sql, &[&&digest.0[..], &token]).await?.is_some() {
-                    return Ok(true);
-                }
+            // The first attempt's COMMIT may have been applied, its answer
+            // lost: if its mark is there, the blob is this call's to delete
+            // (else its mark would keep writers of the digest waiting, and
+            // its bytes would stay).
+            if replay && marked_with(txn, digest, token).await? {
+                return Ok(true);
             }
             if claimed(txn, digest).await? || being_deleted(txn, digest).await? {
                 return Ok(false);
@@ -767,7 +770,8 @@ impl Catalog for PostgresCatalog {
                 let d = &&digest.0[..];
                 // A delete in progress too long ago is a crashed node's.
                 let stale = format!(
-                    "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND since <= now() - interval '{DELETE_LIFE}'"
+                    "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND since <= now() - {}",
+                    delete_life()
                 );
                 // Under the lock, sent together without waiting for each
                 // answer (a claim comes before every upload's commit). Should
@@ -832,8 +836,7 @@ impl Catalog for PostgresCatalog {
             // The first attempt's COMMIT may have been applied, its answer
             // lost: its mark makes the delete this call's (else the mark
             // would keep writers of the digest waiting for minutes).
-            let sql = "SELECT 1 FROM depot_catalog_deleting WHERE digest = $1 AND token = $2";
-            if replay && txn.query_opt(sql, &[&&blob.digest.0[..], &token]).await?.is_some() {
+            if replay && marked_with(txn, &blob.digest, token).await? {
                 return Ok(true);
             }
             let recorded = txn

@@ -415,16 +415,14 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     // A new migration is recorded once the catalog is open: a server
     // holding the store refuses the migration before anything is written.
     let (state, new) = match State::read(&data)? {
-        Some(s) if args.cancel && s.phase == Phase::Copy => {
-            // Under the catalog's lock, as a run is: a run going on
-            // meanwhile could switch to the copies this would delete.
+        // Under the catalog's lock, as a run is: a run going on meanwhile
+        // could switch to the copies a cancel would delete.
+        _ if args.cancel => {
             return runtime(2)?.block_on(async {
                 let catalog = open_catalog(&settings).await?;
                 alone(catalog.as_ref(), "cancelling a migration", cancel(&data, &settings, args)).await
             });
         }
-        Some(_) if args.cancel => bail!("the engines were switched already: run without --cancel to finish"),
-        None if args.cancel => bail!("no migration is under way in {}", data.display()),
         Some(s) if (s.from, s.to) != (from, to) => bail!(
             "{} is migrating from {} to {}; finish that first (--engine {} --to-engine {})",
             data.display(),
@@ -573,7 +571,7 @@ fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
 
 /// Cancels a migration still copying: removes its copies and its state.
 async fn cancel(data: &Path, settings: &Settings, args: &MigrateArgs) -> anyhow::Result<()> {
-    // Read again under the lock: a run may have switched meanwhile.
+    // Read under the lock: a run may have switched meanwhile.
     let Some(s) = State::read(data)? else { bail!("no migration is under way in {}", data.display()) };
     if s.phase != Phase::Copy {
         bail!("the engines were switched already: run without --cancel to finish");

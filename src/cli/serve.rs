@@ -287,7 +287,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     if matches!(settings.catalog, CatalogKind::Postgres(_)) {
         let sent = crate::store::lease_clock();
         app.store.catalog().node_seen(&node).await.context("noting this node in the catalog")?;
-        refuse_during_maintenance(app.store.catalog(), &node).await?;
+        refuse_to_join(app.store.catalog(), &node).await?;
         app.store.lease_writes(sent);
         let (app, node) = (app.clone(), node.clone());
         tokio::spawn(async move {
@@ -452,40 +452,37 @@ pub(crate) async fn alone<T>(
 /// still looking for nodes.
 async fn maintenance_notes(catalog: &dyn Catalog) -> anyhow::Result<Vec<String>> {
     let nodes = catalog.live_nodes(NODE_LIFE).await?;
-    let wanted = |n: &String| n.starts_with(MAINTENANCE) || n.starts_with(MAINTENANCE_STARTING);
-    Ok(nodes.into_iter().filter(wanted).collect())
+    Ok(nodes.into_iter().filter(|n| is_maintenance(n)).collect())
+}
+
+fn is_maintenance(note: &str) -> bool {
+    note.starts_with(MAINTENANCE) || note.starts_with(MAINTENANCE_STARTING)
 }
 
 /// Refuses to serve while maintenance that needs the store to itself
 /// runs on the shared catalog (see [`alone`]), or beside nodes of an
 /// earlier version, once this node is noted.
-async fn refuse_during_maintenance(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
-    let older: Vec<String> = catalog
-        .live_nodes(NODE_LIFE)
-        .await?
-        .into_iter()
-        .filter(|n| {
-            !n.starts_with(MAINTENANCE) && !n.starts_with(MAINTENANCE_STARTING) && !n.ends_with(NODE_GENERATION)
-        })
-        .collect();
-    if !older.is_empty() {
-        let _ = catalog.node_gone(node).await;
-        bail!(
+async fn refuse_to_join(catalog: &dyn Catalog, node: &str) -> anyhow::Result<()> {
+    let (running, serving): (Vec<String>, Vec<String>) =
+        catalog.live_nodes(NODE_LIFE).await?.into_iter().partition(|n| is_maintenance(n));
+    let older: Vec<String> = serving.into_iter().filter(|n| !n.ends_with(NODE_GENERATION)).collect();
+    let why = if !older.is_empty() {
+        format!(
             "nodes of an earlier version serve this catalog ({}), and lock its keys another way: stop them all, \
              then start this version",
             older.join("; ")
-        );
-    }
-    let running = maintenance_notes(catalog).await?;
-    if running.is_empty() {
+        )
+    } else if !running.is_empty() {
+        format!(
+            "{} (heard from in the last {} s): start this node once it has ended",
+            running.join("; "),
+            NODE_LIFE.as_secs()
+        )
+    } else {
         return Ok(());
-    }
+    };
     let _ = catalog.node_gone(node).await;
-    bail!(
-        "{} (heard from in the last {} s): start this node once it has ended",
-        running.join("; "),
-        NODE_LIFE.as_secs()
-    )
+    bail!(why)
 }
 
 async fn shutdown_signal() {

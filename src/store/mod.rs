@@ -26,7 +26,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tracing::Instrument;
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_MARK_LIFE,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_MARK_OURS,
     DELETE_TIMEOUT, ListPage, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{
@@ -975,10 +975,10 @@ impl Store {
             async move {
                 let started = Instant::now();
                 let deleted = engine.delete(&blob).await;
-                // A delete that outlasted its mark (less the time ending it
-                // may take) leaves it: another node may have marked the
-                // digest since, a mark that is not this one's to end.
-                let ours = started.elapsed() + crate::pg::ANSWER_WITHIN < DELETE_MARK_LIFE;
+                // A delete that may have outlasted its mark leaves it:
+                // another node may have marked the digest since, a mark
+                // that is not this one's to end.
+                let ours = started.elapsed() < DELETE_MARK_OURS;
                 let ended = if ours { catalog.end_delete(&blob.digest).await } else { Ok(()) };
                 drop(hold);
                 ended?;
