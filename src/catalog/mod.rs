@@ -420,6 +420,23 @@ pub trait Catalog: Send + Sync + 'static {
     /// fails, and with [`CatalogError::NoSuchBucket`] for a missing bucket.
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>>;
 
+    /// [`Catalog::put_objects`] that also ends `claims` of
+    /// [`Catalog::claim_blob`] (on the bytes the puts reference) as it
+    /// commits, and commits nothing, failing with
+    /// [`CatalogError::Unavailable`], if one has lapsed: a collector may
+    /// then have deleted the bytes it guarded.
+    async fn put_objects_claimed(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<PutOutcome>> {
+        if claims.is_empty() {
+            return self.put_objects(puts).await;
+        }
+        self.renew_claims(claims).await?;
+        let outcomes = self.put_objects(puts).await?;
+        if let Err(e) = self.release_claims(claims).await {
+            tracing::warn!("could not release claims on blobs (they lapse by themselves): {e}");
+        }
+        Ok(outcomes)
+    }
+
     /// Deletes objects, releasing their blobs; returns the deleted records
     /// (`None` where a key was absent). All or none.
     async fn delete_objects(

@@ -414,6 +414,14 @@ async fn add_stats(txn: &Transaction<'_>, s: &CatalogStats) -> Result<(), TxnErr
     Ok(())
 }
 
+/// The error of a write some of whose claims ([`Catalog::claim_blob`])
+/// lapsed before it was recorded.
+fn lapsed(lost: u64, of: usize) -> CatalogError {
+    CatalogError::Unavailable(format!(
+        "{lost} of {of} claims on blobs lapsed before their writes were recorded; send them again"
+    ))
+}
+
 /// Locks `digest` for the transaction: claims and deletes of one digest
 /// happen one after the other.
 async fn lock_digest(txn: &Transaction<'_>, digest: &Digest) -> Result<(), TxnError> {
@@ -543,6 +551,10 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>> {
+        self.put_objects_claimed(puts, &[]).await
+    }
+
+    async fn put_objects_claimed(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<PutOutcome>> {
         let puts = &puts;
         in_txn!(self.pool, "writing objects", |txn, replay| {
             let ids: Vec<(&str, &str)> = puts.iter().map(|p| (p.bucket.as_str(), p.record.key.as_str())).collect();
@@ -602,6 +614,21 @@ impl Catalog for PostgresCatalog {
             // are given up as unrecorded) waits for it, and then sees the
             // references it committed.
             lock_digests(txn, changes.iter().filter(|(_, c)| c.gained > 0).map(|(d, _)| d)).await?;
+            // The writers' claims end with this commit. Checked under the
+            // digests' locks: a claim still live here keeps every collector
+            // off its bytes until the references are committed.
+            if !claims.is_empty() {
+                let sql = format!(
+                    "DELETE FROM depot_catalog_claims WHERE id = ANY($1) AND since > now() - interval '{CLAIM_LIFE}'"
+                );
+                let ended = txn.execute(&sql, &[&claims]).await?;
+                // A replay finds none: the first attempt's commit ended
+                // them, if it wrote every record as this one would.
+                let applied = || written.iter().all(|((b, k), r)| stored[b].get(*k) == Some(r));
+                if ended < claims.len() as u64 && !(replay && applied()) {
+                    return Err(lapsed(claims.len() as u64 - ended, claims.len()).into());
+                }
+            }
             let recorded = apply_refs(txn, &changes, &mut stats).await?;
             // Sent one after the other without waiting for each answer.
             let encoded: Vec<(&&str, &&str, Vec<u8>)> = written.iter().map(|((b, k), r)| (b, k, r.encode())).collect();
@@ -777,8 +804,11 @@ impl Catalog for PostgresCatalog {
                 // answer (a claim comes before every upload's commit). Should
                 // the server run them out of order, the claim is missed and
                 // tried again, never taken for made: the answer is whether
-                // the claim's row is there.
-                let (_, _, claimed) = futures::try_join!(
+                // the claim's row is there. Committed without waiting for
+                // the disk: a claim a crash lost is found lapsed when its
+                // write is recorded (`put_objects_claimed`), which then fails.
+                let (_, _, _, claimed) = futures::try_join!(
+                    async { txn.batch_execute("SET LOCAL synchronous_commit = off").await.map_err(TxnError::from) },
                     async { txn.execute(&stale, &[d]).await.map_err(TxnError::from) },
                     async {
                         txn.execute(
@@ -820,11 +850,7 @@ impl Catalog for PostgresCatalog {
             Ok(txn.execute(&sql, &[&claims]).await?)
         })?;
         if renewed < claims.len() as u64 {
-            return Err(CatalogError::Unavailable(format!(
-                "{} of {} claims on blobs lapsed before their writes were recorded; send them again",
-                claims.len() as u64 - renewed,
-                claims.len()
-            )));
+            return Err(lapsed(claims.len() as u64 - renewed, claims.len()));
         }
         Ok(())
     }
@@ -1146,6 +1172,43 @@ mod tests {
         catalog.release_claims(&claims).await.unwrap();
         assert!(catalog.renew_claims(&claims).await.is_err(), "released claims are not renewed");
         catalog.renew_claims(&[]).await.unwrap();
+    }
+
+    /// A put ends its writer's claims as it commits, and commits nothing if
+    /// one of them has lapsed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_put_ends_its_claims_and_fails_if_one_lapsed() {
+        use super::super::conformance::{blob, bucket, put};
+        let url = pg::fresh_test_database().await;
+        let catalog = PostgresCatalog::connect(&url).await.unwrap();
+        catalog.create_bucket(&bucket("files")).await.unwrap();
+        let (x, y) = (blob(1, 10), blob(2, 20));
+        let claims = [
+            catalog.claim_blob(&x.digest).await.unwrap().unwrap(),
+            catalog.claim_blob(&y.digest).await.unwrap().unwrap(),
+        ];
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let claims_left = || async {
+            client.query_one("SELECT count(*) FROM depot_catalog_claims", &[]).await.unwrap().get::<_, i64>(0)
+        };
+        let aged = "UPDATE depot_catalog_claims SET since = now() - interval '11 minutes' WHERE id = $1";
+        client.execute(aged, &[&claims[1]]).await.unwrap();
+        let puts = || vec![put("files", "x", std::slice::from_ref(&x)), put("files", "y", std::slice::from_ref(&y))];
+        let lapsed = catalog.put_objects_claimed(puts(), &claims).await;
+        assert!(matches!(lapsed, Err(CatalogError::Unavailable(ref m)) if m.contains("1 of 2")), "{lapsed:?}");
+        assert_eq!(catalog.get_objects("files", &["x".into(), "y".into()]).await.unwrap(), vec![None, None]);
+        assert_eq!(catalog.get_blobs(&[x.digest]).await.unwrap(), vec![None]);
+        assert_eq!(claims_left().await, 2, "a failed put ends no claim");
+
+        let claims = [
+            catalog.claim_blob(&x.digest).await.unwrap().unwrap(),
+            catalog.claim_blob(&y.digest).await.unwrap().unwrap(),
+        ];
+        catalog.put_objects_claimed(puts(), &claims).await.unwrap();
+        assert!(catalog.get_objects("files", &["x".into(), "y".into()]).await.unwrap().iter().all(Option::is_some));
+        let live = "SELECT count(*) FROM depot_catalog_claims WHERE id = ANY($1)";
+        assert_eq!(client.query_one(live, &[&&claims[..]]).await.unwrap().get::<_, i64>(0), 0, "the commit ended them");
     }
 
     /// The engine marker is set once, and changed only by whoever read the

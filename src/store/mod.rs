@@ -260,8 +260,6 @@ struct Written {
     /// has the reference, and `claim` other nodes' (see [`Store::let_go`]).
     guard: guards::Guard,
     claim: Option<ClaimId>,
-    /// When `claim` was made (or last renewed).
-    claimed: Instant,
 }
 
 impl Written {
@@ -674,16 +672,13 @@ impl Store {
         };
         // A sync may have failed elsewhere while the body streamed. An
         // engine's finish can outlast a claim (an S3 engine copies a large
-        // object into place): one that lapsed meanwhile fails the write, as
-        // a collector may have taken a dead blob of the content since.
-        let renewed = match written.claim {
-            Some(claim) if written.claimed.elapsed() >= RENEW_CLAIMS => self.catalog.renew_claims(&[claim]).await,
-            _ => Ok(()),
-        };
-        let recorded = match renewed.map_err(StoreError::from).and_then(|()| self.check_writable()) {
+        // object into place): one that lapsed meanwhile fails the commit,
+        // as a collector may have taken a dead blob of the content since.
+        let recorded = match self.check_writable() {
             Ok(()) => {
                 let puts = std::iter::once(put).chain(along).collect();
-                self.note(self.catalog.put_objects(puts).await.map_err(Into::into))
+                let claimed = self.catalog.put_objects_claimed(puts, written.claim.as_slice()).await;
+                self.note(claimed.map_err(Into::into))
             }
             Err(e) => Err(e),
         };
@@ -700,7 +695,9 @@ impl Store {
             }
         };
         self.put_time.catalog_ns.fetch_add(registering.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.let_go(written).await;
+        // The commit ended the claim; the collector here may take the
+        // digest again.
+        drop(written);
         self.drop_redundant(&outcome.redundant).await;
         Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: outcome.deduplicated })
     }
@@ -740,11 +737,19 @@ impl Store {
         let outcome = match blobs.and_then(|blobs| self.check_writable().map(|()| blobs)) {
             Ok(blobs) => {
                 let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
-                self.note(self.catalog.put_object(put).await.map_err(Into::into))
+                self.note(self.catalog.put_objects_claimed(vec![put], &claims).await.map_err(Into::into))
             }
             Err(e) => Err(e),
         };
-        self.release(&claims).await;
+        let outcome = match outcome {
+            Ok(mut outcomes) => {
+                outcomes.pop().ok_or_else(|| StoreError::Internal("the catalog answered no put".into()))
+            }
+            Err(e) => {
+                self.release(&claims).await;
+                Err(e)
+            }
+        };
         Ok(PutResult { record, replaced: outcome?.replaced.is_some(), deduplicated: true })
     }
 
@@ -910,13 +915,12 @@ impl Store {
                 return Err(e);
             }
         };
-        let claimed = Instant::now();
         let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };
         // The engine may have put these bytes in place of damaged ones a
         // read kept.
         self.hot.forget(&digest);
         match finished {
-            Ok(blob) => Ok(Written { blob, md5, guard, claim, claimed }),
+            Ok(blob) => Ok(Written { blob, md5, guard, claim }),
             Err(e) => {
                 self.release(claim.as_slice()).await;
                 Err(e.into())
@@ -1316,8 +1320,8 @@ impl PutBatch<'_> {
         let recorded = self.record().await;
         match recorded {
             Ok(outcomes) => {
-                let claims: Vec<ClaimId> = self.written.into_iter().filter_map(|w| w.claim).collect();
-                self.store.release(&claims).await;
+                // The commit ended the claims.
+                drop(self.written);
                 for o in &outcomes {
                     self.store.drop_redundant(&o.redundant).await;
                 }
@@ -1330,10 +1334,14 @@ impl PutBatch<'_> {
         }
     }
 
+    fn claims(&self) -> Vec<ClaimId> {
+        self.written.iter().filter_map(|w| w.claim).collect()
+    }
+
     /// Renews the claims on the bytes written so far; fails if one has
     /// lapsed.
     async fn renew_claims(&mut self) -> Result<()> {
-        let claims: Vec<ClaimId> = self.written.iter().filter_map(|w| w.claim).collect();
+        let claims = self.claims();
         if !claims.is_empty() {
             self.store.catalog.renew_claims(&claims).await?;
         }
@@ -1344,13 +1352,12 @@ impl PutBatch<'_> {
     async fn record(&mut self) -> Result<Vec<crate::catalog::PutOutcome>> {
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
-        // The claims hold until the commit, however long the batch took.
-        self.renew_claims().await?;
-        // The sync and the renewal may have taken long: writes may have
-        // been refused meanwhile (a lapsed lease).
+        // The sync may have taken long: writes may have been refused
+        // meanwhile (a lapsed lease). The commit fails if a claim lapsed.
         self.store.check_writable()?;
         let puts = std::mem::take(&mut self.puts);
-        self.store.note(self.store.catalog.put_objects(puts).await.map_err(Into::into))
+        let claims = self.claims();
+        self.store.note(self.store.catalog.put_objects_claimed(puts, &claims).await.map_err(Into::into))
     }
 }
 
