@@ -93,7 +93,7 @@ fn declared_in(c: &Checksum, what: &str) -> Result<Option<(&'static str, String)
 }
 
 /// The checksum a completion makes.
-pub struct Completion {
+struct Completion {
     /// Header name of the algorithm.
     header: &'static str,
     composite: bool,
@@ -115,7 +115,7 @@ pub struct Completion {
 impl Completion {
     /// The completion of `input` for an upload whose record is `upload`;
     /// `None` when neither the upload nor the request names a checksum.
-    pub fn new(input: &CompleteMultipartUploadInput, upload: &ObjectRecord) -> Result<Option<Completion>, StoreError> {
+    fn new(input: &CompleteMultipartUploadInput, upload: &ObjectRecord) -> Result<Option<Completion>, StoreError> {
         let listed = input.multipart_upload.as_ref().and_then(|m| m.parts.as_deref()).unwrap_or_default();
         let declared_whole = declared_in(&declared!(input), "the request")?;
         let mut declared_parts = Vec::with_capacity(listed.len());
@@ -204,6 +204,52 @@ impl Completion {
     }
 }
 
+/// What a Complete request declares of the object's size
+/// (`x-amz-mp-object-size`) against what its parts hold.
+fn check_size(declared: Option<i64>, size: u64) -> Result<(), StoreError> {
+    match declared {
+        Some(declared) if u64::try_from(declared).ok() != Some(size) => Err(StoreError::BadRequest(format!(
+            "the parts hold {size} bytes, not the {declared} of x-amz-mp-object-size"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The checks of completing `input` for an upload whose record is
+/// `upload`: its checksums ([`Completion`]), or without any the size it
+/// declares alone.
+pub fn checks(
+    input: &CompleteMultipartUploadInput,
+    upload: &ObjectRecord,
+) -> Result<Option<Box<dyn CompletionChecksum>>, StoreError> {
+    Ok(match Completion::new(input, upload)? {
+        Some(completion) => Some(Box::new(completion)),
+        None => input.mpu_object_size.map(|declared| Box::new(SizeOnly { declared, size: 0 }) as _),
+    })
+}
+
+/// A completion with a declared size and no checksum.
+struct SizeOnly {
+    declared: i64,
+    /// What the parts hold.
+    size: u64,
+}
+
+impl CompletionChecksum for SizeOnly {
+    fn part(&mut self, _: u32, record: &ObjectRecord) -> Result<(), StoreError> {
+        self.size += record.size;
+        Ok(())
+    }
+
+    fn update(&mut self, _: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Option<(String, String)>, StoreError> {
+        check_size(Some(self.declared), self.size).map(|()| None)
+    }
+}
+
 impl CompletionChecksum for Completion {
     fn part(&mut self, number: u32, record: &ObjectRecord) -> Result<(), StoreError> {
         match self.parts.iter_mut().find(|(n, _, _)| *n == number) {
@@ -241,14 +287,7 @@ impl CompletionChecksum for Completion {
         if self.current < self.parts.len() {
             return Err(StoreError::Internal("the object read back is shorter than its parts".into()));
         }
-        let size: u64 = self.parts.iter().map(|(_, s, _)| s).sum();
-        if let Some(declared) = self.declared_size
-            && u64::try_from(declared).ok() != Some(size)
-        {
-            return Err(StoreError::BadRequest(format!(
-                "the parts hold {size} bytes, not the {declared} of x-amz-mp-object-size"
-            )));
-        }
+        check_size(self.declared_size, self.parts.iter().map(|(_, s, _)| s).sum())?;
         let value = if self.composite {
             let mut over = hasher_for([self.header].into_iter());
             over.update(&self.joined);
@@ -321,6 +360,22 @@ mod tests {
             c.update(piece)?;
         }
         Ok(c.finish()?.unwrap().1)
+    }
+
+    #[test]
+    fn a_declared_size_is_checked_without_checksums() {
+        let declare = |size| CompleteMultipartUploadInput { mpu_object_size: size, ..Default::default() };
+        let upload = record(0, Vec::new());
+        assert!(checks(&declare(None), &upload).unwrap().is_none());
+        for (declared, holds) in [(17, true), (16, false), (-1, false)] {
+            let mut c = checks(&declare(Some(declared)), &upload).unwrap().unwrap();
+            c.part(1, &record(10, Vec::new())).unwrap();
+            c.part(2, &record(7, Vec::new())).unwrap();
+            c.update(&[0; 17]).unwrap();
+            let finished = c.finish();
+            assert_eq!(finished.is_ok(), holds, "{declared}: {finished:?}");
+            assert!(finished.is_err() || finished.unwrap().is_none(), "no checksum to store");
+        }
     }
 
     #[test]

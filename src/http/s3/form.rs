@@ -84,7 +84,7 @@ pub(super) async fn with_filename(
     let signed = signed(&fields);
     let head = match rewrite(&head, boundary) {
         Some(rewritten) => {
-            *length = length.map(|n| (n + rewritten.len() as u64).saturating_sub(head.len() as u64));
+            *length = length.map(|n| n.saturating_sub(head.len() as u64).saturating_add(rewritten.len() as u64));
             Bytes::from(rewritten)
         }
         None => head.freeze(),
@@ -156,12 +156,25 @@ fn file_part(form: &[u8], boundary: &str) -> Option<String> {
         .map(|p| p.filename.unwrap_or_default())
 }
 
-/// A parameter of a Content-Disposition line, unquoted.
+/// A parameter of a Content-Disposition line, unquoted. A quoted value
+/// runs to the next quote, `;` and all, as the protocol layer reads it.
 fn param(line: &str, name: &str) -> Option<String> {
-    line.split(';').skip(1).find_map(|p| {
-        let (n, v) = p.trim().split_once('=')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim().trim_matches('"').to_string())
-    })
+    let mut rest = line.split_once(';')?.1;
+    loop {
+        let (n, after) = rest.split_once('=')?;
+        let after = after.trim_start();
+        let (value, next) = match after.strip_prefix('"') {
+            Some(quoted) => {
+                let (value, next) = quoted.split_once('"')?;
+                (value, next.split_once(';').map_or("", |(_, next)| next))
+            }
+            None => after.split_once(';').map_or((after.trim_end(), ""), |(v, next)| (v.trim_end(), next)),
+        };
+        if n.trim().eq_ignore_ascii_case(name) {
+            return Some(value.to_string());
+        }
+        rest = next;
+    }
 }
 
 /// `form` up to its file, with `${filename}` in its key field replaced;
@@ -210,6 +223,18 @@ mod tests {
         assert_eq!(rewritten, form("uploads/photo.jpg", "photo.jpg"));
         let rewritten = rewrite(&form("${filename}", "C:\\Users\\me\\notes.txt"), "XyZ").unwrap();
         assert_eq!(rewritten, form("notes.txt", "C:\\Users\\me\\notes.txt"));
+        let rewritten = rewrite(&form("uploads/${filename}", "a;b=c.jpg"), "XyZ").unwrap();
+        assert_eq!(rewritten, form("uploads/a;b=c.jpg", "a;b=c.jpg"), "a quoted name runs to its quote");
+    }
+
+    #[test]
+    fn parameters_are_read_quoted_or_not() {
+        let line = "Content-Disposition: form-data; name=\"file\"; filename=\"x; name=y.txt\"";
+        assert_eq!(param(line, "name").as_deref(), Some("file"));
+        assert_eq!(param(line, "filename").as_deref(), Some("x; name=y.txt"));
+        assert_eq!(param("Content-Disposition: form-data; name=key ; other=1", "name").as_deref(), Some("key"));
+        assert_eq!(param("Content-Disposition: form-data; name=\"unended", "name"), None);
+        assert_eq!(param("Content-Disposition: form-data", "name"), None);
     }
 
     #[test]

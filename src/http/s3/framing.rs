@@ -32,8 +32,11 @@ const MAX_LINE: usize = 4096;
 pub enum FramingError {
     #[error("an aws-chunked chunk of {0} bytes; at most {MAX_CHUNK} are allowed")]
     ChunkTooLarge(u64),
-    #[error("an aws-chunked chunk-size line that does not declare a size in hexadecimal")]
+    #[error("an aws-chunked chunk-size line that does not declare a size in at most 8 hexadecimal digits")]
     BadSize,
+    /// Named so the answer is S3's IncompleteBody.
+    #[error("Incomplete aws-chunked body: it ends before its last chunk, of size 0")]
+    Incomplete,
 }
 
 /// Where the stream stands in the framing.
@@ -104,12 +107,20 @@ impl Framing {
                         continue;
                     }
                     let line = std::mem::take(line);
-                    self.state = match chunk_size(&line)? {
+                    let (size, digits) = chunk_size(&line)?;
+                    let cut = self.unsigned && size > MAX_PIECE;
+                    // A line handed on as it came must say what the protocol
+                    // layer reads in it: no more than 8 digits, as it reads
+                    // those and drops the rest.
+                    if digits > 8 && !cut {
+                        return Err(FramingError::BadSize);
+                    }
+                    self.state = match size {
                         0 => {
                             out.push_back(Bytes::from(line));
                             State::Trailers
                         }
-                        size if self.unsigned && size > MAX_PIECE => {
+                        size if cut => {
                             out.push_back(Bytes::from(format!("{MAX_PIECE:x}\r\n")));
                             State::Data { piece: MAX_PIECE, rest: size - MAX_PIECE }
                         }
@@ -142,15 +153,15 @@ impl<B> Checked<B> {
     }
 }
 
-/// The size a chunk-size line declares: hexadecimal digits, up to a `;`
-/// (a signature follows) or the line's end.
-fn chunk_size(line: &[u8]) -> Result<u64, FramingError> {
+/// The size a chunk-size line declares, and in how many digits:
+/// hexadecimal digits, up to a `;` (a signature follows) or the line's end.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), FramingError> {
     let digits = line.split(|&b| b == b';' || b == b'\r' || b == b'\n').next().unwrap_or_default();
-    let digits = std::str::from_utf8(digits).map_err(|_| FramingError::BadSize)?;
-    if digits.is_empty() || digits.len() > 16 {
+    if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_hexdigit) {
         return Err(FramingError::BadSize);
     }
-    u64::from_str_radix(digits, 16).map_err(|_| FramingError::BadSize)
+    let size = digits.iter().fold(0, |n, &d| n << 4 | u64::from((d as char).to_digit(16).unwrap_or_default()));
+    Ok((size, digits.len()))
 }
 
 impl<B> Body for Checked<B>
@@ -173,13 +184,17 @@ where
                     Err(frame) => return Poll::Ready(Some(Ok(frame))),
                 },
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None if !matches!(this.framing.state, State::Trailers) => {
+                    this.framing.state = State::Trailers;
+                    return Poll::Ready(Some(Err(FramingError::Incomplete.into())));
+                }
                 None => return Poll::Ready(None),
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.out.is_empty() && self.inner.is_end_stream()
+        self.out.is_empty() && matches!(self.framing.state, State::Trailers) && self.inner.is_end_stream()
     }
 
     /// Cut chunks take more size lines than were sent: the body's length
@@ -211,7 +226,7 @@ mod tests {
         let mut found = Vec::new();
         loop {
             let end = framed.iter().position(|&b| b == b'\n').unwrap() + 1;
-            let size = chunk_size(&framed[..end]).unwrap();
+            let (size, _) = chunk_size(&framed[..end]).unwrap();
             if size == 0 {
                 return found;
             }
@@ -266,9 +281,44 @@ mod tests {
         assert!(follow(&[b"40000000\r\n"], true).unwrap().starts_with(b"100000\r\n"));
     }
 
+    /// A body that ends before its 0-size chunk fails, as does one cut in
+    /// a size line or a chunk's data.
+    #[tokio::test]
+    async fn a_body_without_its_last_chunk_is_incomplete() {
+        use http_body_util::BodyExt;
+        let read = |framed: &'static [u8]| async move {
+            let body = Checked::new(http_body_util::Full::new(Bytes::from_static(framed)), false);
+            body.collect().await.map(|b| b.to_bytes())
+        };
+        let whole: &[u8] = b"5;chunk-signature=ab\r\nhello\r\n0;chunk-signature=cd\r\n\r\n";
+        assert_eq!(read(whole).await.unwrap(), whole);
+        for cut in [b"5;chunk-signature=ab\r\nhello\r\n".len(), 4, 25, whole.len() - 10] {
+            let e = read(&whole[..cut]).await.unwrap_err();
+            assert!(e.to_string().starts_with("Incomplete"), "cut at {cut}: {e}");
+        }
+    }
+
+    /// The protocol layer reads 8 digits of a size and drops the rest: a
+    /// longer size handed on would make it read a chunk of another size
+    /// than the one checked here.
+    #[test]
+    fn sizes_of_more_than_eight_digits_are_refused_unless_cut() {
+        for line in [&b"000000010\r\n"[..], b"000000010;chunk-signature=ab\r\n", b"000000000\r\n"] {
+            for unsigned in [false, true] {
+                let refused = matches!(follow(&[line], unsigned), Err(FramingError::BadSize));
+                assert!(refused, "{:?}", String::from_utf8_lossy(line));
+            }
+        }
+        assert!(follow(&[b"00000010\r\n"], false).is_ok());
+        // An unsigned chunk that is cut goes on under size lines of ours.
+        let out = follow(&[b"0000000200000\r\n"], true).unwrap();
+        assert_eq!(out, format!("{MAX_PIECE:x}\r\n").into_bytes());
+    }
+
     #[test]
     fn size_lines_that_are_not_sizes_are_refused() {
-        for line in [&b"zz\r\n"[..], b"\r\n", b";sig\r\n", b"11111111111111111\r\n", &[b'1'; MAX_LINE + 10]] {
+        let lines = [&b"zz\r\n"[..], b"\r\n", b";sig\r\n", b"+5\r\n", b"11111111111111111\r\n", &[b'1'; MAX_LINE + 10]];
+        for line in lines {
             for unsigned in [false, true] {
                 let refused = matches!(follow(&[line], unsigned), Err(FramingError::BadSize));
                 assert!(refused, "{:?}", String::from_utf8_lossy(line));

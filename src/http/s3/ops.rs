@@ -9,7 +9,7 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use super::body::{self, Checked, Failure, declared};
-use super::completion::{self, Completion};
+use super::completion;
 use super::to_s3;
 use crate::catalog::{
     BucketRecord, CHECKSUM_HEADER_PREFIX, ListPage, ListQuery, ObjectRecord, Precondition, STORED_HEADERS, from_millis,
@@ -1344,7 +1344,7 @@ impl S3 for DepotS3 {
                 &input.upload_id,
                 &parts,
                 condition,
-                Box::new(|upload| Ok(Completion::new(&input, upload)?.map(|c| Box::new(c) as _))),
+                Box::new(|upload| completion::checks(&input, upload)),
             )
             .await
             .map_err(to_s3)?;
