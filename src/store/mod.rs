@@ -728,29 +728,46 @@ impl Store {
         // A copy brings no bytes: its blobs are held from the collectors, as
         // a writer's are, until their new references are recorded, or the
         // source's being deleted meanwhile could let them go under the copy.
-        let (_guards, claims) = self.hold_parts(&record.parts).await?;
-        let blobs = self
-            .blob_refs(&record.parts, |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key)))
-            .await;
-        // Holding the parts may have waited on collectors: writes may
-        // have been refused meanwhile (a lapsed lease).
-        let outcome = match blobs.and_then(|blobs| self.check_writable().map(|()| blobs)) {
-            Ok(blobs) => {
-                let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
-                self.note(self.catalog.put_objects_claimed(vec![put], &claims).await.map_err(Into::into))
-            }
-            Err(e) => Err(e),
-        };
-        let outcome = match outcome {
-            Ok(mut outcomes) => {
-                outcomes.pop().ok_or_else(|| StoreError::Internal("the catalog answered no put".into()))
-            }
+        let missing = |d| StoreError::NoSuchKey(format!("{} (its bytes {d} are gone)", source.key));
+        let (_guards, claims, blobs) = self.hold_blobs(&record.parts, missing).await?;
+        let put = ObjectPut { bucket: bucket.to_string(), record: record.clone(), blobs, precondition };
+        let outcome = self.commit_held(vec![put], &claims).await?.pop();
+        let outcome = outcome.ok_or_else(|| StoreError::Internal("the catalog answered no put".into()))?;
+        Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: true })
+    }
+
+    /// [`Store::hold_parts`], and the stored blobs of `parts`
+    /// ([`Store::blob_refs`]): for a record about to reference blobs
+    /// already stored.
+    async fn hold_blobs(
+        &self,
+        parts: &[Part],
+        missing: impl Fn(Digest) -> StoreError,
+    ) -> Result<(Vec<guards::Guard>, Vec<ClaimId>, Vec<BlobRef>)> {
+        let (held, claims) = self.hold_parts(parts).await?;
+        match self.blob_refs(parts, missing).await {
+            Ok(blobs) => Ok((held, claims, blobs)),
             Err(e) => {
                 self.release(&claims).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Commits `puts`, which end `claims` ([`Store::hold_blobs`]), or
+    /// releases them.
+    async fn commit_held(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<crate::catalog::PutOutcome>> {
+        // Holding may have waited on collectors, and what came before may
+        // have taken minutes: writes may have been refused meanwhile (a
+        // failed sync, maintenance, a lapsed lease).
+        let committed = match self.check_writable() {
+            Ok(()) => self.note(self.catalog.put_objects_claimed(puts, claims).await.map_err(Into::into)),
+            Err(e) => Err(e),
         };
-        Ok(PutResult { record, replaced: outcome?.replaced.is_some(), deduplicated: true })
+        if committed.is_err() {
+            self.release(claims).await;
+        }
+        committed
     }
 
     /// Holds `digest` from this node's collector and claims it from the

@@ -272,12 +272,15 @@ impl Store {
     }
 
     /// The record of an upload in progress for bucket/key: what
-    /// CreateMultipartUpload said.
+    /// CreateMultipartUpload said. One completed is gone, though a crash
+    /// may have left its record.
     pub async fn upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<ObjectRecord> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         check_upload_id(upload_id)?;
-        match self.catalog.get_object(UPLOADS, &upload_key(bucket, upload_id)).await? {
-            Some(r) if target(&r) == key => Ok(r),
+        let wanted = [upload_key(bucket, upload_id), done_key(upload_id)];
+        let mut found = self.catalog.get_objects(UPLOADS, &wanted).await?.into_iter();
+        match (found.next().flatten(), found.next().flatten()) {
+            (Some(r), None) if target(&r) == key => Ok(r),
             _ => Err(StoreError::NoSuchUpload(upload_id.to_string())),
         }
     }
@@ -573,7 +576,7 @@ impl Store {
         if let Some(done) = done.and_then(made) {
             if let Some(upload) = upload {
                 // A crash after completing left the upload's records.
-                self.remove_upload(&upload).await?;
+                self.remove_completed(&upload).await;
             }
             return Ok(done);
         }
@@ -638,9 +641,11 @@ impl Store {
         if let Some(header) = checksum.map(|mut c| c.finish()).transpose()?.flatten() {
             object.headers.push(header);
         }
-        let blobs = self
-            .blob_refs(&object.parts, |d| StoreError::Internal(format!("the blob {d} of a part is missing")))
-            .await?;
+        // The parts' blobs are held from the collectors until the object's
+        // references are recorded, as a copy's are: a part uploaded again
+        // meanwhile may have left them unreferenced.
+        let missing = |d| StoreError::Internal(format!("the blob {d} of a part is missing"));
+        let (_held, claims, blobs) = self.hold_blobs(&object.parts, missing).await?;
         // The completion record: enough to answer a repeated Complete. The
         // bucket goes in its content type, the key in its metadata, the
         // object's checksum in its headers.
@@ -659,16 +664,12 @@ impl Store {
         // first: the later then answers with the earlier's object, rather
         // than both answering 200 with different ETags.
         let first = Precondition { if_absent: true, ..Precondition::default() };
-        // Reading the parts back may have taken minutes: writes may have
-        // been refused meanwhile (a failed sync, maintenance, a lapsed
-        // lease).
-        self.check_writable()?;
         let puts = vec![
             ObjectPut { bucket: bucket.to_string(), record: object.clone(), blobs, precondition },
             ObjectPut { precondition: first, ..upload_put(done) },
             still_there(upload.clone()),
         ];
-        match self.note(self.catalog.put_objects(puts).await.map_err(Into::into)) {
+        match self.commit_held(puts, &claims).await {
             // Another Complete of this upload (a client's retry while the
             // first still ran) got there first: answered as it was. So is a
             // commit whose answer a shared catalog lost, and which it found
@@ -676,10 +677,8 @@ impl Store {
             Err(e @ (StoreError::PreconditionFailed | StoreError::Unavailable(_))) => {
                 let done = self.catalog.get_object(UPLOADS, &done_key(upload_id)).await?;
                 if let Some(done) = done.filter(|d| target(d) == key && d.content_type == bucket) {
-                    if matches!(e, StoreError::Unavailable(_))
-                        && let Err(e) = self.remove_upload(&upload).await
-                    {
-                        tracing::warn!("upload {upload_id} completed; its records stay until they expire: {e}");
+                    if matches!(e, StoreError::Unavailable(_)) {
+                        self.remove_completed(&upload).await;
                     }
                     return Ok(ObjectRecord { key: key.to_string(), ..done });
                 }
@@ -693,8 +692,17 @@ impl Store {
             }
             r => r?,
         };
-        self.remove_upload(&upload).await?;
+        self.remove_completed(&upload).await;
         Ok(object)
+    }
+
+    /// Removes the records of an upload its completion has recorded: one
+    /// that fails leaves them to expire, and the completion stands.
+    async fn remove_completed(&self, upload: &ObjectRecord) {
+        if let Err(e) = self.remove_upload(upload).await {
+            let (_, upload_id) = upload_of(upload);
+            tracing::warn!("upload {upload_id} completed; its records stay until they expire: {e}");
+        }
     }
 
     /// SHA-256 of an object's whole body, read back from its parts, which
@@ -961,6 +969,10 @@ mod tests {
         };
         s.catalog.put_object(put).await.unwrap();
         assert!(in_progress(&s, "files").await.is_empty(), "a completed upload is not listed");
+        // Nor does it take parts, or list them.
+        let late = s.upload_part("files", "k", &id, 1, body(b"late".to_vec()), PutOptions::default()).await;
+        assert!(matches!(late, Err(StoreError::NoSuchUpload(_))), "{late:?}");
+        assert!(matches!(s.list_parts("files", "k", &id, 0, 10).await, Err(StoreError::NoSuchUpload(_))));
         assert!(matches!(s.abort_upload("files", "k", &id).await, Err(StoreError::NoSuchUpload(_))));
         let unused = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"never used").into())).await.unwrap().unwrap();
         assert_eq!(unused.refs, 0);
