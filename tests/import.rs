@@ -203,6 +203,12 @@ async fn an_s3_bucket_keeps_keys_types_dates_headers_and_metadata() {
     }
     let said = ok(&import(&server, &args("media")));
     assert!(said.contains("imported 0 files") && said.contains("2 already there"), "{said}");
+
+    // A mistyped prefix reads as nothing, and says so.
+    let typo = format!("s3://{bucket}/fotos");
+    let out = import(&server, &[&[typo.as_str(), "media"][..], &flags[..]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("nothing in the S3 bucket is under \"fotos/\""), "{err}");
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
@@ -31,6 +32,10 @@ const BAR_FROM: u64 = 1024 * 1024;
 pub(crate) struct Client {
     pub(crate) base: String,
     http: reqwest::Client,
+    /// For uploads, watched by [`Client::send_upload`] instead.
+    uploads: reqwest::Client,
+    /// How long an exchange may go with nothing moving.
+    stall: Duration,
     secret: Option<String>,
 }
 
@@ -43,17 +48,23 @@ struct ErrorBody {
 impl Client {
     pub(crate) fn new(args: &ClientArgs) -> anyhow::Result<Client> {
         let base = args.server.trim_end_matches('/').to_string();
-        if !base.starts_with("http://") {
-            bail!("--server must be an http:// URL, got {base:?}");
+        if !base.starts_with("http://") && !base.starts_with("https://") {
+            bail!("--server must be an http:// or https:// URL (a proxy in front of depot), got {base:?}");
         }
-        // A server that accepts and never answers is an error, not a wait
-        // without end: no connection within 10 s, or nothing read for 2
-        // minutes (a download that keeps coming never times out).
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .read_timeout(std::time::Duration::from_secs(120))
-            .build()?;
-        Ok(Client { base, http, secret: args.secret.clone() })
+        Client::with_stall(base, args.secret.clone(), Duration::from_secs(120))
+    }
+
+    /// A server that accepts and never answers is an error, not a wait
+    /// without end: no connection within 10 s, or nothing moving for
+    /// `stall` (a download that keeps coming never times out).
+    fn with_stall(base: String, secret: Option<String>, stall: Duration) -> anyhow::Result<Client> {
+        let builder = || reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+        let http = builder().read_timeout(stall).build()?;
+        // reqwest's read timeout counts from the request's start to its
+        // answer's head: an upload's answer comes after its whole body, and
+        // would have to fit in it.
+        let uploads = builder().build()?;
+        Ok(Client { base, http, uploads, stall, secret })
     }
 
     pub(crate) fn url(&self, bucket: &str, key: &str) -> anyhow::Result<String> {
@@ -61,10 +72,52 @@ impl Client {
     }
 
     pub(crate) fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(method, url);
+        self.authorized(self.http.request(method, url))
+    }
+
+    fn authorized(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.secret {
             Some(s) => r.bearer_auth(s),
             None => r,
+        }
+    }
+
+    /// A PUT of `body` to `url`, for [`Client::send_upload`].
+    pub(crate) fn upload_request(&self, url: &str) -> reqwest::RequestBuilder {
+        self.authorized(self.uploads.put(url))
+    }
+
+    /// Sends an upload ([`Client::upload_request`]) with `body`, given up
+    /// as stalled when no byte of it has gone for as long as reads may
+    /// wait, or no answer came that long after its last.
+    pub(crate) async fn send_upload(
+        &self,
+        req: reqwest::RequestBuilder,
+        body: impl futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send + 'static,
+    ) -> anyhow::Result<reqwest::Response> {
+        let start = tokio::time::Instant::now();
+        // When a byte last went, in milliseconds from the start.
+        let moved = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let body = body.inspect({
+            let moved = moved.clone();
+            move |_| moved.store(start.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed)
+        });
+        let stalled = async {
+            loop {
+                let due = start + Duration::from_millis(moved.load(std::sync::atomic::Ordering::Relaxed)) + self.stall;
+                if tokio::time::Instant::now() >= due {
+                    return;
+                }
+                tokio::time::sleep_until(due).await;
+            }
+        };
+        tokio::select! {
+            sent = self.send(req.body(reqwest::Body::wrap_stream(body))) => sent,
+            () = stalled => bail!(
+                "the upload stalled: nothing moved for {} s, to or from the depot server at {}",
+                self.stall.as_secs_f64(),
+                self.base
+            ),
         }
     }
 
@@ -364,15 +417,14 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
             p.inc(c.len() as u64);
         }
     });
-    let mut req = client.request(reqwest::Method::PUT, &client.url(bucket, key)?);
+    let mut req = client.upload_request(&client.url(bucket, key)?);
     if let Some(len) = len.filter(|n| *n > 0) {
         req = req.header(reqwest::header::CONTENT_LENGTH, len);
     }
-    let body = match len {
-        Some(len) => reqwest::Body::wrap_stream(exactly(len, stream, Some(Unchanged::new(file, &meta)))),
-        None => reqwest::Body::wrap_stream(stream),
+    let resp = match len {
+        Some(len) => client.send_upload(req, exactly(len, stream, Some(Unchanged::new(file, &meta)))).await,
+        None => client.send_upload(req, stream.map(|c| c.map_err(Into::into))).await,
     };
-    let resp = client.send(req.body(body)).await;
     progress.finish_and_clear();
     let body: serde_json::Value = client.json(resp?, "an upload's record").await?;
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
@@ -751,6 +803,57 @@ mod tests {
         let unchanged = opened();
         std::fs::remove_file(&path).unwrap();
         assert!(send(unchanged).await.is_ok(), "deleted");
+    }
+
+    /// An upload that keeps moving may take longer than a stall; one the
+    /// server stops reading, or never answers, is given up.
+    #[tokio::test]
+    async fn an_upload_is_given_up_only_when_it_stalls() {
+        use tokio::io::AsyncReadExt;
+        let stall = Duration::from_millis(400);
+        // Reads the request in pieces at `pace` until `answer_after`
+        // bytes, then answers (or, without it, reads nothing more).
+        let serve = |pace: Duration, answer_after: Option<usize>| async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = format!("http://{}", listener.local_addr().unwrap());
+            tokio::spawn(async move {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let (mut read, mut buf) = (0, [0u8; 4096]);
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    read += n;
+                    if answer_after.is_some_and(|end| read >= end) || n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(pace).await;
+                }
+                if answer_after.is_none() {
+                    return tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                socket.write_all(answer).await.unwrap();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+            Client::with_stall(base, None, stall).unwrap()
+        };
+        // 8 pieces of 1 KiB, each 200 ms apart: 1.6 s in all.
+        let pieces = || {
+            let stream = futures::stream::iter((0..8).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 1024]))));
+            stream.then(|piece| async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                piece
+            })
+        };
+        let client = serve(Duration::ZERO, Some(8 * 1024)).await;
+        let req = client.upload_request(&client.url("b", "k").unwrap());
+        let started = std::time::Instant::now();
+        client.send_upload(req, pieces()).await.unwrap();
+        assert!(started.elapsed() > stall * 3, "the upload took {:?}", started.elapsed());
+
+        let client = serve(Duration::ZERO, None).await;
+        let req = client.upload_request(&client.url("b", "k").unwrap());
+        let e = client.send_upload(req, pieces()).await.unwrap_err();
+        assert!(e.to_string().contains("stalled"), "never answered: {e:#}");
     }
 
     #[test]

@@ -517,9 +517,7 @@ async fn import_one(
         Origin::File(path) => std::fs::metadata(path).ok().map(|meta| super::client::Unchanged::new(path, &meta)),
         _ => None,
     };
-    let mut req = client
-        .request(reqwest::Method::PUT, &url)
-        .body(reqwest::Body::wrap_stream(super::client::exactly(item.size, body, unchanged)));
+    let mut req = client.upload_request(&url);
     if item.size > 0 {
         req = req.header(reqwest::header::CONTENT_LENGTH, item.size);
     }
@@ -530,7 +528,8 @@ async fn import_one(
     if let Some(m) = modified {
         req = req.header("x-depot-modified", m);
     }
-    let put: serde_json::Value = client.json(client.send(req).await?, "an upload's record").await?;
+    let sent = client.send_upload(req, super::client::exactly(item.size, body, unchanged)).await?;
+    let put: serde_json::Value = client.json(sent, "an upload's record").await?;
     Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
 }
 

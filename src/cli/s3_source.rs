@@ -45,6 +45,7 @@ pub(super) struct ListBucketResult {
     #[serde(default)]
     pub common_prefixes: Vec<CommonPrefix>,
     pub next_continuation_token: Option<String>,
+    pub is_truncated: Option<bool>,
     pub encoding_type: Option<String>,
 }
 
@@ -119,6 +120,13 @@ impl S3Source {
             }
             match page.next_continuation_token {
                 Some(next) if !next.is_empty() => token = Some(next),
+                _ if page.is_truncated == Some(true) => {
+                    bail!("the S3 server says its listing goes on, but gives no token to read the rest with")
+                }
+                // A mistyped prefix would read as an empty folder.
+                _ if listed.is_empty() && problems.is_empty() && !self.prefix.is_empty() => {
+                    bail!("nothing in the S3 bucket is under {:?}: check the prefix", self.prefix)
+                }
                 _ => return Ok((listed, problems)),
             }
         }
