@@ -615,11 +615,15 @@ impl Catalog for PostgresCatalog {
             // references it committed.
             lock_digests(txn, changes.iter().filter(|(_, c)| c.gained > 0).map(|(d, _)| d)).await?;
             // The writers' claims end with this commit. Checked under the
-            // digests' locks: a claim still live here keeps every collector
-            // off its bytes until the references are committed.
+            // digests' locks, by the clock's time now (`now()` is when the
+            // transaction began, maybe before a wait for those locks, while
+            // a collector that held them judged the claim by its own later
+            // time): a claim still live here keeps every collector off its
+            // bytes until the references are committed.
             if !claims.is_empty() {
                 let sql = format!(
-                    "DELETE FROM depot_catalog_claims WHERE id = ANY($1) AND since > now() - interval '{CLAIM_LIFE}'"
+                    "DELETE FROM depot_catalog_claims
+                     WHERE id = ANY($1) AND since > clock_timestamp() - interval '{CLAIM_LIFE}'"
                 );
                 let ended = txn.execute(&sql, &[&claims]).await?;
                 // A replay finds none: the first attempt's commit ended
@@ -845,7 +849,7 @@ impl Catalog for PostgresCatalog {
         let renewed = in_txn!(self.pool, "renewing claims", |txn| {
             let sql = format!(
                 "UPDATE depot_catalog_claims SET since = now()
-                 WHERE id = ANY($1) AND since > now() - interval '{CLAIM_LIFE}'"
+                 WHERE id = ANY($1) AND since > clock_timestamp() - interval '{CLAIM_LIFE}'"
             );
             Ok(txn.execute(&sql, &[&claims]).await?)
         })?;
@@ -1209,6 +1213,39 @@ mod tests {
         assert!(catalog.get_objects("files", &["x".into(), "y".into()]).await.unwrap().iter().all(Option::is_some));
         let live = "SELECT count(*) FROM depot_catalog_claims WHERE id = ANY($1)";
         assert_eq!(client.query_one(live, &[&&claims[..]]).await.unwrap().get::<_, i64>(0), 0, "the commit ended them");
+    }
+
+    /// A claim that lapses while its put waits for a digest's lock (held
+    /// by a collector, say) fails the put: it is judged by the time the
+    /// lock was had, not the time the put's transaction began.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_claim_that_lapses_while_its_put_waits_for_the_lock_fails_it() {
+        use super::super::conformance::{blob, bucket, put};
+        let url = pg::fresh_test_database().await;
+        let catalog = PostgresCatalog::connect(&url).await.unwrap();
+        catalog.create_bucket(&bucket("files")).await.unwrap();
+        let x = blob(3, 10);
+        let claim = catalog.claim_blob(&x.digest).await.unwrap().unwrap();
+        let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let aged =
+            format!("UPDATE depot_catalog_claims SET since = now() - interval '{CLAIM_LIFE}' + interval '1 second'");
+        client.execute(&aged, &[]).await.unwrap();
+        let holder = client.transaction().await.unwrap();
+        holder
+            .execute("SELECT pg_advisory_xact_lock($1, $2)", &[&DIGEST_LOCKS, &digest_stripe(&x.digest)])
+            .await
+            .unwrap();
+        let putting = tokio::spawn({
+            let catalog = catalog.clone();
+            async move { catalog.put_objects_claimed(vec![put("files", "x", std::slice::from_ref(&x))], &[claim]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(!putting.is_finished(), "the put waits for the digest's lock");
+        holder.commit().await.unwrap();
+        let lapsed = putting.await.unwrap();
+        assert!(matches!(lapsed, Err(CatalogError::Unavailable(ref m)) if m.contains("lapsed")), "{lapsed:?}");
+        assert_eq!(catalog.get_objects("files", &["x".into()]).await.unwrap(), vec![None]);
     }
 
     /// The engine marker is set once, and changed only by whoever read the
