@@ -87,35 +87,63 @@ impl Client {
         self.authorized(self.uploads.put(url))
     }
 
-    /// Sends an upload ([`Client::upload_request`]) with `body`, given up
-    /// as stalled when no byte of it has gone for as long as reads may
-    /// wait, or no answer came that long after its last.
+    /// Sends an upload ([`Client::upload_request`]) with `body`, and reads
+    /// the object's record the server answers with. Given up as stalled
+    /// when no byte of the body has gone for as long as reads may wait, or
+    /// no answer came five times that long after its last: the server
+    /// hashes, syncs and records the object meanwhile, and may wait for
+    /// another writer or a delete of the same content.
+    /// `len` is the body's declared length, if any (the sending ends with
+    /// its last byte then, not with the body's end).
     pub(crate) async fn send_upload(
         &self,
         req: reqwest::RequestBuilder,
+        len: Option<u64>,
         body: impl futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send + 'static,
-    ) -> anyhow::Result<reqwest::Response> {
+    ) -> anyhow::Result<serde_json::Value> {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         let start = tokio::time::Instant::now();
-        // When a byte last went, in milliseconds from the start.
-        let moved = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let body = body.inspect({
-            let moved = moved.clone();
-            move |_| moved.store(start.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed)
-        });
+        // When a byte last went, in milliseconds from the start, and
+        // whether it was the last.
+        let (moved, ended) = (std::sync::Arc::new(AtomicU64::new(0)), std::sync::Arc::new(AtomicBool::new(false)));
+        let mut sent = 0;
+        let body = body
+            .inspect({
+                let (moved, ended) = (moved.clone(), ended.clone());
+                move |chunk| {
+                    moved.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    sent += chunk.as_ref().map_or(0, |c| c.len() as u64);
+                    if Some(sent) == len {
+                        ended.store(true, Ordering::Relaxed);
+                    }
+                }
+            })
+            .chain(futures::stream::poll_fn({
+                let ended = ended.clone();
+                move |_| {
+                    ended.store(true, Ordering::Relaxed);
+                    std::task::Poll::Ready(None)
+                }
+            }));
         let stalled = async {
             loop {
-                let due = start + Duration::from_millis(moved.load(std::sync::atomic::Ordering::Relaxed)) + self.stall;
+                let wait = if ended.load(Ordering::Relaxed) { self.stall * 5 } else { self.stall };
+                let due = start + Duration::from_millis(moved.load(Ordering::Relaxed)) + wait;
                 if tokio::time::Instant::now() >= due {
-                    return;
+                    return wait;
                 }
                 tokio::time::sleep_until(due).await;
             }
         };
+        let answered = async {
+            let answer = self.send(req.body(reqwest::Body::wrap_stream(body))).await?;
+            self.json(answer, "an upload's record").await
+        };
         tokio::select! {
-            sent = self.send(req.body(reqwest::Body::wrap_stream(body))) => sent,
-            () = stalled => bail!(
+            answered = answered => answered,
+            waited = stalled => bail!(
                 "the upload stalled: nothing moved for {} s, to or from the depot server at {}",
-                self.stall.as_secs_f64(),
+                waited.as_secs_f64(),
                 self.base
             ),
         }
@@ -421,12 +449,12 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
     if let Some(len) = len.filter(|n| *n > 0) {
         req = req.header(reqwest::header::CONTENT_LENGTH, len);
     }
-    let resp = match len {
-        Some(len) => client.send_upload(req, exactly(len, stream, Some(Unchanged::new(file, &meta)))).await,
-        None => client.send_upload(req, stream.map(|c| c.map_err(Into::into))).await,
+    let answered = match len {
+        Some(len) => client.send_upload(req, Some(len), exactly(len, stream, Some(Unchanged::new(file, &meta)))).await,
+        None => client.send_upload(req, None, stream.map(|c| c.map_err(Into::into))).await,
     };
     progress.finish_and_clear();
-    let body: serde_json::Value = client.json(resp?, "an upload's record").await?;
+    let body = answered?;
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
     let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
     say(format_args!("{target}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
@@ -805,55 +833,64 @@ mod tests {
         assert!(send(unchanged).await.is_ok(), "deleted");
     }
 
-    /// An upload that keeps moving may take longer than a stall; one the
-    /// server stops reading, or never answers, is given up.
+    /// An upload that keeps moving may take longer than a stall, and its
+    /// answer may come later than that after its last byte; one the server
+    /// stops reading, or never answers, is given up.
     #[tokio::test]
     async fn an_upload_is_given_up_only_when_it_stalls() {
         use tokio::io::AsyncReadExt;
         let stall = Duration::from_millis(400);
-        // Reads the request in pieces at `pace` until `answer_after`
-        // bytes, then answers (or, without it, reads nothing more).
-        let serve = |pace: Duration, answer_after: Option<usize>| async move {
+        // Reads the request's head and `read` bytes of its body, then
+        // answers after `answer_after`, or never.
+        let serve = |read: usize, answer_after: Option<Duration>| async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
             tokio::spawn(async move {
                 let (mut socket, _) = listener.accept().await.unwrap();
-                let (mut read, mut buf) = (0, [0u8; 4096]);
+                let (mut got, mut buf) = (Vec::new(), vec![0u8; 64 * 1024]);
                 loop {
-                    let n = socket.read(&mut buf).await.unwrap();
-                    read += n;
-                    if answer_after.is_some_and(|end| read >= end) || n == 0 {
+                    let head = got.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4);
+                    if head.is_some_and(|head| got.len() - head >= read) {
                         break;
                     }
-                    tokio::time::sleep(pace).await;
+                    let n = socket.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the client went away");
+                    got.extend_from_slice(&buf[..n]);
                 }
-                if answer_after.is_none() {
-                    return tokio::time::sleep(Duration::from_secs(30)).await;
-                }
+                let Some(after) = answer_after else { return tokio::time::sleep(Duration::from_secs(60)).await };
+                tokio::time::sleep(after).await;
                 let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
                 socket.write_all(answer).await.unwrap();
-                tokio::time::sleep(Duration::from_secs(30)).await;
+                tokio::time::sleep(Duration::from_secs(60)).await;
             });
             Client::with_stall(base, None, stall).unwrap()
         };
-        // 8 pieces of 1 KiB, each 200 ms apart: 1.6 s in all.
-        let pieces = || {
-            let stream = futures::stream::iter((0..8).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 1024]))));
-            stream.then(|piece| async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+        // `n` pieces of `size` bytes, `pace` apart.
+        let body = |n: usize, size: usize, pace: Duration| {
+            let stream = futures::stream::iter((0..n).map(move |_| Ok(bytes::Bytes::from(vec![b'x'; size]))));
+            stream.then(move |piece| async move {
+                tokio::time::sleep(pace).await;
                 piece
             })
         };
-        let client = serve(Duration::ZERO, Some(8 * 1024)).await;
-        let req = client.upload_request(&client.url("b", "k").unwrap());
-        let started = std::time::Instant::now();
-        client.send_upload(req, pieces()).await.unwrap();
-        assert!(started.elapsed() > stall * 3, "the upload took {:?}", started.elapsed());
+        let upload = |client: Client, n: usize, size: usize, pace: Duration| async move {
+            let req = client.upload_request(&client.url("b", "k").unwrap());
+            let req = req.header(reqwest::header::CONTENT_LENGTH, n * size);
+            let started = std::time::Instant::now();
+            (client.send_upload(req, Some((n * size) as u64), body(n, size, pace)).await, started.elapsed())
+        };
+        let (sent, took) = upload(serve(8 * 1024, Some(stall * 3)).await, 8, 1024, stall / 2).await;
+        sent.unwrap();
+        assert!(took > stall * 6, "the upload took {took:?}");
 
-        let client = serve(Duration::ZERO, None).await;
-        let req = client.upload_request(&client.url("b", "k").unwrap());
-        let e = client.send_upload(req, pieces()).await.unwrap_err();
-        assert!(e.to_string().contains("stalled"), "never answered: {e:#}");
+        let (sent, _) = upload(serve(8 * 1024, None).await, 8, 1024, Duration::ZERO).await;
+        assert!(sent.unwrap_err().to_string().contains("stalled"), "never answered");
+
+        // More than the sockets' buffers hold, of which the server reads
+        // one piece.
+        let (sent, took) = upload(serve(64 * 1024, None).await, 64, 1 << 20, Duration::ZERO).await;
+        assert!(sent.unwrap_err().to_string().contains("stalled"), "not read");
+        assert!(took < stall * 4, "given up after {took:?}, not when the answer would be late");
     }
 
     #[test]

@@ -528,8 +528,7 @@ async fn import_one(
     if let Some(m) = modified {
         req = req.header("x-depot-modified", m);
     }
-    let sent = client.send_upload(req, super::client::exactly(item.size, body, unchanged)).await?;
-    let put: serde_json::Value = client.json(sent, "an upload's record").await?;
+    let put = client.send_upload(req, Some(item.size), super::client::exactly(item.size, body, unchanged)).await?;
     Ok(Outcome::Imported { deduplicated: put["deduplicated"].as_bool() == Some(true) })
 }
 
