@@ -55,6 +55,7 @@ impl From<StoreError> for ApiError {
             StoreError::InvalidPart(_) => (S::BAD_REQUEST, "InvalidPart"),
             StoreError::InvalidPartOrder => (S::BAD_REQUEST, "InvalidPartOrder"),
             StoreError::EntityTooSmall(_) => (S::BAD_REQUEST, "EntityTooSmall"),
+            StoreError::EntityTooLarge(_) => (S::BAD_REQUEST, "EntityTooLarge"),
             StoreError::BadDigest { .. } => (S::BAD_REQUEST, "BadDigest"),
             StoreError::IncompleteBody { .. } | StoreError::Body(_) => (S::BAD_REQUEST, "IncompleteBody"),
             StoreError::BadRequest(_) => (S::BAD_REQUEST, "InvalidRequest"),

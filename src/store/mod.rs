@@ -72,6 +72,8 @@ pub enum StoreError {
     InvalidPartOrder,
     #[error("{0}")]
     EntityTooSmall(String),
+    #[error("{0}")]
+    EntityTooLarge(String),
     #[error("a precondition of the request failed")]
     PreconditionFailed,
     #[error("the user metadata takes {0} bytes; at most {MAX_METADATA_BYTES} are allowed")]

@@ -45,6 +45,9 @@ pub const UPLOADS: &str = "_uploads";
 /// Smallest part but the last, as S3 has it.
 pub const MIN_PART_SIZE: u64 = 5 << 20;
 
+/// Largest part, as S3 has it.
+pub const MAX_PART_SIZE: u64 = 5 << 30;
+
 /// Highest part number, as S3 has it.
 pub const MAX_PART_NUMBER: u32 = 10_000;
 
@@ -300,6 +303,11 @@ impl Store {
         E: std::fmt::Display,
     {
         check_part_number(part)?;
+        if let Some(n) = opts.content_length.filter(|n| *n > MAX_PART_SIZE) {
+            return Err(StoreError::EntityTooLarge(format!(
+                "a part of {n} bytes; at most {MAX_PART_SIZE} are allowed"
+            )));
+        }
         let upload = self.upload(bucket, key, upload_id).await?;
         // A part takes no conditions of its own: a failed one below is its
         // upload's.
@@ -976,6 +984,17 @@ mod tests {
         assert!(matches!(s.abort_upload("files", "k", &id).await, Err(StoreError::NoSuchUpload(_))));
         let unused = s.catalog.get_blob(&Digest(sha2::Sha256::digest(b"never used").into())).await.unwrap().unwrap();
         assert_eq!(unused.refs, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_part_over_five_gibibytes_is_refused_before_its_body() {
+        let (s, _dir) = store().await;
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let declared = |n| PutOptions { content_length: Some(n), ..PutOptions::default() };
+        let over = s.upload_part("files", "k", &id, 1, body(Vec::new()), declared(MAX_PART_SIZE + 1)).await;
+        assert!(matches!(over, Err(StoreError::EntityTooLarge(_))), "{over:?}");
+        let exact = s.upload_part("files", "k", &id, 1, body(Vec::new()), declared(MAX_PART_SIZE)).await;
+        assert!(matches!(exact, Err(StoreError::IncompleteBody { .. })), "the limit itself is allowed: {exact:?}");
     }
 
     #[tokio::test(flavor = "multi_thread")]
