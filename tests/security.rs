@@ -89,16 +89,33 @@ async fn backups_over_the_network_need_credentials() {
     let target = dir.path().join("copy");
     let http = client();
     let remote = format!("http://{ip}:{port}/_/backup");
-    let r = http.post(&remote).query(&[("dir", target.to_str().unwrap())]).send().await.unwrap();
+    let token = std::fs::read_to_string(server.data.join(depot::http::LOCAL_TOKEN_FILE)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(server.data.join(depot::http::LOCAL_TOKEN_FILE)).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "the token is its owner's alone: {mode:o}");
+    let ask = |url: String, token: Option<&str>| {
+        let mut r = http.post(url).query(&[("dir", target.to_str().unwrap())]);
+        if let Some(token) = token {
+            r = r.header(depot::http::LOCAL_TOKEN_HEADER, token);
+        }
+        r.send()
+    };
+    let r = ask(remote, None).await.unwrap();
     assert_eq!(r.status(), 403);
     assert!(r.text().await.unwrap().contains("need credentials"));
-    assert!(!target.exists());
+    // From this machine too, as through a proxy here, without the token,
+    // or with another.
     let local = format!("http://127.0.0.1:{port}/_/backup");
-    let r = http.post(&local).query(&[("dir", target.to_str().unwrap())]).send().await.unwrap();
+    for wrong in [None, Some("0123"), Some(&token[1..])] {
+        let r = ask(local.clone(), wrong).await.unwrap();
+        assert_eq!(r.status(), 403, "{wrong:?}");
+    }
+    assert!(!target.exists());
+    let r = ask(local.clone(), Some(&token)).await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     assert!(target.join("catalog").is_dir());
-    let r = http.post(&local).query(&[("dir", "relative/path")]).send().await.unwrap();
-    assert_eq!(r.status(), 400);
+    let r = http.post(&local).query(&[("dir", "relative/path")]).header(depot::http::LOCAL_TOKEN_HEADER, &token);
+    assert_eq!(r.send().await.unwrap().status(), 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use crate::catalog::{Catalog, CatalogKind, NODE_HEARTBEAT, NODE_LIFE};
 use crate::config::{FreeSpace, ServeArgs, Settings};
 use crate::engine::{self, DynEngine, ENGINE_MARKER, EngineKind};
 use crate::http::{self, App};
-use crate::store::maintenance::BackupReport;
+use crate::store::maintenance::{BACKUP_CLAIM, BackupReport};
 use crate::store::{Store, StoreConfig};
 
 /// The data directory's [`ENGINE_MARKER`], or `None` for a new store.
@@ -24,10 +24,16 @@ fn read_engine_marker(data: &Path) -> anyhow::Result<Option<String>> {
         // A store writes its marker before anything else, and a backup
         // after everything else: a catalog without one is a backup that
         // did not finish.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && data.join("catalog").exists() => bail!(
-            "{} holds a catalog but no {ENGINE_MARKER} file: a backup that did not finish; make the backup again",
-            data.display()
-        ),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && ["catalog", "catalog.tmp", BACKUP_CLAIM].iter().any(|f| data.join(f).exists()) =>
+        {
+            bail!(
+                "{} holds a catalog, or part of one, but no {ENGINE_MARKER} file: a backup that did not finish; \
+                 make the backup again",
+                data.display()
+            )
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", marker.display())),
     }
@@ -634,15 +640,21 @@ async fn backup_through_server(
     if let Some(secret) = settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
         request = request.bearer_auth(secret);
     }
+    // Without credentials, the server takes this for a request from its
+    // own machine.
+    if let Ok(token) = std::fs::read_to_string(settings.data.join(crate::http::LOCAL_TOKEN_FILE)) {
+        request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim());
+    }
     say!("a server holds {}: asking it at {url}", settings.data.display())?;
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        let hint = if status == reqwest::StatusCode::CONFLICT {
-            " (give the --listen address of the server that holds the data directory)"
-        } else {
-            ""
+        let hint = match status {
+            reqwest::StatusCode::CONFLICT | reqwest::StatusCode::FORBIDDEN => {
+                " (give the --listen address of the server that holds the data directory)"
+            }
+            _ => "",
         };
         bail!("the server refused the backup: {status} {text}{hint}");
     }

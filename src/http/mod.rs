@@ -78,6 +78,33 @@ pub struct App {
     /// the names requests may address it by besides loopback ones (see
     /// [`foreign_host`]).
     local_names: Option<Vec<String>>,
+    /// The data directory's local token ([`LOCAL_TOKEN_FILE`]).
+    local_token: Option<String>,
+}
+
+/// The file of the data directory that holds the server's local token,
+/// written anew at each start, readable by its owner only: a request that
+/// carries it (in [`LOCAL_TOKEN_HEADER`]) comes from someone who may read
+/// the data directory, on the server's machine. That is who may ask a
+/// server without credentials for a backup (`depot backup`); the peer's
+/// address cannot tell, behind a proxy on the same machine.
+pub const LOCAL_TOKEN_FILE: &str = "local-token";
+
+/// The header that carries the local token.
+pub const LOCAL_TOKEN_HEADER: &str = "x-depot-local-token";
+
+/// Writes a new local token into `data`.
+fn write_local_token(data: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = hex::encode(rand::random::<[u8; 32]>());
+    let (path, fresh) = (data.join(LOCAL_TOKEN_FILE), data.join(format!("{LOCAL_TOKEN_FILE}.new")));
+    // Made here, so owned by this user with these permissions.
+    let _ = std::fs::remove_file(&fresh);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&fresh)?;
+    file.write_all(token.as_bytes())?;
+    std::fs::rename(&fresh, &path)?;
+    Ok(token)
 }
 
 impl App {
@@ -99,7 +126,15 @@ impl App {
         });
         let credentials = credentials.to_vec();
         let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
-        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names })
+        let local_token = store.data_dir().map(write_local_token).transpose()?;
+        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names, local_token })
+    }
+
+    /// Whether `req` carries the local token ([`LOCAL_TOKEN_FILE`]).
+    pub(crate) fn carries_local_token<B>(&self, req: &http::Request<B>) -> bool {
+        use subtle::ConstantTimeEq;
+        let given = req.headers().get(LOCAL_TOKEN_HEADER).map(HeaderValue::as_bytes);
+        matches!((given, &self.local_token), (Some(given), Some(token)) if bool::from(given.ct_eq(token.as_bytes())))
     }
 
     /// Whether requests need a secret or a signature.
@@ -591,10 +626,9 @@ pub async fn serve(
     Ok(())
 }
 
-/// Who sent a request, and how to close its connection.
+/// How to close a request's connection.
 #[derive(Clone)]
 pub(crate) struct Peer {
-    pub(crate) addr: SocketAddr,
     linger: sendfile::Linger,
 }
 
@@ -699,7 +733,7 @@ async fn connections(
         let stream = sendfile::Socket::new(stream, linger.clone(), app.limits.send_timeout);
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-            req.extensions_mut().insert(Peer { addr: peer, linger: linger.clone() });
+            req.extensions_mut().insert(Peer { linger: linger.clone() });
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });

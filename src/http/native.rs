@@ -382,13 +382,15 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
 }
 
 /// Writes a backup into a directory of the server's machine. Without
-/// credentials only a client on the same machine may ask: the path is the
+/// credentials only a client on the same machine, that may read the data
+/// directory, may ask (see [`super::LOCAL_TOKEN_FILE`]): the path is the
 /// server's, not the client's.
 async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
-    let local = req.extensions().get::<super::Peer>().is_some_and(|peer| peer.addr.ip().is_loopback());
-    if !app.auth_required() && !local {
+    if !app.auth_required() && !app.carries_local_token(req) {
         return Err(ApiError::access_denied(
-            "backups over the network need credentials; configure --access-key and --secret-key",
+            "without credentials, only `depot backup` on the server's machine may ask for a backup (it reads the \
+             data directory's local token); over the network, backups need credentials: configure --access-key \
+             and --secret-key",
         ));
     }
     let q = query(req);

@@ -25,7 +25,7 @@ use crate::engine::{
 const PAGE: usize = 1000;
 /// The file a backup holds its directory by while it writes there, made
 /// with `O_EXCL` before the directory is seen empty and removed at the end.
-const BACKUP_CLAIM: &str = ".depot-backup-in-progress";
+pub(crate) const BACKUP_CLAIM: &str = ".depot-backup-in-progress";
 
 /// Something wrong with a store.
 #[derive(Clone, Debug, PartialEq, Eq)]
