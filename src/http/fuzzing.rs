@@ -50,6 +50,15 @@ pub fn batch_put(pieces: Vec<Bytes>, max_key: usize) -> Result<Vec<(String, u64,
     })
 }
 
+pub use super::s3::framing::{MAX_CHUNK, MAX_PIECE};
+
+/// The aws-chunked framing of an S3 upload whose body arrives in
+/// `pieces`: what it hands on to the protocol layer, or why it refuses
+/// the body.
+pub fn s3_framing(pieces: Vec<Bytes>, unsigned: bool) -> Result<Vec<u8>, String> {
+    super::s3::framing::follow(pieces, unsigned).map_err(|e| e.to_string())
+}
+
 /// The key list of batch get and delete.
 pub fn batch_keys(body: &[u8], max: usize) -> Result<Vec<String>, ApiError> {
     super::batch::keys_of(body, max)

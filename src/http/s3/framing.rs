@@ -137,6 +137,17 @@ impl Framing {
     }
 }
 
+/// What the framing hands on of a body that arrives in `pieces`, or why
+/// it refuses it (for the tests and the fuzz target).
+pub(crate) fn follow(pieces: impl IntoIterator<Item = Bytes>, unsigned: bool) -> Result<Vec<u8>, FramingError> {
+    let mut framing = Framing { state: State::Line(Vec::new()), unsigned };
+    let mut out = VecDeque::new();
+    for piece in pieces {
+        framing.pass(piece, &mut out)?;
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
 /// An aws-chunked body followed as it comes (see the module's comment).
 pub struct Checked<B> {
     inner: B,
@@ -213,12 +224,7 @@ mod tests {
 
     /// Follows `pieces` as they would come off the socket: what is handed on.
     fn follow(pieces: &[&[u8]], unsigned: bool) -> Result<Vec<u8>, FramingError> {
-        let mut framing = Framing { state: State::Line(Vec::new()), unsigned };
-        let mut out = VecDeque::new();
-        for piece in pieces {
-            framing.pass(Bytes::copy_from_slice(piece), &mut out)?;
-        }
-        Ok(out.into_iter().flatten().collect())
+        super::follow(pieces.iter().map(|p| Bytes::copy_from_slice(p)), unsigned)
     }
 
     /// The chunks of a framed body: (size, bytes), up to the last.

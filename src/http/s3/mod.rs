@@ -14,7 +14,7 @@
 pub(super) mod body;
 mod completion;
 mod form;
-mod framing;
+pub(crate) mod framing;
 mod ops;
 
 use std::collections::HashMap;
