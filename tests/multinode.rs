@@ -35,6 +35,25 @@ async fn two_nodes_with(engine: &str, settings: &[&str]) -> (Server, Server, tem
     (a, b, dir)
 }
 
+/// A node of a shared catalog cannot copy that catalog: a backup it is
+/// asked for is refused as the caller's mistake, before it writes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_of_a_shared_catalog_refuses_a_backup_up_front() {
+    let (a, _b, dir) = two_nodes("fs").await;
+    let token = std::fs::read_to_string(a.data.join(depot::http::LOCAL_TOKEN_FILE)).unwrap();
+    let target = dir.path().join("backup");
+    let r = client()
+        .post(format!("{}/_/backup", a.url))
+        .query(&[("dir", target.to_str().unwrap())])
+        .header(depot::http::LOCAL_TOKEN_HEADER, token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("the catalog lives in its own server"));
+    assert!(!target.exists());
+}
+
 async fn metric(server: &Server, name: &str) -> i64 {
     let text = client().get(format!("{}/_/metrics", server.url)).send().await.unwrap().text().await.unwrap();
     let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("no {name}"));

@@ -197,6 +197,10 @@ impl Catalog for FaultyCatalog {
         self.commit(self.inner.set_stats(stats)).await
     }
 
+    fn checkpoints(&self) -> bool {
+        self.inner.checkpoints()
+    }
+
     async fn checkpoint(&self, dir: &std::path::Path) -> Result<()> {
         self.read()?;
         self.inner.checkpoint(dir).await

@@ -565,6 +565,11 @@ pub trait Catalog: Send + Sync + 'static {
     /// Replaces the running totals with what a full scan counted.
     async fn set_stats(&self, stats: CatalogStats) -> Result<()>;
 
+    /// Whether [`Catalog::checkpoint`] can copy this catalog.
+    fn checkpoints(&self) -> bool {
+        false
+    }
+
     /// Writes a consistent point-in-time copy of the catalog into `dir`, a
     /// directory that does not exist yet, while writers go on.
     async fn checkpoint(&self, dir: &std::path::Path) -> Result<()> {

@@ -903,6 +903,10 @@ impl Catalog for RocksCatalog {
         .await
     }
 
+    fn checkpoints(&self) -> bool {
+        true
+    }
+
     async fn checkpoint(&self, dir: &Path) -> Result<()> {
         let dir = dir.to_path_buf();
         self.blocking(move |inner| {

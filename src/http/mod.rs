@@ -83,28 +83,51 @@ pub struct App {
 }
 
 /// The file of the data directory that holds the server's local token,
-/// written anew at each start, readable by its owner only: a request that
+/// made at the first start, readable by its owner only: a request that
 /// carries it (in [`LOCAL_TOKEN_HEADER`]) comes from someone who may read
 /// the data directory, on the server's machine. That is who may ask a
 /// server without credentials for a backup (`depot backup`); the peer's
-/// address cannot tell, behind a proxy on the same machine.
+/// address cannot tell, behind a proxy on the same machine. Nodes that
+/// share a data directory share it.
 pub const LOCAL_TOKEN_FILE: &str = "local-token";
 
 /// The header that carries the local token.
 pub const LOCAL_TOKEN_HEADER: &str = "x-depot-local-token";
 
-/// Writes a new local token into `data`.
-fn write_local_token(data: &std::path::Path) -> std::io::Result<String> {
+/// The local token of `data`, made if there is none yet.
+fn local_token(data: &std::path::Path) -> std::io::Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let token = hex::encode(rand::random::<[u8; 32]>());
-    let (path, fresh) = (data.join(LOCAL_TOKEN_FILE), data.join(format!("{LOCAL_TOKEN_FILE}.new")));
-    // Made here, so owned by this user with these permissions.
-    let _ = std::fs::remove_file(&fresh);
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&fresh)?;
-    file.write_all(token.as_bytes())?;
-    std::fs::rename(&fresh, &path)?;
-    Ok(token)
+    let path = data.join(LOCAL_TOKEN_FILE);
+    loop {
+        match std::fs::read_to_string(&path) {
+            Ok(token) if token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()) => return Ok(token),
+            Ok(_) => std::fs::remove_file(&path).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        // Written whole under a name of this process's, then linked into
+        // place unless another process was first: never seen half written,
+        // never replaced.
+        let token = hex::encode(rand::random::<[u8; 32]>());
+        let fresh = data.join(format!("{LOCAL_TOKEN_FILE}.{}", hex::encode(rand::random::<[u8; 8]>())));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&fresh)
+            .and_then(|mut file| file.write_all(token.as_bytes()))
+            .and_then(|()| std::fs::hard_link(&fresh, &path));
+        let _ = std::fs::remove_file(&fresh);
+        match written {
+            Ok(()) => return Ok(token),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 impl App {
@@ -126,7 +149,7 @@ impl App {
         });
         let credentials = credentials.to_vec();
         let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
-        let local_token = store.data_dir().map(write_local_token).transpose()?;
+        let local_token = store.data_dir().map(local_token).transpose()?;
         Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names, local_token })
     }
 
@@ -750,5 +773,23 @@ async fn connections(
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(drain) => tracing::warn!("requests still running after {drain:?}; stopping anyway"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The token is made once, kept across starts, and one damaged is
+    /// made anew.
+    #[test]
+    fn the_local_token_is_made_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = super::local_token(dir.path()).unwrap();
+        assert_eq!(first.len(), 64);
+        assert_eq!(super::local_token(dir.path()).unwrap(), first);
+        std::fs::write(dir.path().join(super::LOCAL_TOKEN_FILE), "cut sh").unwrap();
+        let again = super::local_token(dir.path()).unwrap();
+        assert!(again != first && again.len() == 64);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [super::LOCAL_TOKEN_FILE], "nothing else is left");
     }
 }

@@ -491,6 +491,13 @@ impl Store {
                 kind.name()
             )));
         }
+        if !self.catalog.checkpoints() {
+            return Err(StoreError::InvalidArgument(
+                "the catalog lives in its own server (PostgreSQL): back it up with its own tools, and the bytes \
+                 with a copy of the engine's directory taken meanwhile"
+                    .into(),
+            ));
+        }
         let created = match std::fs::create_dir(dir) {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
@@ -559,7 +566,9 @@ impl Store {
         progress: &ProgressBar,
     ) -> Result<BackupReport> {
         self.catalog.checkpoint(&dir.join("catalog")).await?;
-        let copy: Arc<dyn Catalog> = Arc::new(RocksCatalog::open(&dir.join("catalog"))?);
+        let at = dir.join("catalog");
+        let opened = tokio::task::spawn_blocking(move || RocksCatalog::open(&at)).await;
+        let copy: Arc<dyn Catalog> = Arc::new(opened.map_err(|e| StoreError::Internal(e.to_string()))??);
         let target = engine::open(kind, &dir.join(kind.name()), config).await?;
         let totals = copy.stats().await?;
         let mut report = BackupReport { objects: totals.objects, ..BackupReport::default() };
@@ -616,19 +625,25 @@ impl Store {
             StoreError::Internal(m) => m.contains("No space left on device") && m.contains(&*dir.to_string_lossy()),
             _ => false,
         };
-        let mut left = Vec::new();
-        for name in ["catalog", kind.name(), engine::ENGINE_MARKER] {
-            let path = dir.join(name);
-            let removed = match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
-                Ok(_) => std::fs::remove_file(&path),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = removed {
-                left.push(format!("{}: {e}", path.display()));
+        // Millions of files, maybe: off the thread that serves requests.
+        let paths = ["catalog", kind.name(), engine::ENGINE_MARKER].map(|name| dir.join(name));
+        let left = tokio::task::spawn_blocking(move || {
+            let mut left = Vec::new();
+            for path in paths {
+                let removed = match std::fs::symlink_metadata(&path) {
+                    Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
+                    Ok(_) => std::fs::remove_file(&path),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = removed {
+                    left.push(format!("{}: {e}", path.display()));
+                }
             }
-        }
+            left
+        })
+        .await
+        .unwrap_or_else(|e| vec![format!("removing what it wrote stopped: {e}")]);
         let cleanup = if left.is_empty() {
             "; what it wrote was removed".to_string()
         } else {
@@ -648,7 +663,8 @@ impl Store {
             ));
         }
         match e {
-            StoreError::Internal(m) => {
+            // A failed sync is the copy's: the store's writes go on.
+            StoreError::Internal(m) | StoreError::WritesDisabled(m) => {
                 StoreError::Internal(format!("the backup into {} failed: {m}{cleanup}", dir.display()))
             }
             e => e,
