@@ -191,6 +191,8 @@ pub struct PutOptions {
     /// The modification time to record instead of now: imports keep their
     /// source's dates.
     pub modified: Option<Millis>,
+    /// The most bytes the body may hold, declared or not.
+    pub max_length: Option<u64>,
 }
 
 /// Gives headers to store once the body's last byte has been read.
@@ -252,6 +254,7 @@ struct Expected {
     len: Option<u64>,
     sha256: Option<Digest>,
     md5: Option<[u8; 16]>,
+    max: Option<u64>,
 }
 
 /// A blob written and durable, not yet in the catalog.
@@ -651,7 +654,12 @@ impl Store {
             }
         }
         let started = Instant::now();
-        let expected = Expected { len: opts.content_length, sha256: opts.expected_sha256, md5: opts.expected_md5 };
+        let expected = Expected {
+            len: opts.content_length,
+            sha256: opts.expected_sha256,
+            md5: opts.expected_md5,
+            max: opts.max_length,
+        };
         let written = self.note(self.write_blob(body, expected, true).await)?;
         let registering = Instant::now();
         self.put_time.bytes_ns.fetch_add((registering - started).as_nanos() as u64, Ordering::Relaxed);
@@ -892,16 +900,29 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
+        let too_large = |n: u64| {
+            let max = expected.max.unwrap_or(u64::MAX);
+            (n > max)
+                .then(|| StoreError::EntityTooLarge(format!("a body of {n} bytes or more; at most {max} are allowed")))
+        };
+        if let Some(e) = expected.len.and_then(too_large) {
+            return Err(e);
+        }
         let mut space = self.claim_space(expected.len)?;
         let mut writer = self.engine.writer(expected.len).await?;
         let mut hashes = hashes::BodyHashes::new();
+        let mut read = 0;
         let failure = loop {
             match body.next().await {
                 None => break None,
                 Some(Err(e)) => break Some(StoreError::Body(e.to_string())),
                 Some(Ok(chunk)) => {
-                    hashes.update(&chunk).await;
                     let len = chunk.len() as u64;
+                    read += len;
+                    if let Some(e) = too_large(read) {
+                        break Some(e);
+                    }
+                    hashes.update(&chunk).await;
                     if let Err(e) = writer.write(chunk).await {
                         break Some(e.into());
                     }
@@ -1745,6 +1766,22 @@ mod tests {
         assert_eq!(store.promised.load(Ordering::Acquire), 0);
         let r = store.put("files", "second", body(b"x"), sized(16 * MIB)).await;
         assert!(matches!(r, Err(StoreError::IncompleteBody { .. })), "{r:?}");
+    }
+
+    /// A body over its limit is refused, declared so or not, and leaves
+    /// nothing.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_body_over_its_limit_is_refused_and_leaves_nothing() {
+        let (s, _dir) = store_over(Arc::new(MemoryEngine::new())).await;
+        let at_most =
+            |n: u64, len: Option<u64>| PutOptions { max_length: Some(n), content_length: len, ..Default::default() };
+        let r = s.put("files", "k", body(b"0123456789"), at_most(4, Some(10))).await;
+        assert!(matches!(&r, Err(StoreError::EntityTooLarge(_))), "declared: {r:?}");
+        let r = s.put("files", "k", body(b"0123456789"), at_most(4, None)).await;
+        assert!(matches!(&r, Err(StoreError::EntityTooLarge(_))), "streamed: {r:?}");
+        assert!(matches!(s.head("files", "k").await, Err(StoreError::NoSuchKey(_))));
+        assert_eq!(s.stats().await.unwrap().blobs, 0);
+        s.put("files", "k", body(b"0123456789"), at_most(10, None)).await.unwrap();
     }
 
     /// A large upload trickling in holds one window, not all it announced.

@@ -303,17 +303,13 @@ impl Store {
         E: std::fmt::Display,
     {
         check_part_number(part)?;
-        if let Some(n) = opts.content_length.filter(|n| *n > MAX_PART_SIZE) {
-            return Err(StoreError::EntityTooLarge(format!(
-                "a part of {n} bytes; at most {MAX_PART_SIZE} are allowed"
-            )));
-        }
         let upload = self.upload(bucket, key, upload_id).await?;
         // A part takes no conditions of its own: a failed one below is its
         // upload's.
         let opts = PutOptions {
             content_type: Some("application/octet-stream".into()),
             precondition: Precondition::default(),
+            max_length: Some(MAX_PART_SIZE),
             ..opts
         };
         // The part is recorded only if its upload is still there when the
