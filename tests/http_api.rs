@@ -1195,7 +1195,7 @@ async fn a_digest_given_twice_differently_is_refused() {
 fn is_store_file(name: &str) -> bool {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     (name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
-        || ["CURRENT", "IDENTITY", "LOCK", "LOG", "ENGINE"].contains(&name)
+        || ["CURRENT", "IDENTITY", "LOCK", "LOG", "ENGINE", "local-token"].contains(&name)
         || name.strip_prefix("LOG.old.").is_some_and(digits)
         || name.strip_prefix("MANIFEST-").is_some_and(digits)
         || name.strip_prefix("OPTIONS-").is_some_and(digits)

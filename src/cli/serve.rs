@@ -624,6 +624,12 @@ pub fn backup(args: &ServeArgs, dir: &Path) -> anyhow::Result<()> {
     })
 }
 
+/// Whether `ip` is an address of this machine: one a socket can be bound
+/// to here.
+fn this_machine(ip: std::net::IpAddr) -> bool {
+    ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 /// Asks the server that holds the data directory to write the backup,
 /// with the first credential's secret, else with `client_secret`
 /// (DEPOT_SECRET_KEY alone, as the client commands send it).
@@ -636,14 +642,26 @@ async fn backup_through_server(
     let url = format!("http://{}/_/backup", settings.listen);
     let data = std::path::absolute(&settings.data)?;
     let data = data.to_str().context("the data directory's path is not UTF-8")?;
-    let mut request = reqwest::Client::new().post(&url).query(&[("dir", dir), ("data", data)]);
-    if let Some(secret) = settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
-        request = request.bearer_auth(secret);
-    }
-    // Without credentials, the server takes this for a request from its
-    // own machine.
-    if let Ok(token) = std::fs::read_to_string(settings.data.join(crate::http::LOCAL_TOKEN_FILE)) {
-        request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim());
+    // Straight to the server: a proxy of the environment's would see the
+    // token.
+    let mut request = reqwest::Client::builder().no_proxy().build()?.post(&url).query(&[("dir", dir), ("data", data)]);
+    match settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
+        Some(secret) => request = request.bearer_auth(secret),
+        // Without credentials, the data directory's token says the request
+        // comes from someone who may read it; sent to an address of this
+        // machine only.
+        None if this_machine(settings.listen.ip()) => {
+            let path = settings.data.join(crate::http::LOCAL_TOKEN_FILE);
+            let token = std::fs::read_to_string(&path).with_context(|| {
+                format!("reading {}, which a server without credentials asks a backup to show", path.display())
+            })?;
+            request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim());
+        }
+        None => bail!(
+            "--listen {} is not an address of this machine: without credentials, a backup is asked for on the \
+             server's machine",
+            settings.listen
+        ),
     }
     say!("a server holds {}: asking it at {url}", settings.data.display())?;
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
@@ -651,9 +669,7 @@ async fn backup_through_server(
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         let hint = match status {
-            reqwest::StatusCode::CONFLICT | reqwest::StatusCode::FORBIDDEN => {
-                " (give the --listen address of the server that holds the data directory)"
-            }
+            reqwest::StatusCode::CONFLICT => " (give the --listen address of the server that holds the data directory)",
             _ => "",
         };
         bail!("the server refused the backup: {status} {text}{hint}");

@@ -78,6 +78,8 @@ pub struct App {
     /// the names requests may address it by besides loopback ones (see
     /// [`foreign_host`]).
     local_names: Option<Vec<String>>,
+    /// The address the server listens on.
+    listen: std::net::SocketAddr,
     /// The data directory's local token ([`LOCAL_TOKEN_FILE`]).
     local_token: Option<String>,
 }
@@ -94,20 +96,36 @@ pub const LOCAL_TOKEN_FILE: &str = "local-token";
 /// The header that carries the local token.
 pub const LOCAL_TOKEN_HEADER: &str = "x-depot-local-token";
 
-/// The local token of `data`, made if there is none yet.
+/// The local token of `data`, made if there is none yet. One that is not
+/// a regular file of this user's that only it may read (a link, say,
+/// planted where others may write) is replaced.
 fn local_token(data: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let path = data.join(LOCAL_TOKEN_FILE);
-    loop {
-        match std::fs::read_to_string(&path) {
-            Ok(token) if token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()) => return Ok(token),
-            Ok(_) => std::fs::remove_file(&path).or_else(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Ok(()),
-                _ => Err(e),
-            })?,
+    // Each pass removes a token it cannot take, or makes one: another
+    // process that makes one meanwhile ends it.
+    for _ in 0..4 {
+        let mut found = String::new();
+        let read =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path).and_then(|mut file| {
+                let meta = file.metadata()?;
+                // SAFETY: geteuid takes nothing and cannot fail.
+                let me = unsafe { libc::geteuid() };
+                let owned = meta.is_file() && meta.uid() == me && meta.mode() & 0o077 == 0;
+                if owned {
+                    file.read_to_string(&mut found)?;
+                }
+                Ok(owned)
+            });
+        match read {
+            Ok(true) if found.len() == 64 && found.bytes().all(|b| b.is_ascii_hexdigit()) => return Ok(found),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            // Not ours alone, a link (`ELOOP` under `O_NOFOLLOW`), damaged.
+            _ => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            },
         }
         // Written whole under a name of this process's, then linked into
         // place unless another process was first: never seen half written,
@@ -128,6 +146,7 @@ fn local_token(data: &std::path::Path) -> std::io::Result<String> {
             Err(e) => return Err(e),
         }
     }
+    Err(std::io::Error::other("another process keeps replacing it"))
 }
 
 impl App {
@@ -149,8 +168,34 @@ impl App {
         });
         let credentials = credentials.to_vec();
         let uploads = Arc::new(tokio::sync::Semaphore::new(limits.max_uploads));
-        let local_token = store.data_dir().map(local_token).transpose()?;
-        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names, local_token })
+        // Without one, backups need credentials; the store serves anyway
+        // (a data directory where links cannot be made, or read-only).
+        let local_token = store.data_dir().and_then(|data| match local_token(data) {
+            Ok(token) => Some(token),
+            Err(e) => {
+                let path = data.join(LOCAL_TOKEN_FILE);
+                tracing::warn!("no local token at {} ({e}): backups need credentials", path.display());
+                None
+            }
+        });
+        Ok(App {
+            store,
+            limits,
+            metrics: Metrics::default(),
+            credentials,
+            s3,
+            uploads,
+            local_names,
+            listen,
+            local_token,
+        })
+    }
+
+    /// Whether `req` comes from this machine: from a loopback address, or
+    /// the one the server listens on.
+    pub(crate) fn sent_here<B>(&self, req: &http::Request<B>) -> bool {
+        let peer = req.extensions().get::<Peer>().map(|peer| peer.addr.ip());
+        peer.is_some_and(|ip| ip.is_loopback() || ip == self.listen.ip())
     }
 
     /// Whether `req` carries the local token ([`LOCAL_TOKEN_FILE`]).
@@ -649,9 +694,10 @@ pub async fn serve(
     Ok(())
 }
 
-/// How to close a request's connection.
+/// Who sent a request, and how to close its connection.
 #[derive(Clone)]
 pub(crate) struct Peer {
+    addr: SocketAddr,
     linger: sendfile::Linger,
 }
 
@@ -756,7 +802,7 @@ async fn connections(
         let stream = sendfile::Socket::new(stream, linger.clone(), app.limits.send_timeout);
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-            req.extensions_mut().insert(Peer { linger: linger.clone() });
+            req.extensions_mut().insert(Peer { addr: peer, linger: linger.clone() });
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });
@@ -778,18 +824,41 @@ async fn connections(
 
 #[cfg(test)]
 mod tests {
-    /// The token is made once, kept across starts, and one damaged is
-    /// made anew.
+    /// The token is made once and kept across starts; one damaged, one
+    /// others may read, and a link (to nothing, or to a file someone else
+    /// chose) are made anew.
     #[test]
     fn the_local_token_is_made_once_and_kept() {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::LOCAL_TOKEN_FILE);
         let first = super::local_token(dir.path()).unwrap();
         assert_eq!(first.len(), 64);
         assert_eq!(super::local_token(dir.path()).unwrap(), first);
-        std::fs::write(dir.path().join(super::LOCAL_TOKEN_FILE), "cut sh").unwrap();
-        let again = super::local_token(dir.path()).unwrap();
-        assert!(again != first && again.len() == 64);
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names, [super::LOCAL_TOKEN_FILE], "nothing else is left");
+        let planted = "a".repeat(64);
+        let chosen = dir.path().join("chosen");
+        std::fs::write(&chosen, &planted).unwrap();
+        std::fs::set_permissions(&chosen, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut seen = vec![first];
+        for plant in ["damaged", "readable", "link to nothing", "link"] {
+            std::fs::remove_file(&path).unwrap();
+            match plant {
+                "damaged" => std::fs::write(&path, "cut sh").unwrap(),
+                "readable" => {
+                    std::fs::write(&path, &planted).unwrap();
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+                }
+                "link to nothing" => std::os::unix::fs::symlink(dir.path().join("nothing"), &path).unwrap(),
+                _ => std::os::unix::fs::symlink(&chosen, &path).unwrap(),
+            }
+            let made = super::local_token(dir.path()).unwrap();
+            assert!(made.len() == 64 && made != planted && !seen.contains(&made), "{plant}");
+            assert!(std::fs::symlink_metadata(&path).unwrap().is_file(), "{plant}");
+            seen.push(made);
+        }
+        let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["chosen", super::LOCAL_TOKEN_FILE], "nothing else is left");
+        assert_eq!(std::fs::read_to_string(&chosen).unwrap(), planted, "a link's target is left alone");
     }
 }

@@ -386,11 +386,9 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
 /// directory, may ask (see [`super::LOCAL_TOKEN_FILE`]): the path is the
 /// server's, not the client's.
 async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
-    if !app.auth_required() && !app.carries_local_token(req) {
+    if !app.auth_required() && !app.sent_here(req) {
         return Err(ApiError::access_denied(
-            "without credentials, only `depot backup` on the server's machine may ask for a backup (it reads the \
-             data directory's local token); over the network, backups need credentials: configure --access-key \
-             and --secret-key",
+            "backups over the network need credentials; configure --access-key and --secret-key",
         ));
     }
     let q = query(req);
@@ -413,6 +411,13 @@ async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
                 format!("this server serves {served}, not {meant}: ask the server that holds {meant}"),
             ));
         }
+    }
+    // A proxy on this machine forwards from a loopback address too.
+    if !app.auth_required() && !app.carries_local_token(req) {
+        return Err(ApiError::access_denied(
+            "without credentials, a backup is asked for by `depot backup --data DIR` on the server's machine, which \
+             sends the data directory's local token",
+        ));
     }
     // A backup runs to its end, or its failure's cleanup, even when the
     // client goes away meanwhile: cut off there, it left a partial copy.
