@@ -50,13 +50,13 @@ pub fn batch_put(pieces: Vec<Bytes>, max_key: usize) -> Result<Vec<(String, u64,
     })
 }
 
-pub use super::s3::framing::{MAX_CHUNK, MAX_PIECE};
+pub use super::s3::framing::MAX_CHUNK;
 
 /// The aws-chunked framing of an S3 upload whose body arrives in
-/// `pieces`: what it hands on to the protocol layer, or why it refuses
-/// the body.
-pub fn s3_framing(pieces: Vec<Bytes>, unsigned: bool) -> Result<Vec<u8>, String> {
-    super::s3::framing::follow(pieces, unsigned).map_err(|e| e.to_string())
+/// `pieces`: what it hands on to the protocol layer, unsigned chunks cut
+/// into pieces of `max_piece` bytes at most, or why it refuses the body.
+pub fn s3_framing(pieces: Vec<Bytes>, unsigned: bool, max_piece: u64) -> Result<Vec<u8>, String> {
+    super::s3::framing::follow(pieces, unsigned, max_piece).map_err(|e| e.to_string())
 }
 
 /// The key list of batch get and delete.

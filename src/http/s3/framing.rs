@@ -57,6 +57,9 @@ struct Framing {
     state: State,
     /// The chunks carry no signatures, and may be cut.
     unsigned: bool,
+    /// The largest piece an unsigned chunk is handed on in: [`MAX_PIECE`]
+    /// (smaller for fuzzing, which sends few bytes).
+    max_piece: u64,
 }
 
 impl Framing {
@@ -79,7 +82,7 @@ impl Framing {
                         self.state = match *rest {
                             0 => State::End(2),
                             rest => {
-                                let next = rest.min(MAX_PIECE);
+                                let next = rest.min(self.max_piece);
                                 out.push_back(Bytes::from(format!("\r\n{next:x}\r\n")));
                                 State::Data { piece: next, rest: rest - next }
                             }
@@ -108,7 +111,7 @@ impl Framing {
                     }
                     let line = std::mem::take(line);
                     let (size, digits) = chunk_size(&line)?;
-                    let cut = self.unsigned && size > MAX_PIECE;
+                    let cut = self.unsigned && size > self.max_piece;
                     // A line handed on as it came must say what the protocol
                     // layer reads in it: no more than 8 digits, as it reads
                     // those and drops the rest.
@@ -121,8 +124,8 @@ impl Framing {
                             State::Trailers
                         }
                         size if cut => {
-                            out.push_back(Bytes::from(format!("{MAX_PIECE:x}\r\n")));
-                            State::Data { piece: MAX_PIECE, rest: size - MAX_PIECE }
+                            out.push_back(Bytes::from(format!("{:x}\r\n", self.max_piece)));
+                            State::Data { piece: self.max_piece, rest: size - self.max_piece }
                         }
                         size if size > MAX_CHUNK => return Err(FramingError::ChunkTooLarge(size)),
                         size => {
@@ -137,10 +140,15 @@ impl Framing {
     }
 }
 
-/// What the framing hands on of a body that arrives in `pieces`, or why
-/// it refuses it (for the tests and the fuzz target).
-pub(crate) fn follow(pieces: impl IntoIterator<Item = Bytes>, unsigned: bool) -> Result<Vec<u8>, FramingError> {
-    let mut framing = Framing { state: State::Line(Vec::new()), unsigned };
+/// What the framing hands on of a body that arrives in `pieces`, cutting
+/// unsigned chunks into pieces of `max_piece` bytes at most, or why it
+/// refuses it (for the tests and the fuzz target).
+pub(crate) fn follow(
+    pieces: impl IntoIterator<Item = Bytes>,
+    unsigned: bool,
+    max_piece: u64,
+) -> Result<Vec<u8>, FramingError> {
+    let mut framing = Framing { state: State::Line(Vec::new()), unsigned, max_piece };
     let mut out = VecDeque::new();
     for piece in pieces {
         framing.pass(piece, &mut out)?;
@@ -160,7 +168,8 @@ impl<B> Checked<B> {
     /// `unsigned`: the stream's chunks carry no signatures
     /// (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`).
     pub fn new(inner: B, unsigned: bool) -> Checked<B> {
-        Checked { inner, framing: Framing { state: State::Line(Vec::new()), unsigned }, out: VecDeque::new() }
+        let framing = Framing { state: State::Line(Vec::new()), unsigned, max_piece: MAX_PIECE };
+        Checked { inner, framing, out: VecDeque::new() }
     }
 }
 
@@ -224,7 +233,7 @@ mod tests {
 
     /// Follows `pieces` as they would come off the socket: what is handed on.
     fn follow(pieces: &[&[u8]], unsigned: bool) -> Result<Vec<u8>, FramingError> {
-        super::follow(pieces.iter().map(|p| Bytes::copy_from_slice(p)), unsigned)
+        super::follow(pieces.iter().map(|p| Bytes::copy_from_slice(p)), unsigned, MAX_PIECE)
     }
 
     /// The chunks of a framed body: (size, bytes), up to the last.
