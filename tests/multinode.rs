@@ -579,6 +579,15 @@ async fn a_write_whose_commit_answer_was_lost_is_not_answered_as_refused() {
     let r = http.get(format!("{}/made/?format=json", server.url)).send().await.unwrap();
     assert_eq!(r.status(), 404, "the first attempt's delete was applied");
 
+    // A plain write's replay finds its claim ended by the first attempt's
+    // commit, and its record there as it would write it: applied.
+    cutter.arm("INSERT INTO depot_catalog_objects");
+    let r = http.put(server.object_url("files", "replayed")).body("new bytes").send().await.unwrap();
+    assert!(cutter.disarmed(), "no COMMIT was cut");
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let r = http.get(server.object_url("files", "replayed")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "new bytes");
+
     let r = http.put(server.object_url("files", "plain")).body("x").send().await.unwrap();
     assert_eq!(r.status(), 201, "unarmed, writes go on");
 }
