@@ -645,32 +645,32 @@ async fn backup_through_server(
     // Straight to the server: a proxy of the environment's would see the
     // token.
     let mut request = reqwest::Client::builder().no_proxy().build()?.post(&url).query(&[("dir", dir), ("data", data)]);
+    // Without credentials, the data directory's token says the request
+    // comes from someone who may read it; sent to an address of this
+    // machine only. Why it was not sent, if the server wants it.
+    let mut unsent = None;
     match settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
         Some(secret) => request = request.bearer_auth(secret),
-        // Without credentials, the data directory's token says the request
-        // comes from someone who may read it; sent to an address of this
-        // machine only.
         None if this_machine(settings.listen.ip()) => {
             let path = settings.data.join(crate::http::LOCAL_TOKEN_FILE);
-            let token = std::fs::read_to_string(&path).with_context(|| {
-                format!("reading {}, which a server without credentials asks a backup to show", path.display())
-            })?;
-            request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim());
+            match std::fs::read_to_string(&path) {
+                Ok(token) => request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim()),
+                Err(e) => unsent = Some(format!("reading {}: {e}", path.display())),
+            }
         }
-        None => bail!(
-            "--listen {} is not an address of this machine: without credentials, a backup is asked for on the \
-             server's machine",
-            settings.listen
-        ),
+        None => unsent = Some(format!("--listen {} is not an address of this machine", settings.listen)),
     }
     say!("a server holds {}: asking it at {url}", settings.data.display())?;
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        let hint = match status {
-            reqwest::StatusCode::CONFLICT => " (give the --listen address of the server that holds the data directory)",
-            _ => "",
+        let hint = match (status, unsent) {
+            (reqwest::StatusCode::FORBIDDEN, Some(why)) => format!(" (the local token was not sent: {why})"),
+            (reqwest::StatusCode::CONFLICT | reqwest::StatusCode::FORBIDDEN, _) => {
+                " (give the --listen address of the server that holds the data directory)".to_string()
+            }
+            _ => String::new(),
         };
         bail!("the server refused the backup: {status} {text}{hint}");
     }

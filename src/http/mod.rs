@@ -78,8 +78,6 @@ pub struct App {
     /// the names requests may address it by besides loopback ones (see
     /// [`foreign_host`]).
     local_names: Option<Vec<String>>,
-    /// The address the server listens on.
-    listen: std::net::SocketAddr,
     /// The data directory's local token ([`LOCAL_TOKEN_FILE`]).
     local_token: Option<String>,
 }
@@ -178,24 +176,16 @@ impl App {
                 None
             }
         });
-        Ok(App {
-            store,
-            limits,
-            metrics: Metrics::default(),
-            credentials,
-            s3,
-            uploads,
-            local_names,
-            listen,
-            local_token,
-        })
+        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names, local_token })
     }
 
     /// Whether `req` comes from this machine: from a loopback address, or
-    /// the one the server listens on.
+    /// from the address it reached (one of this machine's).
     pub(crate) fn sent_here<B>(&self, req: &http::Request<B>) -> bool {
-        let peer = req.extensions().get::<Peer>().map(|peer| peer.addr.ip());
-        peer.is_some_and(|ip| ip.is_loopback() || ip == self.listen.ip())
+        req.extensions().get::<Peer>().is_some_and(|peer| {
+            let from = peer.addr.ip().to_canonical();
+            from.is_loopback() || peer.local.is_some_and(|to| to.ip().to_canonical() == from)
+        })
     }
 
     /// Whether `req` carries the local token ([`LOCAL_TOKEN_FILE`]).
@@ -694,10 +684,12 @@ pub async fn serve(
     Ok(())
 }
 
-/// Who sent a request, and how to close its connection.
+/// Who sent a request, to which of the server's addresses, and how to
+/// close its connection.
 #[derive(Clone)]
 pub(crate) struct Peer {
     addr: SocketAddr,
+    local: Option<SocketAddr>,
     linger: sendfile::Linger,
 }
 
@@ -796,13 +788,14 @@ async fn connections(
             }
         };
         let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().ok();
         // A client that stops reading an answer, with the socket's buffers
         // full, is let go after the send timeout, as nginx's send_timeout.
         let linger = sendfile::Linger::default();
         let stream = sendfile::Socket::new(stream, linger.clone(), app.limits.send_timeout);
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-            req.extensions_mut().insert(Peer { addr: peer, linger: linger.clone() });
+            req.extensions_mut().insert(Peer { addr: peer, local, linger: linger.clone() });
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req).await) }
         });

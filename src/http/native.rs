@@ -391,6 +391,14 @@ async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
             "backups over the network need credentials; configure --access-key and --secret-key",
         ));
     }
+    // A proxy on this machine forwards from a loopback address too. Checked
+    // before anything of the request is looked at.
+    if !app.auth_required() && !app.carries_local_token(req) {
+        return Err(ApiError::access_denied(
+            "without credentials, a backup is asked for by `depot backup --data DIR` on the server's machine, which \
+             sends the data directory's local token",
+        ));
+    }
     let q = query(req);
     let dir = query_value(&q, "dir").map(std::path::Path::new).filter(|d| d.is_absolute()).ok_or_else(|| {
         ApiError::bad_request("name the backup directory as an absolute path of the server's machine: ?dir=/path")
@@ -411,13 +419,6 @@ async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
                 format!("this server serves {served}, not {meant}: ask the server that holds {meant}"),
             ));
         }
-    }
-    // A proxy on this machine forwards from a loopback address too.
-    if !app.auth_required() && !app.carries_local_token(req) {
-        return Err(ApiError::access_denied(
-            "without credentials, a backup is asked for by `depot backup --data DIR` on the server's machine, which \
-             sends the data directory's local token",
-        ));
     }
     // A backup runs to its end, or its failure's cleanup, even when the
     // client goes away meanwhile: cut off there, it left a partial copy.
