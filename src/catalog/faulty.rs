@@ -112,6 +112,10 @@ impl Catalog for FaultyCatalog {
         self.commit(self.inner.put_objects(puts)).await
     }
 
+    async fn put_objects_claimed(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<PutOutcome>> {
+        self.commit(self.inner.put_objects_claimed(puts, claims)).await
+    }
+
     async fn delete_objects(
         &self,
         bucket: &str,

@@ -424,17 +424,11 @@ pub trait Catalog: Send + Sync + 'static {
     /// [`Catalog::claim_blob`] (on the bytes the puts reference) as it
     /// commits, and commits nothing, failing with
     /// [`CatalogError::Unavailable`], if one has lapsed: a collector may
-    /// then have deleted the bytes it guarded.
+    /// then have deleted the bytes it guarded. A catalog that makes claims
+    /// overrides this; one that makes none is given none to end.
     async fn put_objects_claimed(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<PutOutcome>> {
-        if claims.is_empty() {
-            return self.put_objects(puts).await;
-        }
-        self.renew_claims(claims).await?;
-        let outcomes = self.put_objects(puts).await?;
-        if let Err(e) = self.release_claims(claims).await {
-            tracing::warn!("could not release claims on blobs (they lapse by themselves): {e}");
-        }
-        Ok(outcomes)
+        debug_assert!(claims.is_empty(), "claims given to a catalog that makes none");
+        self.put_objects(puts).await
     }
 
     /// Deletes objects, releasing their blobs; returns the deleted records
@@ -465,7 +459,8 @@ pub trait Catalog: Send + Sync + 'static {
     async fn remove_dead_blob(&self, digest: &Digest, grace: Option<Duration>) -> Result<bool>;
 
     /// Announces a writer about to make bytes of `digest` durable and then
-    /// reference them: until the claim is released, no node deletes bytes
+    /// reference them: until the claim is released, or ended by the commit
+    /// of the write ([`Catalog::put_objects_claimed`]), no node deletes bytes
     /// of `digest`. Waits while a node is deleting them (between
     /// [`Catalog::begin_delete`] and [`Catalog::end_delete`]), so the
     /// writer's bytes land after that delete, never before it.

@@ -262,7 +262,8 @@ struct Written {
     blob: BlobRef,
     md5: [u8; 16],
     /// Keeps this node's collector away from the digest until the catalog
-    /// has the reference, and `claim` other nodes' (see [`Store::let_go`]).
+    /// has the reference, and `claim` other nodes' (the commit that records
+    /// the reference ends it; [`Store::forget`] when there is none).
     guard: guards::Guard,
     claim: Option<ClaimId>,
 }
@@ -680,18 +681,12 @@ impl Store {
             blobs: vec![written.blob.clone()],
             precondition: opts.precondition,
         };
-        // A sync may have failed elsewhere while the body streamed. An
-        // engine's finish can outlast a claim (an S3 engine copies a large
-        // object into place): one that lapsed meanwhile fails the commit,
-        // as a collector may have taken a dead blob of the content since.
-        let recorded = match self.check_writable() {
-            Ok(()) => {
-                let puts = std::iter::once(put).chain(along).collect();
-                let claimed = self.catalog.put_objects_claimed(puts, written.claim.as_slice()).await;
-                self.note(claimed.map_err(Into::into))
-            }
-            Err(e) => Err(e),
-        };
+        // An engine's finish can outlast a claim (an S3 engine copies a
+        // large object into place): one that lapsed meanwhile fails the
+        // commit, as a collector may have taken a dead blob of the content
+        // since.
+        let puts = std::iter::once(put).chain(along).collect();
+        let recorded = self.commit(puts, written.claim.as_slice()).await;
         let outcome = recorded.and_then(|outcomes| {
             outcomes.into_iter().next().ok_or_else(|| StoreError::Internal("the catalog answered no put".into()))
         });
@@ -767,17 +762,21 @@ impl Store {
     /// Commits `puts`, which end `claims` ([`Store::hold_blobs`]), or
     /// releases them.
     async fn commit_held(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<crate::catalog::PutOutcome>> {
-        // Holding may have waited on collectors, and what came before may
-        // have taken minutes: writes may have been refused meanwhile (a
-        // failed sync, maintenance, a lapsed lease).
-        let committed = match self.check_writable() {
-            Ok(()) => self.note(self.catalog.put_objects_claimed(puts, claims).await.map_err(Into::into)),
-            Err(e) => Err(e),
-        };
+        let committed = self.commit(puts, claims).await;
         if committed.is_err() {
             self.release(claims).await;
         }
         committed
+    }
+
+    /// Commits `puts`, which end `claims`
+    /// ([`Catalog::put_objects_claimed`]), if writes are still taken: what
+    /// came before (a body streamed, holds waited on collectors, parts read
+    /// back) may have taken minutes, and a sync failed, maintenance begun
+    /// or a lease lapsed meanwhile.
+    async fn commit(&self, puts: Vec<ObjectPut>, claims: &[ClaimId]) -> Result<Vec<crate::catalog::PutOutcome>> {
+        self.check_writable()?;
+        self.note(self.catalog.put_objects_claimed(puts, claims).await.map_err(Into::into))
     }
 
     /// Holds `digest` from this node's collector and claims it from the
@@ -900,13 +899,9 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
-        let too_large = |n: u64| {
-            let max = expected.max.unwrap_or(u64::MAX);
-            (n > max)
-                .then(|| StoreError::EntityTooLarge(format!("a body of {n} bytes or more; at most {max} are allowed")))
-        };
-        if let Some(e) = expected.len.and_then(too_large) {
-            return Err(e);
+        let max = expected.max.unwrap_or(u64::MAX);
+        if let Some(n) = expected.len.filter(|n| *n > max) {
+            return Err(StoreError::EntityTooLarge(format!("a body of {n} bytes; at most {max} are allowed")));
         }
         let mut space = self.claim_space(expected.len)?;
         let mut writer = self.engine.writer(expected.len).await?;
@@ -919,8 +914,10 @@ impl Store {
                 Some(Ok(chunk)) => {
                     let len = chunk.len() as u64;
                     read += len;
-                    if let Some(e) = too_large(read) {
-                        break Some(e);
+                    if read > max {
+                        break Some(StoreError::EntityTooLarge(format!(
+                            "the body is longer than the {max} bytes allowed"
+                        )));
                     }
                     hashes.update(&chunk).await;
                     if let Err(e) = writer.write(chunk).await {
@@ -966,16 +963,6 @@ impl Store {
                 Err(e.into())
             }
         }
-    }
-
-    /// Releases a written blob's digest once the catalog has its reference
-    /// (or will not): the collector may take it again, on this node and on
-    /// the others.
-    async fn let_go(&self, written: Written) -> BlobRef {
-        let Written { blob, guard, claim, .. } = written;
-        drop(guard);
-        self.release(claim.as_slice()).await;
-        blob
     }
 
     async fn release(&self, claims: &[ClaimId]) {
@@ -1041,7 +1028,11 @@ impl Store {
     /// go, unless the catalog shows a record for them after all (a commit
     /// whose answer was lost) or another writer holds them.
     async fn forget(&self, written: Written) {
-        let blob = self.let_go(written).await;
+        // The collector, here and on the other nodes, may take the digest
+        // again.
+        let Written { blob, guard, claim, .. } = written;
+        drop(guard);
+        self.release(claim.as_slice()).await;
         if let Err(e) = self.drop_if_orphan(&blob).await {
             tracing::warn!("could not remove the bytes of an unrecorded write {}: {e}", blob.digest);
         }
@@ -1392,12 +1383,8 @@ impl PutBatch<'_> {
     async fn record(&mut self) -> Result<Vec<crate::catalog::PutOutcome>> {
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
-        // The sync may have taken long: writes may have been refused
-        // meanwhile (a lapsed lease). The commit fails if a claim lapsed.
-        self.store.check_writable()?;
         let puts = std::mem::take(&mut self.puts);
-        let claims = self.claims();
-        self.store.note(self.store.catalog.put_objects_claimed(puts, &claims).await.map_err(Into::into))
+        self.store.commit(puts, &self.claims()).await
     }
 }
 
