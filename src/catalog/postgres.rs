@@ -290,7 +290,7 @@ async fn bucket_exists(txn: &Transaction<'_>, bucket: &str, lock: &str) -> Resul
 }
 
 /// The records of those of `keys` that `bucket` holds, in one query.
-async fn read_objects<K: AsRef<str> + Sync + tokio_postgres::types::ToSql>(
+async fn read_objects<K: Sync + tokio_postgres::types::ToSql>(
     txn: &Transaction<'_>,
     bucket: &str,
     keys: &[K],

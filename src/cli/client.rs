@@ -93,15 +93,18 @@ impl Client {
     /// no answer came five times that long after its last: the server
     /// hashes, syncs and records the object meanwhile, and may wait for
     /// another writer or a delete of the same content.
-    /// `len` is the body's declared length, if any (the sending ends with
-    /// its last byte then, not with the body's end).
+    /// `len` is the body's length, if known: declared in `Content-Length`
+    /// (the sending ends with its last byte then, not with the body's end).
     pub(crate) async fn send_upload(
         &self,
-        req: reqwest::RequestBuilder,
+        mut req: reqwest::RequestBuilder,
         len: Option<u64>,
         body: impl futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send + 'static,
     ) -> anyhow::Result<serde_json::Value> {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        if let Some(len) = len.filter(|n| *n > 0) {
+            req = req.header(reqwest::header::CONTENT_LENGTH, len);
+        }
         let start = tokio::time::Instant::now();
         // When a byte last went, in milliseconds from the start, and
         // whether it was the last.
@@ -445,10 +448,7 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
             p.inc(c.len() as u64);
         }
     });
-    let mut req = client.upload_request(&client.url(bucket, key)?);
-    if let Some(len) = len.filter(|n| *n > 0) {
-        req = req.header(reqwest::header::CONTENT_LENGTH, len);
-    }
+    let req = client.upload_request(&client.url(bucket, key)?);
     let answered = match len {
         Some(len) => client.send_upload(req, Some(len), exactly(len, stream, Some(Unchanged::new(file, &meta)))).await,
         None => client.send_upload(req, None, stream.map(|c| c.map_err(Into::into))).await,
@@ -875,7 +875,6 @@ mod tests {
         };
         let upload = |client: Client, n: usize, size: usize, pace: Duration| async move {
             let req = client.upload_request(&client.url("b", "k").unwrap());
-            let req = req.header(reqwest::header::CONTENT_LENGTH, n * size);
             let started = std::time::Instant::now();
             (client.send_upload(req, Some((n * size) as u64), body(n, size, pace)).await, started.elapsed())
         };

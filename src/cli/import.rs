@@ -518,9 +518,6 @@ async fn import_one(
         _ => None,
     };
     let mut req = client.upload_request(&url);
-    if item.size > 0 {
-        req = req.header(reqwest::header::CONTENT_LENGTH, item.size);
-    }
     headers.extend(item.content_type.iter().map(|t| ("content-type".to_string(), t.clone())));
     for (name, value) in headers {
         req = req.header(name, value);

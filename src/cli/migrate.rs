@@ -414,15 +414,15 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} holds no depot store", data.display()))?;
     // A new migration is recorded once the catalog is open: a server
     // holding the store refuses the migration before anything is written.
+    // Under the catalog's lock, as a run is: a run going on meanwhile
+    // could switch to the copies a cancel would delete.
+    if args.cancel {
+        return runtime(2)?.block_on(async {
+            let catalog = open_catalog(&settings).await?;
+            alone(catalog.as_ref(), "cancelling a migration", cancel(&data, &settings, args)).await
+        });
+    }
     let (state, new) = match State::read(&data)? {
-        // Under the catalog's lock, as a run is: a run going on meanwhile
-        // could switch to the copies a cancel would delete.
-        _ if args.cancel => {
-            return runtime(2)?.block_on(async {
-                let catalog = open_catalog(&settings).await?;
-                alone(catalog.as_ref(), "cancelling a migration", cancel(&data, &settings, args)).await
-            });
-        }
         Some(s) if (s.from, s.to) != (from, to) => bail!(
             "{} is migrating from {} to {}; finish that first (--engine {} --to-engine {})",
             data.display(),

@@ -386,18 +386,20 @@ async fn stats(app: &Arc<App>) -> Result<Response, ApiError> {
 /// directory, may ask (see [`super::LOCAL_TOKEN_FILE`]): the path is the
 /// server's, not the client's.
 async fn backup(app: &Arc<App>, req: &Request) -> Result<Response, ApiError> {
-    if !app.auth_required() && !app.sent_here(req) {
-        return Err(ApiError::access_denied(
-            "backups over the network need credentials; configure --access-key and --secret-key",
-        ));
-    }
-    // A proxy on this machine forwards from a loopback address too. Checked
-    // before anything of the request is looked at.
-    if !app.auth_required() && !app.carries_local_token(req) {
-        return Err(ApiError::access_denied(
-            "without credentials, a backup is asked for by `depot backup --data DIR` on the server's machine, which \
-             sends the data directory's local token",
-        ));
+    // Checked before anything of the request is looked at.
+    if !app.auth_required() {
+        if !app.sent_here(req) {
+            return Err(ApiError::access_denied(
+                "backups over the network need credentials; configure --access-key and --secret-key",
+            ));
+        }
+        // A proxy on this machine forwards from a loopback address too.
+        if !app.carries_local_token(req) {
+            return Err(ApiError::access_denied(
+                "without credentials, a backup is asked for by `depot backup --data DIR` on the server's machine, \
+                 which sends the data directory's local token",
+            ));
+        }
     }
     let q = query(req);
     let dir = query_value(&q, "dir").map(std::path::Path::new).filter(|d| d.is_absolute()).ok_or_else(|| {

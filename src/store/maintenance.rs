@@ -438,11 +438,7 @@ impl Store {
             // period protects writers that are not there. A shared
             // catalog may still hold a claim a node that crashed left on
             // the content: then the blob stays, and stays counted.
-            let Some(hold) = self.guards.collecting(blob.digest) else {
-                continue;
-            };
-            if self.catalog.remove_dead_blob(&blob.digest, None).await? {
-                self.delete_bytes(&blob.blob_ref(), hold).await?;
+            if self.collect_dead(blob, None).await? {
                 totals.blobs -= 1;
                 totals.blob_bytes -= blob.size as i64;
                 removed.insert(blob.digest);

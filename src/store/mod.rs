@@ -974,6 +974,20 @@ impl Store {
         }
     }
 
+    /// Deletes a blob that has had no reference for `grace`
+    /// ([`Catalog::remove_dead_blob`]), unless a writer or a reader holds
+    /// its digest, here or on another node. Whether it did.
+    async fn collect_dead(&self, blob: &BlobRecord, grace: Option<Duration>) -> Result<bool> {
+        let Some(hold) = self.guards.collecting(blob.digest) else {
+            return Ok(false);
+        };
+        if !self.catalog.remove_dead_blob(&blob.digest, grace).await? {
+            return Ok(false);
+        }
+        self.delete_bytes(&blob.blob_ref(), hold).await?;
+        Ok(true)
+    }
+
     /// Deletes bytes no catalog record points at, unless a writer or a
     /// reader holds their digest, here or on another node. Whether it did.
     async fn drop_if_orphan(&self, blob: &BlobRef) -> Result<bool> {
@@ -1258,11 +1272,7 @@ impl Store {
                 // A pass can be long: writes (a collection is one) may have
                 // been refused since it began.
                 self.check_writable()?;
-                let Some(hold) = self.guards.collecting(blob.digest) else {
-                    continue;
-                };
-                if self.catalog.remove_dead_blob(&blob.digest, Some(grace)).await? {
-                    self.delete_bytes(&blob.blob_ref(), hold).await?;
+                if self.collect_dead(&blob, Some(grace)).await? {
                     report.dead_blobs += 1;
                     report.bytes_freed += blob.size;
                     progressed = true;

@@ -180,7 +180,8 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), FramingError> {
     if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_hexdigit) {
         return Err(FramingError::BadSize);
     }
-    let size = digits.iter().fold(0, |n, &d| n << 4 | u64::from((d as char).to_digit(16).unwrap_or_default()));
+    let digits = std::str::from_utf8(digits).map_err(|_| FramingError::BadSize)?;
+    let size = u64::from_str_radix(digits, 16).map_err(|_| FramingError::BadSize)?;
     Ok((size, digits.len()))
 }
 
