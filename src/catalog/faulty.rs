@@ -146,8 +146,8 @@ impl Catalog for FaultyCatalog {
 
     // Claims and deletes in progress pass through: the faults are those of
     // the records, and a delete begins with a lookup.
-    async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
-        self.inner.claim_blob(digest).await
+    async fn claim_blobs(&self, digests: &[Digest]) -> Result<Vec<ClaimId>> {
+        self.inner.claim_blobs(digests).await
     }
 
     async fn release_claims(&self, claims: &[ClaimId]) -> Result<()> {

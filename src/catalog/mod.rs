@@ -41,7 +41,7 @@ pub const DELETE_MARK_LIFE: Duration = Duration::from_secs(120);
 pub const DELETE_MARK_OURS: Duration = DELETE_MARK_LIFE.saturating_sub(crate::pg::ANSWER_WITHIN);
 
 /// A writer's claim on a digest, in a catalog shared by several nodes (see
-/// [`Catalog::claim_blob`]).
+/// [`Catalog::claim_blobs`]).
 pub type ClaimId = i64;
 
 /// How often a node serving a shared catalog says so
@@ -421,7 +421,7 @@ pub trait Catalog: Send + Sync + 'static {
     async fn put_objects(&self, puts: Vec<ObjectPut>) -> Result<Vec<PutOutcome>>;
 
     /// [`Catalog::put_objects`] that also ends `claims` of
-    /// [`Catalog::claim_blob`] (on the bytes the puts reference) as it
+    /// [`Catalog::claim_blobs`] (on the bytes the puts reference) as it
     /// commits, and commits nothing, failing with
     /// [`CatalogError::Unavailable`], if one has lapsed: a collector may
     /// then have deleted the bytes it guarded. A catalog that makes claims
@@ -458,28 +458,29 @@ pub trait Catalog: Send + Sync + 'static {
     /// as after [`Catalog::begin_delete`].
     async fn remove_dead_blob(&self, digest: &Digest, grace: Option<Duration>) -> Result<bool>;
 
-    /// Announces a writer about to make bytes of `digest` durable and then
-    /// reference them: until the claim is released, or ended by the commit
-    /// of the write ([`Catalog::put_objects_claimed`]), no node deletes bytes
-    /// of `digest`. Waits while a node is deleting them (between
-    /// [`Catalog::begin_delete`] and [`Catalog::end_delete`]), so the
-    /// writer's bytes land after that delete, never before it.
+    /// Announces a writer about to make bytes of each of `digests` durable
+    /// and then reference them: until a claim is released, or ended by the
+    /// commit of the write ([`Catalog::put_objects_claimed`]), no node
+    /// deletes bytes of its digest. Waits while a node is deleting bytes of
+    /// one of them (between [`Catalog::begin_delete`] and
+    /// [`Catalog::end_delete`]), so the writer's bytes land after that
+    /// delete, never before it. Returns one claim per digest, in order.
     ///
-    /// Only a catalog that several processes share needs this (`Some`
-    /// claim); within one process the store's guards keep writers and the
-    /// collector apart, and a catalog only one process opens keeps none.
-    async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
-        let _ = digest;
-        Ok(None)
+    /// Only a catalog that several processes share needs this; within one
+    /// process the store's guards keep writers and the collector apart, and
+    /// a catalog only one process opens makes no claims (none returned).
+    async fn claim_blobs(&self, digests: &[Digest]) -> Result<Vec<ClaimId>> {
+        let _ = digests;
+        Ok(Vec::new())
     }
 
-    /// Ends claims of [`Catalog::claim_blob`].
+    /// Ends claims of [`Catalog::claim_blobs`].
     async fn release_claims(&self, claims: &[ClaimId]) -> Result<()> {
         let _ = claims;
         Ok(())
     }
 
-    /// Keeps claims of [`Catalog::claim_blob`] from lapsing, as a claim of
+    /// Keeps claims of [`Catalog::claim_blobs`] from lapsing, as a claim of
     /// a crashed writer does after a while. Fails with
     /// [`CatalogError::Unavailable`] if any has lapsed already: a collector
     /// may then have deleted the bytes it guarded.

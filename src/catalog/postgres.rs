@@ -789,53 +789,70 @@ impl Catalog for PostgresCatalog {
         })
     }
 
-    async fn claim_blob(&self, digest: &Digest) -> Result<Option<ClaimId>> {
-        // The writer picks the claim's id, so a replay after a COMMIT whose
-        // answer was lost finds the claim made rather than adding a second
+    async fn claim_blobs(&self, digests: &[Digest]) -> Result<Vec<ClaimId>> {
+        // The writer picks the claims' ids, so a replay after a COMMIT whose
+        // answer was lost finds the claims made rather than adding more
         // that nobody would release. Negative: apart from the ids earlier
         // versions drew from the table's sequence.
-        let id = rand::random::<i64>() | i64::MIN;
-        loop {
-            let claim = in_txn!(self.pool, "claiming a blob", |txn| {
-                lock_digest(txn, digest).await?;
-                let d = &&digest.0[..];
-                // A delete in progress too long ago is a crashed node's.
-                let stale = format!(
-                    "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND since <= now() - {}",
-                    delete_life()
-                );
-                // Under the lock, sent together without waiting for each
-                // answer (a claim comes before every upload's commit). Should
-                // the server run them out of order, the claim is missed and
-                // tried again, never taken for made: the answer is whether
-                // the claim's row is there. Committed without waiting for
-                // the disk: a claim a crash lost is found lapsed when its
-                // write is recorded (`put_objects_claimed`), which then fails.
-                let (_, _, _, claimed) = futures::try_join!(
-                    async { txn.batch_execute("SET LOCAL synchronous_commit = off").await.map_err(TxnError::from) },
-                    async { txn.execute(&stale, &[d]).await.map_err(TxnError::from) },
-                    async {
-                        txn.execute(
-                            "INSERT INTO depot_catalog_claims (id, digest) SELECT $1, $2
-                             WHERE NOT EXISTS (SELECT 1 FROM depot_catalog_deleting WHERE digest = $2)
+        let ids: Vec<ClaimId> = digests.iter().map(|_| rand::random::<i64>() | i64::MIN).collect();
+        let mut waiting: Vec<(ClaimId, &Digest)> = ids.iter().copied().zip(digests).collect();
+        while !waiting.is_empty() {
+            let (asked, digests): (Vec<ClaimId>, Vec<&[u8]>) = waiting.iter().map(|(id, d)| (*id, &d.0[..])).unzip();
+            let claimed: Result<std::collections::HashSet<ClaimId>> = async {
+                in_txn!(self.pool, "claiming blobs", |txn| {
+                    lock_digests(txn, waiting.iter().map(|(_, d)| *d)).await?;
+                    // A delete in progress too long ago is a crashed node's.
+                    let stale = format!(
+                        "DELETE FROM depot_catalog_deleting WHERE digest = ANY($1) AND since <= now() - {}",
+                        delete_life()
+                    );
+                    // Under the locks, sent together without waiting for each
+                    // answer (a claim comes before every upload's commit). Should
+                    // the server run them out of order, a claim is missed and
+                    // tried again, never taken for made: the answer is whether
+                    // the claim's row is there. Committed without waiting for
+                    // the disk: a claim a crash lost is found lapsed when its
+                    // write is recorded (`put_objects_claimed`), which then fails.
+                    let (_, _, _, claimed) = futures::try_join!(
+                        async { txn.batch_execute("SET LOCAL synchronous_commit = off").await.map_err(TxnError::from) },
+                        async { txn.execute(&stale, &[&digests]).await.map_err(TxnError::from) },
+                        async {
+                            txn.execute(
+                                "INSERT INTO depot_catalog_claims (id, digest)
+                             SELECT t.id, t.digest FROM unnest($1::int8[], $2::bytea[]) AS t(id, digest)
+                             WHERE NOT EXISTS (SELECT 1 FROM depot_catalog_deleting d WHERE d.digest = t.digest)
                              ON CONFLICT (id) DO NOTHING",
-                            &[&id, d],
-                        )
-                        .await
-                        .map_err(TxnError::from)
-                    },
-                    async {
-                        let sql = "SELECT 1 FROM depot_catalog_claims WHERE id = $1";
-                        txn.query_opt(sql, &[&id]).await.map_err(TxnError::from)
-                    },
-                )?;
-                Ok(claimed.map(|_| id))
-            })?;
-            match claim {
-                Some(id) => return Ok(Some(id)),
-                None => tokio::time::sleep(DELETE_POLL).await,
+                                &[&asked, &digests],
+                            )
+                            .await
+                            .map_err(TxnError::from)
+                        },
+                        async {
+                            let sql = "SELECT id FROM depot_catalog_claims WHERE id = ANY($1)";
+                            txn.query(sql, &[&asked]).await.map_err(TxnError::from)
+                        },
+                    )?;
+                    Ok(claimed.iter().map(|row| row.get::<_, i64>(0)).collect())
+                })
+            }
+            .await;
+            let claimed = match claimed {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    // Those made (any of them, a lost answer's included) go
+                    // now rather than keep their digests from the
+                    // collectors until they lapse.
+                    let _ = self.release_claims(&ids).await;
+                    return Err(e);
+                }
+            };
+            // The rest wait for the deletes of their digests to end.
+            waiting.retain(|(id, _)| !claimed.contains(id));
+            if !waiting.is_empty() {
+                tokio::time::sleep(DELETE_POLL).await;
             }
         }
+        Ok(ids)
     }
 
     async fn release_claims(&self, claims: &[ClaimId]) -> Result<()> {
@@ -1156,7 +1173,7 @@ mod tests {
         let url = pg::fresh_test_database().await;
         let catalog = PostgresCatalog::connect(&url).await.unwrap();
         let (a, b) = (Digest([1; 32]), Digest([2; 32]));
-        let claims = [catalog.claim_blob(&a).await.unwrap().unwrap(), catalog.claim_blob(&b).await.unwrap().unwrap()];
+        let claims = catalog.claim_blobs(&[a, b]).await.unwrap();
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         let age = |id: ClaimId, minutes: i32| {
@@ -1187,10 +1204,7 @@ mod tests {
         let catalog = PostgresCatalog::connect(&url).await.unwrap();
         catalog.create_bucket(&bucket("files")).await.unwrap();
         let (x, y) = (blob(1, 10), blob(2, 20));
-        let claims = [
-            catalog.claim_blob(&x.digest).await.unwrap().unwrap(),
-            catalog.claim_blob(&y.digest).await.unwrap().unwrap(),
-        ];
+        let claims = catalog.claim_blobs(&[x.digest, y.digest]).await.unwrap();
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         let claims_left = || async {
@@ -1205,10 +1219,7 @@ mod tests {
         assert_eq!(catalog.get_blobs(&[x.digest]).await.unwrap(), vec![None]);
         assert_eq!(claims_left().await, 2, "a failed put ends no claim");
 
-        let claims = [
-            catalog.claim_blob(&x.digest).await.unwrap().unwrap(),
-            catalog.claim_blob(&y.digest).await.unwrap().unwrap(),
-        ];
+        let claims = catalog.claim_blobs(&[x.digest, y.digest]).await.unwrap();
         catalog.put_objects_claimed(puts(), &claims).await.unwrap();
         assert!(catalog.get_objects("files", &["x".into(), "y".into()]).await.unwrap().iter().all(Option::is_some));
         let live = "SELECT count(*) FROM depot_catalog_claims WHERE id = ANY($1)";
@@ -1225,7 +1236,7 @@ mod tests {
         let catalog = PostgresCatalog::connect(&url).await.unwrap();
         catalog.create_bucket(&bucket("files")).await.unwrap();
         let x = blob(3, 10);
-        let claim = catalog.claim_blob(&x.digest).await.unwrap().unwrap();
+        let claim = catalog.claim_blobs(&[x.digest]).await.unwrap()[0];
         let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         let aged =
@@ -1279,7 +1290,7 @@ mod tests {
         a.delete_object("shared", "k", &Precondition::default()).await.unwrap();
 
         // A claim keeps the dead blob, its bytes and any leftover of them.
-        let claim = a.claim_blob(&x.digest).await.unwrap().expect("a shared catalog claims");
+        let claim = a.claim_blobs(&[x.digest]).await.unwrap()[0];
         assert!(!b.remove_dead_blob(&x.digest, None).await.unwrap());
         assert!(!b.begin_delete(&BlobRef { locator: vec![99], ..x.clone() }).await.unwrap());
         a.release_claims(&[claim]).await.unwrap();
@@ -1289,17 +1300,25 @@ mod tests {
         // Once `b` has removed the record, a claim waits for its delete,
         // and no other delete of the digest begins (its end would let the
         // claim through while `b`'s delete could still land).
+        // Claimed with it, a digest nobody deletes is claimed meanwhile.
+        let z = blob(9, 10);
+        a.put_object(put("shared", "z", std::slice::from_ref(&z))).await.unwrap();
+        a.delete_object("shared", "z", &Precondition::default()).await.unwrap();
         assert!(b.remove_dead_blob(&x.digest, None).await.unwrap());
         assert!(!a.begin_delete(&BlobRef { locator: vec![98], ..x.clone() }).await.unwrap());
         let waiting = tokio::spawn({
             let a = a.clone();
-            async move { a.claim_blob(&x.digest).await }
+            async move { a.claim_blobs(&[x.digest, z.digest]).await }
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiting.is_finished(), "a claim went on while another node deleted the bytes");
+        assert!(!b.remove_dead_blob(&z.digest, None).await.unwrap(), "the digest beside it was not claimed");
         b.end_delete(&x.digest).await.unwrap();
-        let claim = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
-        assert!(claim.is_some());
+        let claims = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+        assert_eq!(claims.len(), 2);
+        a.release_claims(&claims).await.unwrap();
+        assert!(b.remove_dead_blob(&z.digest, None).await.unwrap(), "released claims still kept the blob");
+        b.end_delete(&z.digest).await.unwrap();
 
         // A leftover's delete holds claims back the same way, and other
         // deletes of the digest too.
@@ -1311,7 +1330,7 @@ mod tests {
         assert!(!a.remove_dead_blob(&y.digest, None).await.unwrap());
         let waiting = tokio::spawn({
             let a = a.clone();
-            async move { a.claim_blob(&y.digest).await }
+            async move { a.claim_blobs(&[y.digest]).await }
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiting.is_finished());

@@ -30,7 +30,7 @@ use crate::catalog::{
     DELETE_TIMEOUT, ListPage, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{
-    BlobEngine, BlobRef, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
+    BlobEngine, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
 };
 use guards::BlobGuards;
 use hot::HotBlobs;
@@ -255,6 +255,14 @@ struct Expected {
     sha256: Option<Digest>,
     md5: Option<[u8; 16]>,
     max: Option<u64>,
+}
+
+/// A body streamed into the engine and hashed, not yet kept under its
+/// digest.
+struct Staged {
+    writer: Box<dyn BlobWriter>,
+    digest: Digest,
+    md5: [u8; 16],
 }
 
 /// A blob written and durable, not yet in the catalog.
@@ -741,7 +749,7 @@ impl Store {
         Ok(PutResult { record, replaced: outcome.replaced.is_some(), deduplicated: true })
     }
 
-    /// [`Store::hold_parts`], and the stored blobs of `parts`
+    /// [`Store::hold`] for each blob of `parts`, and their stored blobs
     /// ([`Store::blob_refs`]): for a record about to reference blobs
     /// already stored.
     async fn hold_blobs(
@@ -749,7 +757,7 @@ impl Store {
         parts: &[Part],
         missing: impl Fn(Digest) -> StoreError,
     ) -> Result<(Vec<guards::Guard>, Vec<ClaimId>, Vec<BlobRef>)> {
-        let (held, claims) = self.hold_parts(parts).await?;
+        let (held, claims) = self.hold(&distinct(parts)).await?;
         match self.blob_refs(parts, missing).await {
             Ok(blobs) => Ok((held, claims, blobs)),
             Err(e) => {
@@ -779,36 +787,24 @@ impl Store {
         self.note(self.catalog.put_objects_claimed(puts, claims).await.map_err(Into::into))
     }
 
-    /// Holds `digest` from this node's collector and claims it from the
-    /// other nodes', waiting for a delete of it in progress to end: for a
-    /// writer about to reference its bytes.
-    async fn hold(&self, digest: Digest) -> Result<(guards::Guard, Option<ClaimId>)> {
-        // A delete of the content that hangs in the engine holds it as long.
-        let guard = tokio::time::timeout(DELETE_TIMEOUT, self.guards.writing(digest)).await.map_err(|_| {
-            StoreError::Unavailable(format!(
-                "the same content ({digest}) is being deleted, and that is slow: try again"
-            ))
-        })?;
-        let claim = self.catalog.claim_blob(&digest).await?;
-        Ok((guard, claim))
-    }
-
-    /// [`Store::hold`] for each blob of `parts`.
-    async fn hold_parts(&self, parts: &[Part]) -> Result<(Vec<guards::Guard>, Vec<ClaimId>)> {
-        let digests = distinct(parts);
-        let (mut held, mut claims) = (Vec::with_capacity(digests.len()), Vec::new());
+    /// Holds each of `digests` from this node's collector and claims it
+    /// from the other nodes', waiting for a delete of one in progress to
+    /// end: for a writer about to reference their bytes. One guard per
+    /// digest, and one claim per digest in order, or none from a catalog
+    /// that makes none.
+    async fn hold(&self, digests: &[Digest]) -> Result<(Vec<guards::Guard>, Vec<ClaimId>)> {
+        let mut held = Vec::with_capacity(digests.len());
         for digest in digests {
-            match self.hold(digest).await {
-                Ok((guard, claim)) => {
-                    held.push(guard);
-                    claims.extend(claim);
-                }
-                Err(e) => {
-                    self.release(&claims).await;
-                    return Err(e);
-                }
-            }
+            // A delete of the content that hangs in the engine holds it as
+            // long.
+            let guard = tokio::time::timeout(DELETE_TIMEOUT, self.guards.writing(*digest)).await.map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "the same content ({digest}) is being deleted, and that is slow: try again"
+                ))
+            })?;
+            held.push(guard);
         }
+        let claims = self.catalog.claim_blobs(digests).await?;
         Ok((held, claims))
     }
 
@@ -894,7 +890,26 @@ impl Store {
 
     /// Streams a body into a new blob, hashing as it goes; `synced` false
     /// leaves the blob's durability to the engine's next sync.
-    async fn write_blob<S, E>(&self, mut body: S, expected: Expected, synced: bool) -> Result<Written>
+    async fn write_blob<S, E>(&self, body: S, expected: Expected, synced: bool) -> Result<Written>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        let staged = self.stage_blob(body, expected).await?;
+        let (mut guards, claims) = match self.hold(&[staged.digest]).await {
+            Ok(held) => held,
+            Err(e) => {
+                staged.writer.abort().await;
+                return Err(e);
+            }
+        };
+        let guard = guards.pop().expect("one guard a digest");
+        self.settle(staged, guard, claims.first().copied(), synced).await
+    }
+
+    /// Streams a body into the engine, hashing as it goes, and checks it
+    /// against what it must be; [`Store::settle`] then keeps it.
+    async fn stage_blob<S, E>(&self, mut body: S, expected: Expected) -> Result<Staged>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
@@ -945,13 +960,20 @@ impl Store {
             writer.abort().await;
             return Err(e);
         }
-        let (guard, claim) = match self.hold(digest).await {
-            Ok(held) => held,
-            Err(e) => {
-                writer.abort().await;
-                return Err(e);
-            }
-        };
+        Ok(Staged { writer, digest, md5 })
+    }
+
+    /// Makes a staged blob durable under its digest (`synced` false: at
+    /// the engine's next sync), once its digest is held (`guard`, and
+    /// `claim` unless the catalog makes none) from the collectors.
+    async fn settle(
+        &self,
+        staged: Staged,
+        guard: guards::Guard,
+        claim: Option<ClaimId>,
+        synced: bool,
+    ) -> Result<Written> {
+        let Staged { writer, digest, md5 } = staged;
         let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };
         // The engine may have put these bytes in place of damaged ones a
         // read kept.
@@ -975,8 +997,10 @@ impl Store {
     }
 
     /// Deletes a blob that has had no reference for `grace`
-    /// ([`Catalog::remove_dead_blob`]), unless a writer or a reader holds
-    /// its digest, here or on another node. Whether it did.
+    /// ([`Catalog::remove_dead_blob`]), unless a writer (here or on another
+    /// node) or a reader here holds its digest. Whether it did. Readers on
+    /// other nodes make no claims: a download still running there when the
+    /// grace period has passed since its object went can lose its bytes.
     async fn collect_dead(&self, blob: &BlobRecord, grace: Option<Duration>) -> Result<bool> {
         let Some(hold) = self.guards.collecting(blob.digest) else {
             return Ok(false);
@@ -988,8 +1012,9 @@ impl Store {
         Ok(true)
     }
 
-    /// Deletes bytes no catalog record points at, unless a writer or a
-    /// reader holds their digest, here or on another node. Whether it did.
+    /// Deletes bytes no catalog record points at, unless a writer (here or
+    /// on another node) or a reader here holds their digest. Whether it
+    /// did.
     async fn drop_if_orphan(&self, blob: &BlobRef) -> Result<bool> {
         let Some(hold) = self.guards.collecting(blob.digest) else {
             return Ok(false);
@@ -1214,6 +1239,8 @@ impl Store {
         Ok(PutBatch {
             store: self,
             bucket: bucket.to_string(),
+            staged: Vec::new(),
+            staged_bytes: 0,
             puts: Vec::new(),
             written: Vec::new(),
             renewed: Instant::now(),
@@ -1306,6 +1333,11 @@ impl Store {
 pub struct PutBatch<'a> {
     store: &'a Store,
     bucket: String,
+    /// Bodies streamed, waiting to be held from the collectors and kept
+    /// together ([`PutBatch::settle`]), with their keys.
+    staged: Vec<(String, Staged)>,
+    /// How many bytes `staged` holds.
+    staged_bytes: u64,
     puts: Vec<ObjectPut>,
     /// The bytes of each put, held from the collector until the commit.
     written: Vec<Written>,
@@ -1318,6 +1350,12 @@ pub struct PutBatch<'a> {
 /// their life.
 const RENEW_CLAIMS: Duration = Duration::from_secs(60);
 
+/// How many bodies, and how many bytes of them, a batch stages before it
+/// holds and keeps them together: one claim on a shared catalog for them
+/// all, where one each took most of a 10,000-entry batch's time.
+const SETTLE_ENTRIES: usize = 256;
+const SETTLE_BYTES: u64 = 8 << 20;
+
 impl PutBatch<'_> {
     pub async fn add<S, E>(&mut self, key: &str, len: u64, body: S) -> Result<()>
     where
@@ -1329,28 +1367,62 @@ impl PutBatch<'_> {
             self.renew_claims().await?;
         }
         let expected = Expected { len: Some(len), ..Expected::default() };
-        // The blobs of a batch share one sync, at commit.
-        let written = self.store.note(self.store.write_blob(body, expected, false).await)?;
-        self.puts.push(ObjectPut {
-            bucket: self.bucket.clone(),
-            record: written.record(key, NewMetadata::default()),
-            blobs: vec![written.blob.clone()],
-            precondition: Precondition::default(),
-        });
-        self.written.push(written);
+        let staged = self.store.note(self.store.stage_blob(body, expected).await)?;
+        self.staged.push((key.to_string(), staged));
+        self.staged_bytes += len;
+        if self.staged.len() >= SETTLE_ENTRIES || self.staged_bytes >= SETTLE_BYTES {
+            self.settle().await?;
+        }
+        Ok(())
+    }
+
+    /// Holds the staged bodies from the collectors and keeps them, to be
+    /// recorded at the commit. The blobs of a batch share one sync, at
+    /// commit.
+    async fn settle(&mut self) -> Result<()> {
+        let staged = std::mem::take(&mut self.staged);
+        self.staged_bytes = 0;
+        let digests: Vec<Digest> = staged.iter().map(|(_, s)| s.digest).collect();
+        let (guards, claims) = match self.store.hold(&digests).await {
+            Ok(held) => held,
+            Err(e) => {
+                abort_all(staged).await;
+                return Err(e);
+            }
+        };
+        let mut claims = claims.into_iter();
+        let mut staged = staged.into_iter().zip(guards);
+        while let Some(((key, body), guard)) = staged.next() {
+            let written = match self.store.settle(body, guard, claims.next(), false).await {
+                Ok(written) => written,
+                Err(e) => {
+                    abort_all(staged.map(|(staged, _)| staged)).await;
+                    self.store.release(&claims.collect::<Vec<_>>()).await;
+                    return self.store.note(Err(e));
+                }
+            };
+            self.puts.push(ObjectPut {
+                bucket: self.bucket.clone(),
+                record: written.record(&key, NewMetadata::default()),
+                blobs: vec![written.blob.clone()],
+                precondition: Precondition::default(),
+            });
+            self.written.push(written);
+        }
         Ok(())
     }
 
     pub fn len(&self) -> usize {
-        self.puts.len()
+        self.puts.len() + self.staged.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.puts.is_empty()
+        self.len() == 0
     }
 
     /// Gives up every entry: nothing is recorded, and their bytes go.
     pub async fn abandon(self) {
+        abort_all(self.staged).await;
         for written in self.written {
             self.store.forget(written).await;
         }
@@ -1391,10 +1463,18 @@ impl PutBatch<'_> {
     }
 
     async fn record(&mut self) -> Result<Vec<crate::catalog::PutOutcome>> {
+        self.settle().await?;
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
         let puts = std::mem::take(&mut self.puts);
         self.store.commit(puts, &self.claims()).await
+    }
+}
+
+/// Gives up staged bodies: their bytes go.
+async fn abort_all(staged: impl IntoIterator<Item = (String, Staged)>) {
+    for (_, staged) in staged {
+        staged.writer.abort().await;
     }
 }
 
@@ -1557,12 +1637,60 @@ mod tests {
         let store = Store::open(catalog, Arc::new(MemoryEngine::new()), StoreConfig::default()).await.unwrap();
         let mut batch = store.batch("files").unwrap();
         batch.add("slow", 4, body(b"slow")).await.unwrap();
+        // Kept, and claimed, as a batch's entries are after every few
+        // hundred.
+        batch.settle().await.unwrap();
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         let aged = "UPDATE depot_catalog_claims SET since = now() - interval '11 minutes'";
         assert_eq!(client.execute(aged, &[]).await.unwrap(), 1);
         assert!(matches!(batch.commit().await, Err(StoreError::Unavailable(_))));
         assert!(matches!(store.head("files", "slow").await, Err(StoreError::NoSuchKey(_))));
+    }
+
+    /// A batch holds and claims its entries a few hundred at a time: every
+    /// one is recorded, and no claim outlives the commit. One given up
+    /// leaves neither claims nor bytes.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_claims_its_entries_together_and_ends_every_claim() {
+        use crate::catalog::postgres::PostgresCatalog;
+        let url = crate::pg::fresh_test_database().await;
+        let catalog = Arc::new(PostgresCatalog::connect(&url).await.unwrap());
+        let engine = Arc::new(MemoryEngine::new());
+        let store = Store::open(catalog, engine.clone(), StoreConfig::default()).await.unwrap();
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let claims = || async {
+            let row = client.query_one("SELECT count(*) FROM depot_catalog_claims", &[]).await.unwrap();
+            row.get::<_, i64>(0) as usize
+        };
+        async fn add(batch: &mut PutBatch<'_>, key: String, content: String) {
+            let len = content.len() as u64;
+            let body = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(content))]);
+            batch.add(&key, len, body).await.unwrap()
+        }
+
+        let n = SETTLE_ENTRIES * 2 + 10;
+        let mut batch = store.batch("files").unwrap();
+        for i in 0..n {
+            add(&mut batch, format!("k{i}"), format!("entry {i}")).await;
+        }
+        assert_eq!(claims().await, SETTLE_ENTRIES * 2, "the entries kept so far are claimed");
+        assert_eq!(batch.commit().await.unwrap(), n);
+        assert_eq!(claims().await, 0);
+        for i in [0, SETTLE_ENTRIES, n - 1] {
+            assert_eq!(read_all(&store, "files", &format!("k{i}")).await, format!("entry {i}").as_bytes());
+        }
+
+        let mut batch = store.batch("files").unwrap();
+        for i in 0..SETTLE_ENTRIES + 5 {
+            add(&mut batch, format!("gone{i}"), format!("given up {i}")).await;
+        }
+        assert_eq!(claims().await, SETTLE_ENTRIES);
+        batch.abandon().await;
+        assert_eq!(claims().await, 0);
+        assert_eq!(engine.list().await.unwrap().len(), n, "bytes of entries given up are left");
+        assert!(matches!(store.head("files", "gone0").await, Err(StoreError::NoSuchKey(_))));
     }
 
     /// A write the catalog refuses (a lost race for a condition, a bucket
