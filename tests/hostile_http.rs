@@ -667,6 +667,34 @@ fn connections_beyond_the_limit_wait_until_one_closes() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// A connection closed gently after a refusal, whose client may still be
+/// sending, keeps its place among `--max-connections` until it is let go.
+#[test]
+fn lingering_connections_count_against_the_limit() {
+    let mut s = Server::start(&["--max-connections", "2"]);
+    let refused: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut c = connect(&s);
+            c.write_all(b"PUT /missing/k HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+                .unwrap();
+            let mut head = [0; 12];
+            c.read_exact(&mut head).unwrap();
+            assert_eq!(&head[9..], b"404", "{}", String::from_utf8_lossy(&head));
+            c
+        })
+        .collect();
+    // Both sockets linger, reading what their clients still send.
+    let mut waiting = connect(&s);
+    waiting.write_all(b"GET /_/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let early = read_all(waiting.try_clone().unwrap(), Duration::from_millis(800));
+    assert!(early.raw.is_empty() && !early.closed, "answered beyond the limit: {}", early.text());
+    // Once their clients close, the lingers end and give their places back.
+    drop(refused);
+    let answer = read_all(waiting, Duration::from_secs(5));
+    assert_eq!(answer.status(), 200, "{}", answer.text());
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn trickled_headers_are_cut_off_after_the_header_timeout() {
     let mut s = Server::start(&["--header-timeout", "2"]);

@@ -792,7 +792,7 @@ async fn connections(
         // A client that stops reading an answer, with the socket's buffers
         // full, is let go after the send timeout, as nginx's send_timeout.
         let linger = sendfile::Linger::default();
-        let stream = sendfile::Socket::new(stream, linger.clone(), app.limits.send_timeout);
+        let stream = sendfile::Socket::new(stream, linger.clone(), slot, app.limits.send_timeout);
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(Peer { addr: peer, local, linger: linger.clone() });
@@ -806,7 +806,6 @@ async fn connections(
                 tracing::debug!(%peer, "connection ended: {e}");
             }
             open.fetch_sub(1, Ordering::Relaxed);
-            drop(slot);
         });
     }
     tokio::select! {

@@ -606,6 +606,11 @@ async fn multipart_ranges(
     // A stored Content-Encoding describes the object, whose bytes each
     // part carries; the answer itself is the multipart document.
     let encoding = record.header(header::CONTENT_ENCODING.as_str()).map(|e| format!("Content-Encoding: {e}\r\n"));
+    let head_only = req.method() == Method::HEAD;
+    // The first range is opened before the status goes out, so a blob that
+    // cannot be read fails the request with a status rather than cutting
+    // the body after its 206, as a single range does.
+    let mut first = if head_only { None } else { Some(app.store.read_to_send(record, ranges[0]).await?) };
     let mut total = 0u64;
     let mut pieces: Vec<crate::engine::ByteStream> = Vec::new();
     for r in &ranges {
@@ -619,7 +624,12 @@ async fn multipart_ranges(
         );
         total += head.len() as u64 + r.len();
         pieces.push(Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(head)) })));
-        // Each range is opened only when the previous one has been sent.
+        if let Some(opened) = first.take() {
+            pieces.push(opened);
+            continue;
+        }
+        // Each later range is opened only when the previous one has been
+        // sent.
         let (store_app, record, r) = (app.clone(), record.clone(), *r);
         let lazy = futures::stream::once(async move { store_app.store.read_to_send(&record, r).await })
             .map(|res| res.map_err(|e| crate::engine::EngineError::other("store", e)))
@@ -629,11 +639,8 @@ async fn multipart_ranges(
     let tail = format!("\r\n--{boundary}--\r\n");
     total += tail.len() as u64;
     pieces.push(Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(tail)) })));
-    let body: crate::engine::ByteStream = if req.method() == Method::HEAD {
-        Box::pin(futures::stream::empty())
-    } else {
-        Box::pin(futures::stream::iter(pieces).flatten())
-    };
+    let body: crate::engine::ByteStream =
+        if head_only { Box::pin(futures::stream::empty()) } else { Box::pin(futures::stream::iter(pieces).flatten()) };
     let mut r = streamed(StatusCode::PARTIAL_CONTENT, total, body);
     object_headers(r.headers_mut(), record, req);
     r.headers_mut().remove(header::CONTENT_ENCODING);

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
 use crate::engine::mapped;
@@ -40,6 +41,10 @@ pub(super) struct Socket {
     /// is looked up however short it is.
     resume_at: usize,
     linger: Linger,
+    /// The connection's place among the server's `max_connections`: given
+    /// back when the socket closes, after the linger if there is one, so
+    /// that lingering sockets count too.
+    slot: Option<OwnedSemaphorePermit>,
     send_timeout: Duration,
     /// While the socket takes no more: when to look again whether the
     /// client has taken any of what it holds (made once, set again for
@@ -83,9 +88,9 @@ const LINGER_FOR: Duration = Duration::from_secs(10);
 const LINGER_READ: Duration = Duration::from_secs(2);
 
 impl Socket {
-    pub(super) fn new(stream: TcpStream, linger: Linger, send_timeout: Duration) -> Socket {
+    pub(super) fn new(stream: TcpStream, linger: Linger, slot: OwnedSemaphorePermit, send_timeout: Duration) -> Socket {
         let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT);
-        Socket { stream, resume_at: 0, linger, send_timeout, next_look: None, stalled: None }
+        Socket { stream, resume_at: 0, linger, slot: Some(slot), send_timeout, next_look: None, stalled: None }
     }
 
     /// What becomes of a write that the socket did not take: it waits on,
@@ -252,7 +257,9 @@ impl Drop for Socket {
         let Ok(std) = self.stream.as_fd().try_clone_to_owned().map(std::net::TcpStream::from) else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let Ok(stream) = TcpStream::from_std(std) else { return };
+        let slot = self.slot.take();
         runtime.spawn(async move {
+            let _slot = slot;
             let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Write);
             let mut buf = vec![0; 16 * 1024];
             let read = async {
