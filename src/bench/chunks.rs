@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::rss::{self, Sampler};
 use super::stats::Summary;
-use super::{DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, drop_caches, thousands};
+use super::{DataDir, DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, drop_caches, thousands};
 
 const NAME: &str = "chunks";
 /// The engines that store a blob as chunks of `--chunk-size` bytes.
@@ -232,10 +232,10 @@ impl Step<'_> {
     ) -> anyhow::Result<Measured> {
         let subject = self.engine.subject();
         let name = &self.engine.name;
-        let data = settings.scratch.join(format!("chunks-{}-{name}-{}", self.index, self.chunk));
+        let data = DataDir::new(settings.scratch.join(format!("chunks-{}-{name}-{}", self.index, self.chunk)));
         let mut flags = self.flags.to_vec();
         flags.extend(["--chunk-size".to_string(), self.chunk.to_string()]);
-        let server = DepotServer::start(name, &flags, &data, settings.threads)?;
+        let server = DepotServer::start(name, &flags, data.path(), settings.threads)?;
         let backend = backend_server(self.flags);
         let sampler = backend.as_ref().ok().copied().flatten().map(Sampler::start);
         let pid = server.pid();
@@ -291,7 +291,6 @@ impl Step<'_> {
         } else {
             drop(server);
         }
-        let _ = std::fs::remove_dir_all(&data);
         let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
         Ok(Measured {
             write,

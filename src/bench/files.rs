@@ -12,7 +12,6 @@
 //! fast any HTTP server delivers the disk's bytes on this machine.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,8 +26,8 @@ use super::load::{self, Connection};
 use super::nginx::Nginx;
 use super::stats::Summary;
 use super::{
-    DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches, purge,
-    remote_usage, rss, server_stats, stored_bytes, stores_on_a_server,
+    DataDir, DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches,
+    purge, remote_usage, rss, server_stats, stored_bytes, stores_on_a_server,
 };
 
 const NAME: &str = "files";
@@ -164,7 +163,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let runs: usize = Phase::ALL.iter().map(|p| p.rounds()).sum();
     let read_runs: usize = Phase::ALL.iter().filter(|p| p.reads()).map(|p| p.rounds()).sum();
     let per_engine = (2 * runs + read_runs) as u64;
-    let progress = Progress::new(NAME, per_engine * settings.engines.len().max(1) as u64);
+    let progress = Progress::new(NAME, per_engine * settings.engines.len() as u64);
     let mut rows = Vec::new();
     let logical = (2 * scale.files * scale.size) as f64;
     let cold = drop_caches().is_ok();
@@ -182,6 +181,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let mut all = Peers::new(&nginx);
     let mut nginx_vs_plain = PhaseSecs::default();
     for (i, engine) in settings.engines.iter().enumerate() {
+        progress.part(per_engine);
         let subject = engine.subject();
         let skip_all = |rows: &mut Vec<Row>, why: &str| {
             for phase in Phase::ALL {
@@ -189,7 +189,6 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                     Row::skipped(NAME, phase.case(), &subject, MBS, why).with_seed(phase.seed(seed_like(&engine.name))),
                 );
             }
-            progress.done(per_engine);
         };
         let flags = match &engine.serve_flags {
             Ok(f) => f,
@@ -199,8 +198,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         };
         progress.doing(&format!("{subject}: starting"));
-        let data = settings.scratch.join(format!("files-{i}-{}", engine.name));
-        let mut server = match DepotServer::start(&engine.name, flags, &data, settings.threads) {
+        // At --full each engine's files take 20 GB: one engine's at a time.
+        let data = DataDir::new(settings.scratch.join(format!("files-{i}-{}", engine.name)));
+        let mut server = match DepotServer::start(&engine.name, flags, data.path(), settings.threads) {
             Ok(s) => s,
             Err(e) => {
                 skip_all(&mut rows, &format!("{e:#}"));
@@ -256,11 +256,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         } else {
             drop(server);
         }
-        // At --full each engine's files take 20 GB: one engine's at a time.
-        let _ = std::fs::remove_dir_all(&data);
     }
     if all.plain.as_ref().is_ok_and(|secs| secs[0].is_empty()) {
-        // No engine ran: the peers alone.
+        // No engine ran: the peers alone, in a part of the bar of their own.
+        progress.grow(per_engine);
+        progress.part(per_engine);
         let mut peers = Peers::new(&nginx);
         for (slot, phase) in Phase::ALL.into_iter().enumerate() {
             for round in 0..phase.rounds() {
@@ -590,8 +590,6 @@ impl Plain {
     /// run; reads start from a dropped page cache.
     async fn phase(&self, phase: Phase) -> anyhow::Result<f64> {
         std::fs::create_dir_all(&self.dir)?;
-        // nginx's workers read the files as an unprivileged user.
-        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755))?;
         if phase.reads() {
             self.make_cold()?;
         }

@@ -24,8 +24,8 @@ use super::load::{self, Connection, Plan};
 use super::nginx::Nginx;
 use super::stats::Summary;
 use super::{
-    DepotServer, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, find_program, remote_disk_bytes,
-    stores_on_a_server, thousands,
+    DataDir, DepotServer, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, find_program,
+    remote_disk_bytes, stores_on_a_server, thousands,
 };
 
 const NAME: &str = "http";
@@ -103,6 +103,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     };
     // Every server runs for the whole experiment: the rounds of a case
     // alternate between them, so a slow spell of the machine falls on all.
+    // Their data goes once they are stopped.
+    let mut data_dirs = Vec::new();
     let mut servers = Vec::new();
     let mut targets = Vec::new();
     for (i, engine) in settings.engines.iter().enumerate() {
@@ -115,8 +117,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 continue;
             }
         };
-        let data = settings.scratch.join(format!("http-{i}-{}", engine.name));
-        let server = match DepotServer::start(&engine.name, flags, &data, settings.threads) {
+        let data = DataDir::new(settings.scratch.join(format!("http-{i}-{}", engine.name)));
+        let server = match DepotServer::start(&engine.name, flags, data.path(), settings.threads) {
             Ok(s) => s,
             Err(e) => {
                 skip_all(&mut rows, &subject, &format!("{e:#}"));
@@ -141,13 +143,15 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             addr,
             get_prefix: "/files/bench/",
             put_prefix: "/files/bench/put/",
-            written: data,
+            written: data.path().to_path_buf(),
             on_a_server: stores_on_a_server(&engine.name),
             from_disk: false,
         });
+        data_dirs.push(data);
     }
     progress.doing("nginx: starting");
-    let nginx = Nginx::start(&settings.scratch.join("nginx"), settings.threads)
+    let nginx_dir = DataDir::new(settings.scratch.join("nginx"));
+    let nginx = Nginx::start(nginx_dir.path(), settings.threads)
         .and_then(|n| files.iter().try_for_each(|(name, bytes)| n.publish(name, bytes)).map(|()| n));
     match &nginx {
         Ok(nginx) => targets.push(Target {
@@ -223,6 +227,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     progress.done(targets.len() as u64);
     drop(servers);
     drop(nginx);
+    drop(data_dirs);
+    drop(nginx_dir);
     progress.finish();
     Ok(ExperimentReport {
         name: NAME.into(),

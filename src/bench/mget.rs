@@ -20,7 +20,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection};
-use super::{DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, drop_caches, thousands};
+use super::{
+    DataDir, DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, drop_caches, thousands,
+};
 use crate::bench::stats::Summary;
 
 const NAME: &str = "mget";
@@ -110,8 +112,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let cold_possible = drop_caches();
     let mut rows = Vec::new();
     let load_case = format!("load {} keys", thousands(scale.keys as u64));
+    // The floor's steps: its loading first, the rest last.
+    progress.part(1);
     progress.doing("rocksdb multi_get: loading");
-    let dir = settings.scratch.join("mget-rocksdb");
+    let floor_dir = DataDir::new(settings.scratch.join("mget-rocksdb"));
+    let dir = floor_dir.path().to_path_buf();
     let floor = tokio::task::spawn_blocking(move || Floor::load(&dir, scale)).await?.map(Arc::new);
     progress.done(1);
     // Each timed request to depot is followed by the floor's of the same
@@ -119,6 +124,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let mut floor_times = Timings::empty(sets.sizes.len());
     let mut paired = false;
     for (i, engine) in settings.engines.iter().enumerate() {
+        progress.part(steps_per_subject);
         let subject = engine.subject();
         progress.doing(&format!("{subject}: starting"));
         let measured = match skip_reason(engine, settings) {
@@ -131,10 +137,19 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             Ok((rate, timings, beside)) => {
                 rows.push(Row::single(NAME, &load_case, &subject, "keys/s", rate));
                 rows.extend(timing_rows(&subject, &sets, &timings, true));
-                if let Some(beside) = beside {
-                    rows.extend(ratio_rows(&subject, &sets, &timings, &beside));
-                    floor_times.add(&beside);
-                    paired = true;
+                match beside {
+                    Some(Ok(beside)) => {
+                        rows.extend(ratio_rows(&subject, &sets, &timings, &beside));
+                        floor_times.add(&beside);
+                        paired = true;
+                    }
+                    Some(Err(why)) => {
+                        let why = format!("the RocksDB floor failed beside this engine: {why}");
+                        for (n, _) in &sets.sizes {
+                            rows.push(Row::skipped(NAME, &case(*n), &subject, RATIO, &why));
+                        }
+                    }
+                    None => {}
                 }
             }
             Err(why) => {
@@ -144,8 +159,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 }
             }
         }
-        progress.done(steps_per_subject);
     }
+    progress.part(steps_per_subject - 1);
     let subject = "rocksdb multi_get";
     let floor_times = match floor {
         Ok(_) if paired => Ok(floor_times),
@@ -165,7 +180,6 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         }
     }
-    progress.done(steps_per_subject - 1);
     progress.finish();
     Ok(ExperimentReport {
         name: NAME.into(),
@@ -237,7 +251,8 @@ fn timing_rows(subject: &str, sets: &KeySets, t: &Timings, seeded: bool) -> Vec<
 }
 
 /// Loads the keys into a depot with `engine` and times every batch size;
-/// returns the load rate (keys/s) and the timings.
+/// returns the load rate (keys/s), the timings, and the floor's timings
+/// beside them or its failure (depot's timings are kept either way).
 async fn measure_depot(
     engine: &EngineChoice,
     index: usize,
@@ -246,11 +261,11 @@ async fn measure_depot(
     floor: Option<&Arc<Floor>>,
     settings: &Settings,
     progress: &Progress,
-) -> anyhow::Result<(f64, Timings, Option<Timings>)> {
+) -> anyhow::Result<(f64, Timings, Option<Result<Timings, String>>)> {
     let subject = engine.subject();
     let flags = engine.serve_flags.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let data = settings.scratch.join(format!("mget-{index}-{}", engine.name));
-    let mut server = DepotServer::start(&engine.name, flags, &data, settings.threads)?;
+    let data = DataDir::new(settings.scratch.join(format!("mget-{index}-{}", engine.name)));
+    let mut server = DepotServer::start(&engine.name, flags, data.path(), settings.threads)?;
     progress.doing(&format!("{subject}: loading {} keys", thousands(sets.keys as u64)));
     let started = Instant::now();
     let addr = server.addr;
@@ -272,46 +287,77 @@ async fn measure_depot(
     let rate = sets.keys as f64 / started.elapsed().as_secs_f64();
     let mut conn = Connection::open(server.addr).await?;
     progress.done(1);
-    let (mut depot, mut beside) = (Timings::empty(sets.sizes.len()), Timings::empty(sets.sizes.len()));
+    let mut depot = Timings::empty(sets.sizes.len());
+    let mut beside = Beside::new(floor, sets.sizes.len());
     for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
         progress.doing(&format!("{subject}: {} warm", case(*n)));
         for keys in sets.all_in_batches() {
             timed_get(&mut conn, server.addr, &keys).await?;
-            if let Some(floor) = floor {
-                floor.get_blocking(keys, false).await?;
-            }
+            beside.get(keys, false).await;
         }
         for (r, keys) in rounds.iter().enumerate() {
             let ms = timed_get(&mut conn, server.addr, keys).await?;
-            let floor_ms = match floor {
-                Some(floor) => Some(floor.get_blocking(keys.clone(), false).await?),
-                None => None,
-            };
+            let floor_ms = beside.get(keys.clone(), false).await;
             // The first request of a size warms up.
             if r > 0 {
                 depot.warm[size].push(ms);
-                beside.warm[size].extend(floor_ms);
+                beside.timings.warm[size].extend(floor_ms);
             }
         }
         progress.done(1);
     }
     if let Err(why) = cold_possible {
-        (depot.cold, beside.cold) = (Err(why.clone()), Err(why.clone()));
+        (depot.cold, beside.timings.cold) = (Err(why.clone()), Err(why.clone()));
     }
     for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
-        let (Ok(cold), Ok(floor_cold)) = (&mut depot.cold, &mut beside.cold) else { break };
+        let Ok(cold) = &mut depot.cold else { break };
         progress.doing(&format!("{subject}: {} cold", case(*n)));
         for keys in &rounds[1..] {
             server.restart_cold()?;
             let mut conn = Connection::open(server.addr).await?;
             cold[size].push(timed_get(&mut conn, server.addr, keys).await?);
-            if let Some(floor) = floor {
-                floor_cold[size].push(floor.get_blocking(keys.clone(), true).await?);
+            if let Some(ms) = beside.get(keys.clone(), true).await
+                && let Ok(floor_cold) = &mut beside.timings.cold
+            {
+                floor_cold[size].push(ms);
             }
         }
         progress.done(1);
     }
-    Ok((rate, depot, floor.map(|_| beside)))
+    Ok((rate, depot, beside.finish()))
+}
+
+/// The floor's requests beside one engine's: its timings, until it fails;
+/// then depot's requests go on alone, and the pair is dropped.
+struct Beside<'a> {
+    floor: Option<&'a Arc<Floor>>,
+    timings: Timings,
+    failed: Option<String>,
+}
+
+impl<'a> Beside<'a> {
+    fn new(floor: Option<&'a Arc<Floor>>, sizes: usize) -> Beside<'a> {
+        Beside { floor, timings: Timings::empty(sizes), failed: None }
+    }
+
+    /// The floor's time for `keys`, unless it has failed (now or before)
+    /// or there is no floor.
+    async fn get(&mut self, keys: Vec<usize>, cold: bool) -> Option<f64> {
+        let floor = self.floor.filter(|_| self.failed.is_none())?;
+        match floor.get_blocking(keys, cold).await {
+            Ok(ms) => Some(ms),
+            Err(e) => {
+                self.failed = Some(format!("{e:#}"));
+                None
+            }
+        }
+    }
+
+    /// The floor's timings, or why it failed; `None` without a floor.
+    fn finish(self) -> Option<Result<Timings, String>> {
+        self.floor?;
+        Some(self.failed.map_or(Ok(self.timings), Err))
+    }
 }
 
 /// Depot's times as multiples of the floor's beside them, request by request.
@@ -508,6 +554,21 @@ mod tests {
         assert_eq!(batch_lengths(b"").unwrap(), vec![]);
         assert!(batch_lengths(b"9\nshort\n").is_err());
         assert!(batch_lengths(b"x\n").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_failing_floor_drops_the_pair_and_is_asked_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let floor = Arc::new(Floor::load(dir.path(), Scale { keys: 10, largest_batch: 10, rounds: 1 }).unwrap());
+        let mut beside = Beside::new(Some(&floor), 1);
+        assert!(beside.get(vec![1, 2], false).await.is_some());
+        assert!(beside.get(vec![10], false).await.is_none(), "a key never stored");
+        assert!(beside.get(vec![1], false).await.is_none(), "asked again after failing");
+        match beside.finish() {
+            Some(Err(why)) => assert!(why.contains("lost"), "{why}"),
+            _ => panic!("the floor's failure is not reported"),
+        }
+        assert!(Beside::new(None, 1).finish().is_none());
     }
 
     #[test]

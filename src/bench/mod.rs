@@ -93,7 +93,7 @@ pub struct BenchArgs {
     /// Which experiment to run.
     #[arg(value_enum)]
     pub experiment: Experiment,
-    /// Scaled down: every experiment in about three minutes, every engine included.
+    /// Scaled down: every experiment in about three minutes, with the same engines as without it.
     #[arg(long, conflicts_with = "full")]
     pub quick: bool,
     /// At the seeds' own sizes where the default is scaled down (files: 1000 of 10 MB;
@@ -103,7 +103,8 @@ pub struct BenchArgs {
     /// Where the report goes (default: bench-results/<UTC time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Engines to measure, comma-separated (default: all of them).
+    /// Engines to measure, comma-separated (default: all of them; mget runs fs, gridfs and s3
+    /// only when named, and chunks measures only the chunking engines).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub engines: Option<Vec<String>>,
     /// Worker threads of each server, and nginx worker processes
@@ -478,8 +479,13 @@ const SECRET_FLAGS: [(&str, &str); 3] = [
     ("--s3-secret-key", "DEPOT_S3_SECRET_KEY"),
 ];
 
-/// This executable, with `args` and `--data DIR`, and none of the
-/// caller's `DEPOT_*` settings.
+/// The settings file of every depot the bench runs, in a child or in
+/// process: an empty one, so that a `depot.toml` where the bench is started
+/// changes nothing measured.
+pub(crate) const NO_SETTINGS_FILE: &str = "/dev/null";
+
+/// This executable, with `args`, `--data DIR` and no settings file, and
+/// none of the caller's `DEPOT_*` settings.
 fn depot_command(args: &[String], data: &Path) -> Command {
     // When the executable was replaced on disk while running (a rebuild),
     // the kernel still has the running one.
@@ -501,7 +507,7 @@ fn depot_command(args: &[String], data: &Path) -> Command {
             }
         }
     }
-    cmd.arg("--data").arg(data);
+    cmd.arg("--data").arg(data).arg("--config").arg(NO_SETTINGS_FILE);
     cmd
 }
 
@@ -582,7 +588,7 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
     let mut cmd = depot_command(args, data);
     cmd.env("DEPOT_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn().context("starting depot serve")?;
-    running::started(child.id());
+    running::started(child.id())?;
     let stderr = child.stderr.take().context("no stderr from depot serve")?;
     let log = Arc::new(Mutex::new(Vec::new()));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -632,32 +638,110 @@ fn spawn_depot(args: &[String], data: &Path) -> anyhow::Result<Spawned> {
 /// The servers the bench has started and not stopped yet, so that an
 /// interrupted bench stops them rather than leave them running.
 pub(crate) mod running {
-    use std::sync::Mutex;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex, MutexGuard};
     use std::time::{Duration, Instant};
 
     use rustix::process::{Pid, Signal, kill_process};
 
-    static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+    static CHILDREN: Children = Children::new();
 
-    pub(crate) fn started(pid: u32) {
-        PIDS.lock().unwrap_or_else(|p| p.into_inner()).push(pid);
+    /// Time the children get to stop on SIGTERM before they are killed.
+    const GRACE: Duration = Duration::from_secs(5);
+
+    /// Child processes still running, and whether the bench is stopping.
+    struct Children {
+        pids: Mutex<Vec<u32>>,
+        stopping: AtomicBool,
+    }
+
+    impl Children {
+        const fn new() -> Children {
+            Children { pids: Mutex::new(Vec::new()), stopping: AtomicBool::new(false) }
+        }
+
+        fn pids(&self) -> MutexGuard<'_, Vec<u32>> {
+            self.pids.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// Records a child just started. Experiments keep running while
+        /// the bench stops: a child started then is asked to stop at once,
+        /// and stopped with the others, and its experiment fails.
+        fn started(&self, pid: u32) -> anyhow::Result<()> {
+            let mut pids = self.pids();
+            pids.push(pid);
+            if self.stopping.load(Ordering::SeqCst) {
+                terminate(pid);
+                anyhow::bail!("the bench is stopping");
+            }
+            Ok(())
+        }
+
+        fn stopped(&self, pid: u32) {
+            self.pids().retain(|p| *p != pid);
+        }
+
+        /// Asks every child to stop (nginx's master stops its workers),
+        /// waits up to `grace` for them, and kills those still running.
+        async fn stop_all(&self, grace: Duration) {
+            let pids = {
+                // Under the lock: a child is either seen here or sees the flag.
+                let pids = self.pids();
+                self.stopping.store(true, Ordering::SeqCst);
+                pids.clone()
+            };
+            pids.into_iter().for_each(terminate);
+            let deadline = Instant::now() + grace;
+            while self.pids().iter().any(alive) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for pid in self.pids().iter().filter(|pid| alive(pid)) {
+                signal(*pid, Signal::KILL);
+            }
+        }
+    }
+
+    /// Whether a process is running: a child that has exited stays a
+    /// zombie until this process ends.
+    fn alive(pid: &u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+    }
+
+    pub(crate) fn started(pid: u32) -> anyhow::Result<()> {
+        CHILDREN.started(pid)
     }
 
     pub(crate) fn stopped(pid: u32) {
-        PIDS.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != pid);
+        CHILDREN.stopped(pid)
     }
 
     /// Asks a process to stop (SIGTERM).
     pub(crate) fn terminate(pid: u32) {
+        signal(pid, Signal::TERM);
+    }
+
+    fn signal(pid: u32, signal: Signal) {
         if let Some(pid) = Pid::from_raw(pid as i32) {
-            let _ = kill_process(pid, Signal::TERM);
+            let _ = kill_process(pid, signal);
         }
     }
 
-    /// Waits for SIGINT or SIGTERM; then asks every server still running
-    /// to stop (nginx's master stops its workers), waits up to five seconds
-    /// for them, removes the scratch directory and what the run made on
-    /// the engines' servers, and exits.
+    /// Removes the scratch directory; what became of it, for the last
+    /// words of an interrupted bench.
+    fn remove_scratch(dir: &Path) -> String {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                format!("{} could not be removed: {e}", dir.display())
+            }
+            _ => format!("{} is removed", dir.display()),
+        }
+    }
+
+    /// Waits for SIGINT or SIGTERM; then stops every child, removes the
+    /// scratch directory and what the run made on the engines' servers,
+    /// and exits.
     pub(crate) async fn stop_all_on_signal(settings: super::Settings) {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut interrupt), Ok(mut termination)) =
@@ -669,23 +753,59 @@ pub(crate) mod running {
             _ = interrupt.recv() => 130,
             _ = termination.recv() => 143,
         };
-        let pids = std::mem::take(&mut *PIDS.lock().unwrap_or_else(|p| p.into_inner()));
-        pids.iter().for_each(|pid| terminate(*pid));
-        // A child that has exited stays a zombie until this process ends.
-        let alive = |pid: &u32| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while pids.iter().any(alive) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = std::fs::remove_dir_all(&settings.scratch);
+        CHILDREN.stop_all(GRACE).await;
+        let removed = remove_scratch(&settings.scratch);
         if tokio::time::timeout(Duration::from_secs(10), super::remove_remote_scratch(&settings)).await.is_err() {
             eprintln!("\nthe engines' servers did not answer within 10 s: what the run made there is left");
         }
-        eprintln!("\ninterrupted: the servers started are stopped and {} is removed", settings.scratch.display());
+        eprintln!("\ninterrupted: the servers started are stopped and {removed}");
         std::process::exit(code);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::Command;
+
+        use super::*;
+
+        #[tokio::test]
+        async fn a_child_deaf_to_sigterm_is_killed_after_the_grace_period() {
+            let children = Children::new();
+            // Deaf to SIGTERM, as a wedged server is.
+            let mut child = Command::new("sh").args(["-c", "trap '' TERM; exec sleep 30"]).spawn().unwrap();
+            children.started(child.id()).unwrap();
+            // Signalled before its trap is set, the shell would stop at once.
+            let comm = format!("/proc/{}/comm", child.id());
+            while std::fs::read_to_string(&comm).unwrap() != "sleep\n" {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            children.stop_all(Duration::from_millis(300)).await;
+            let status = child.wait().unwrap();
+            assert_eq!(status.signal(), Some(Signal::KILL.as_raw()), "{status}");
+        }
+
+        #[tokio::test]
+        async fn a_child_started_while_stopping_is_stopped_and_its_start_fails() {
+            let children = Children::new();
+            children.stop_all(Duration::ZERO).await;
+            let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+            assert!(children.started(child.id()).is_err());
+            assert_eq!(child.wait().unwrap().signal(), Some(Signal::TERM.as_raw()));
+            assert_eq!(*children.pids(), [child.id()], "left for the stopping bench to see to");
+        }
+
+        #[test]
+        fn a_scratch_directory_left_behind_is_not_reported_removed() {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("not-a-directory");
+            std::fs::write(&file, "x").unwrap();
+            assert!(remove_scratch(&file).contains("could not be removed"), "{}", remove_scratch(&file));
+            let scratch = dir.path().join("scratch");
+            std::fs::create_dir_all(scratch.join("data")).unwrap();
+            assert!(remove_scratch(&scratch).ends_with("is removed"));
+            assert!(!scratch.exists());
+        }
     }
 }
 
@@ -731,9 +851,32 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-/// Progress shown while an experiment runs: one bar of known length.
+/// A data directory of the bench's, removed when dropped, whether its step
+/// succeeded or failed: the larger runs write gigabytes per step.
+pub struct DataDir(PathBuf);
+
+impl DataDir {
+    pub fn new(path: PathBuf) -> DataDir {
+        DataDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Progress shown while an experiment runs: one bar of known length,
+/// optionally run through in parts.
 pub struct Progress {
     bar: indicatif::ProgressBar,
+    /// Where the part now running ends, once parts are used.
+    part_end: Mutex<Option<u64>>,
 }
 
 impl Progress {
@@ -745,7 +888,26 @@ impl Progress {
         bar.set_style(style);
         bar.set_prefix(experiment.to_string());
         bar.enable_steady_tick(Duration::from_millis(200));
-        Progress { bar }
+        Progress { bar, part_end: Mutex::new(None) }
+    }
+
+    fn part_end(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        self.part_end.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the next part of the bar, `steps` long, at the end of the
+    /// part before however many steps that one marked done: a subject
+    /// skipped, or failed midway, marks fewer than it has.
+    pub fn part(&self, steps: u64) {
+        let mut end = self.part_end();
+        let start = end.unwrap_or_else(|| self.bar.position());
+        self.bar.set_position(start);
+        *end = Some(start + steps);
+    }
+
+    /// Lengthens the bar by `steps` not foreseen when it was made.
+    pub fn grow(&self, steps: u64) {
+        self.bar.inc_length(steps);
     }
 
     /// Announces the step now running.
@@ -753,9 +915,11 @@ impl Progress {
         self.bar.set_message(what.to_string());
     }
 
-    /// Marks `n` steps done.
+    /// Marks `n` steps done, up to the end of the part running.
     pub fn done(&self, n: u64) {
-        self.bar.inc(n);
+        let end = self.part_end();
+        let to = self.bar.position() + n;
+        self.bar.set_position(end.map_or(to, |end| to.min(end)));
     }
 
     pub fn finish(&self) {
@@ -850,12 +1014,63 @@ mod tests {
         }
     }
 
+    fn hidden_progress(steps: u64) -> Progress {
+        let progress = Progress::new("test", steps);
+        progress.bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        progress
+    }
+
+    #[test]
+    fn parts_end_where_they_should_whatever_they_marked_done() {
+        let progress = hidden_progress(10);
+        progress.part(4);
+        progress.done(1); // failed midway
+        progress.part(3); // skipped
+        assert_eq!(progress.bar.position(), 4);
+        progress.part(3);
+        progress.done(3);
+        progress.done(3); // counted twice
+        assert_eq!(progress.bar.position(), 10);
+        progress.grow(2);
+        progress.part(2);
+        progress.done(2);
+        assert_eq!(progress.bar.position(), 12);
+        assert_eq!(progress.bar.length(), Some(12));
+    }
+
+    #[test]
+    fn without_parts_steps_add_up() {
+        let progress = hidden_progress(5);
+        progress.done(2);
+        progress.done(2);
+        assert_eq!(progress.bar.position(), 4);
+    }
+
+    #[test]
+    fn a_data_directory_is_removed_when_dropped() {
+        let scratch = tempfile::tempdir().unwrap();
+        let data = DataDir::new(scratch.path().join("data"));
+        std::fs::create_dir_all(data.path().join("blobs")).unwrap();
+        let path = data.path().to_path_buf();
+        drop(data);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn servers_read_an_empty_settings_file() {
+        let args = crate::config::ServeArgs { config: Some(NO_SETTINGS_FILE.into()), ..Default::default() };
+        crate::config::Settings::resolve(&args).expect("an empty settings file");
+        let cmd = depot_command(&["gc".to_string()], Path::new("/d"));
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(args, ["gc", "--data", "/d", "--config", NO_SETTINGS_FILE]);
+    }
+
     #[test]
     fn secrets_reach_the_servers_in_their_environment_not_their_flags() {
         let flags = ["serve", "--engine", "s3", "--engine-url", "http://k:pw@host", "--s3-secret-key", "s3cret"];
         let cmd = depot_command(&flags.map(String::from), Path::new("/d"));
         let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-        assert_eq!(args, ["serve", "--engine", "s3", "--data", "/d"]);
+        assert_eq!(args, ["serve", "--engine", "s3", "--data", "/d", "--config", NO_SETTINGS_FILE]);
         let env: Vec<_> = cmd.get_envs().filter_map(|(k, v)| Some((k.to_str()?, v?.to_str()?))).collect();
         assert!(env.contains(&("DEPOT_ENGINE_URL", "http://k:pw@host")), "{env:?}");
         assert!(env.contains(&("DEPOT_S3_SECRET_KEY", "s3cret")), "{env:?}");

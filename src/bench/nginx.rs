@@ -5,7 +5,6 @@
 //! worker processes as depot has worker threads.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,11 +24,14 @@ pub struct Nginx {
 }
 
 /// The configuration: everything nginx writes stays inside `dir`.
-pub fn config(dir: &Path, port: u16, workers: usize) -> String {
+/// `as_root`: the master runs as root, whose workers would otherwise run
+/// as an unprivileged user, who may not reach `dir` (a run under /root).
+pub fn config(dir: &Path, port: u16, workers: usize, as_root: bool) -> String {
     let d = dir.display();
+    let user = if as_root { "user root;\n" } else { "" };
     format!(
         "daemon off;
-master_process on;
+{user}master_process on;
 worker_processes {workers};
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
@@ -65,17 +67,13 @@ impl Nginx {
         let Some(program) = find_program("nginx") else { bail!("nginx not installed (Debian package nginx)") };
         let root = dir.join("www");
         let dav = root.join("dav");
-        for d in [dir, &root, &dir.join("tmp")] {
+        // The workers run as the bench's user, who owns everything here.
+        for d in [&dav, &dir.join("tmp")] {
             std::fs::create_dir_all(d)?;
-            // Worker processes of a root master run as an unprivileged user:
-            // they must be able to read what is served.
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
         }
-        std::fs::create_dir_all(&dav)?;
-        std::fs::set_permissions(&dav, std::fs::Permissions::from_mode(0o777))?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, config(dir, port, workers))?;
+        std::fs::write(&conf, config(dir, port, workers, super::is_root()))?;
         let mut child = Command::new(&program)
             .arg("-p")
             .arg(dir)
@@ -88,7 +86,7 @@ impl Nginx {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
-        super::running::started(child.id());
+        super::running::started(child.id())?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -115,12 +113,9 @@ impl Nginx {
         Ok(Nginx { child, addr, root, dav })
     }
 
-    /// Puts a file where nginx serves it as `/name`, readable by its workers.
+    /// Puts a file where nginx serves it as `/name`.
     pub fn publish(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
-        let path = self.root.join(name);
-        std::fs::write(&path, bytes)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
-        Ok(())
+        Ok(std::fs::write(self.root.join(name), bytes)?)
     }
 }
 
@@ -145,7 +140,7 @@ mod tests {
 
     #[test]
     fn the_configuration_keeps_everything_in_its_directory() {
-        let c = config(Path::new("/x/n"), 8123, 3);
+        let c = config(Path::new("/x/n"), 8123, 3, false);
         assert!(c.contains("worker_processes 3;"));
         assert!(c.contains("listen 127.0.0.1:8123;"));
         assert!(c.contains("sendfile on;") && c.contains("open_file_cache off;"));
@@ -156,5 +151,12 @@ mod tests {
         for line in lines {
             assert!(line.contains("/x/n/"), "{line}");
         }
+        assert!(!c.contains("user "), "a master not root keeps its own user");
+    }
+
+    #[test]
+    fn a_root_master_keeps_its_workers_root() {
+        let c = config(Path::new("/root/bench/n"), 8123, 3, true);
+        assert_eq!(c.lines().filter(|l| l.starts_with("user ")).collect::<Vec<_>>(), ["user root;"]);
     }
 }

@@ -31,7 +31,7 @@ use rand::{Rng, SeedableRng};
 
 use super::rss::{self, Sampler};
 use super::stats::Summary;
-use super::{DepotServer, ExperimentReport, Progress, Row, Settings, drop_caches, load, thousands};
+use super::{DepotServer, ExperimentReport, NO_SETTINGS_FILE, Progress, Row, Settings, drop_caches, load, thousands};
 use crate::store::StoreError;
 
 const NAME: &str = "scale";
@@ -274,11 +274,21 @@ async fn get(addr: SocketAddr, key: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The settings of the store filled in-process: those of the servers
+/// started on it, and none from a `depot.toml` where the bench runs.
+fn store_settings(data: &Path) -> anyhow::Result<crate::config::Settings> {
+    crate::config::Settings::resolve(&crate::config::ServeArgs {
+        data: Some(data.to_path_buf()),
+        engine: Some(ENGINE.into()),
+        config: Some(NO_SETTINGS_FILE.into()),
+        ..Default::default()
+    })
+}
+
 /// Writes objects 0..count into the store in `data` (no server running);
 /// objects per second.
 async fn fill(data: &Path, count: u64, progress: &Progress) -> anyhow::Result<f64> {
-    let args = crate::config::ServeArgs { data: Some(data.to_path_buf()), ..Default::default() };
-    let store = std::sync::Arc::new(crate::cli::serve::open_store(&crate::config::Settings::resolve(&args)?).await?);
+    let store = std::sync::Arc::new(crate::cli::serve::open_store(&store_settings(data)?).await?);
     let started = Instant::now();
     let batches = count.div_ceil(FILL_BATCH as u64);
     let mut writes = futures::stream::iter(0..batches)
@@ -304,4 +314,16 @@ async fn fill(data: &Path, count: u64, progress: &Progress) -> anyhow::Result<f6
         progress.doing(&format!("writing objects: {} of {}", thousands(done), thousands(count)));
     }
     Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_filled_in_process_has_the_engine_measured() {
+        let settings = store_settings(Path::new("/d")).unwrap();
+        assert_eq!(settings.engine.name(), ENGINE);
+        assert_eq!(settings.data, Path::new("/d"));
+    }
 }

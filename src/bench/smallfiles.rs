@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection, Plan};
 use super::stats::Summary;
-use super::{DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, thousands};
+use super::{DataDir, DepotServer, EngineChoice, ExperimentReport, Progress, Row, Settings, disk_usage, thousands};
 
 const NAME: &str = "smallfiles";
 /// Connections writing and reading at once (threads, for plain files).
@@ -213,8 +213,8 @@ async fn measure_depot(
     progress: &Progress,
 ) -> anyhow::Result<Measured> {
     let subject = engine.subject();
-    let data = settings.scratch.join(format!("smallfiles-{index}-{}", engine.name));
-    let server = DepotServer::start(&engine.name, flags, &data, settings.threads)?;
+    let data = DataDir::new(settings.scratch.join(format!("smallfiles-{index}-{}", engine.name)));
+    let server = DepotServer::start(&engine.name, flags, data.path(), settings.threads)?;
     let addr = server.addr;
     let usage_at_start = super::remote_usage(&server, &engine.name).await;
     progress.doing(&format!("{subject}: writing {} files", thousands(scale.files as u64)));
@@ -268,7 +268,6 @@ async fn measure_depot(
     } else {
         drop(server);
     }
-    let _ = std::fs::remove_dir_all(&data);
     Ok(Measured { ingest, disk_per_byte, listing, listed, reads, latency, peak_rss })
 }
 
