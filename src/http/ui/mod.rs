@@ -47,13 +47,21 @@ pub(super) async fn answer(app: &Arc<App>, req: &Request, anonymous: bool) -> Op
     (read && is_page(req, anonymous)).then(|| page(req))
 }
 
+/// What the page may load: its own script and style sheet (nothing
+/// inline, so an injected tag or attribute does nothing), and this
+/// server's objects in previews and players. Only the page has it: objects
+/// are served with a policy of their own.
+const PAGE_CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                        img-src 'self'; media-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
+                        frame-ancestors 'none'";
+
 /// The page. No other site may show it in a frame: it could lay its own
 /// page over the UI's buttons and have the user click Delete unawares.
 fn page(req: &Request) -> Response {
     let mut r = super::listing::negotiated(asset(req, "text/html; charset=utf-8", INDEX_HTML));
     let h = r.headers_mut();
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("frame-ancestors 'none'"));
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(PAGE_CSP));
     r
 }
 

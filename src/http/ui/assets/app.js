@@ -8,7 +8,7 @@
   const $ = (id) => document.getElementById(id);
   const PAGE = 200;
   const REGION = 'us-east-1';
-  const S = { cfg: null, cred: null, bucket: null, prefix: '', search: '', cursors: [null], next: null, items: [], sort: { key: 'name', dir: 1 }, seq: 0, failed: false };
+  const S = { cfg: null, cred: null, bucket: null, prefix: '', search: '', cursors: [null], next: null, items: [], sort: { key: 'name', dir: 1 }, seq: 0, shown: 0, failed: false };
   const enc = new TextEncoder();
 
   // --- SHA-256 and HMAC: WebCrypto exists only in secure contexts, and a
@@ -105,8 +105,32 @@
     if (S.cred && bearer) h.Authorization = 'Bearer ' + S.cred.sk;
     let r;
     try { r = await fetch(url, { method, headers: h, body }); } catch (e) { throw new Error(`the server could not be reached (${e.message})`); }
-    if (!r.ok) throw new Error(await failure(r.status, r.statusText, await r.text().catch(() => '')));
+    if (!r.ok) {
+      const text = await r.text().catch(() => '');
+      if (r.status === 403 && S.cred && !(await credentialsHold())) throw new Error('the saved credentials are no longer valid: sign in again');
+      throw new Error(await failure(r.status, r.statusText, text));
+    }
     return r;
+  }
+  /** A presigned ListBuckets: checks the access key and the secret. */
+  const verify = () => fetch(presign('GET', '/')).catch(() => null);
+  // A refusal may be of the request, or of credentials that stopped
+  // working (the secret was changed): those are asked again, once for all
+  // the requests refused together.
+  let checking = null;
+  function credentialsHold() {
+    checking ||= verify().then((r) => {
+      checking = null;
+      if (!r || r.status !== 403 || !S.cred) return true;
+      S.cred = null;
+      sessionStorage.removeItem('depot.cred');
+      who();
+      const why = 'The saved credentials are no longer valid (the secret may have changed). Sign in again, or cancel to browse the public buckets only.';
+      // Cancelled: what anonymous visitors see. (A sign-in loads the page.)
+      if (!$('ask').open) signIn(why).then(() => { if (!S.cred) load(true); });
+      return false;
+    });
+    return checking;
   }
   function contentDisposition(name) {
     const ascii = name.replace(/[^\x20-\x7e]|["\\]/g, '_');
@@ -129,14 +153,20 @@
     const full = S.prefix + S.search;
     let dirs, entries, next;
     if (mode() === 'anon') {
-      let u = `/${uri(S.bucket, true)}?list-type=2&delimiter=%2F&max-keys=${PAGE}&prefix=${uri(full, true)}`;
+      // Keys come URL-encoded: XML cannot carry every character a key may
+      // hold (it reads \r as \n and has no \x01 at all).
+      let u = `/${uri(S.bucket, true)}?list-type=2&delimiter=%2F&encoding-type=url&max-keys=${PAGE}&prefix=${uri(full, true)}`;
       if (cursor) u += '&continuation-token=' + uri(cursor, true);
       const x = new DOMParser().parseFromString(await (await call('GET', u, { accept: 'application/xml' })).text(), 'application/xml');
+      // A document that does not parse must not pass for an empty folder.
+      if (x.getElementsByTagName('parsererror').length || x.documentElement.localName !== 'ListBucketResult') throw new Error('the listing the server sent could not be read');
       const text = (el, tag) => el.getElementsByTagName(tag)[0]?.textContent ?? '';
-      dirs = Array.from(x.getElementsByTagName('CommonPrefixes'), (c) => text(c, 'Prefix'));
+      const key = (el, tag) => decodeURIComponent(text(el, tag));
+      dirs = Array.from(x.getElementsByTagName('CommonPrefixes'), (c) => key(c, 'Prefix'));
       entries = Array.from(x.getElementsByTagName('Contents'), (c) => ({
-        key: text(c, 'Key'), size: Number(text(c, 'Size')), modified: text(c, 'LastModified'), etag: text(c, 'ETag').replace(/"/g, ''), content_type: '',
+        key: key(c, 'Key'), size: Number(text(c, 'Size')), modified: text(c, 'LastModified'), etag: text(c, 'ETag').replace(/"/g, ''), content_type: '',
       }));
+      // The continuation token is opaque: encoding-type leaves it as it is.
       next = text(x.documentElement, 'NextContinuationToken') || null;
     } else {
       let u = `${path(S.bucket, S.prefix)}?format=json&limit=${PAGE}`;
@@ -163,6 +193,8 @@
     return e;
   }
   function human(n) {
+    // A total the server could not tell (null) is no number of bytes.
+    if (typeof n !== 'number' || !Number.isFinite(n)) return '—';
     if (n < 1024) return `${n} B`;
     const units = ['KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
     let i = -1;
@@ -183,12 +215,16 @@
     const parts = [['/', 'Buckets']];
     if (S.bucket !== null) {
       parts.push([path(S.bucket, ''), S.bucket]);
+      // Every segment is a folder, an empty one too: `a//b/` is in `a//`.
       let acc = '';
-      for (const seg of S.prefix.split('/').filter(Boolean)) { acc += seg + '/'; parts.push([path(S.bucket, acc), seg]); }
+      for (const seg of S.prefix.split('/').slice(0, -1)) { acc += seg + '/'; parts.push([path(S.bucket, acc), seg]); }
     }
     parts.forEach(([href, text], i) => {
       if (i) nav.append(el('span', { class: 'sep', 'aria-hidden': 'true' }, '/'));
-      nav.append(i === parts.length - 1 ? el('span', { 'aria-current': 'page' }, text) : navLink(href, text));
+      // An empty name, shown apart from a folder really named "(empty)".
+      const attrs = text ? {} : { class: 'blank', title: 'a folder with an empty name' };
+      const label = text || '(empty)';
+      nav.append(i === parts.length - 1 ? el('span', Object.assign({ 'aria-current': 'page' }, attrs), label) : navLink(href, label, attrs));
     });
     document.title = S.bucket === null ? 'depot' : `${S.bucket}/${S.prefix} · depot`;
   }
@@ -236,8 +272,14 @@
   }
 
   function fileActions(it) {
+    const href = () => objectUrl(it.key, { download: true });
+    const dl = el('a', { href: href(), download: it.name.split('/').pop(), 'aria-label': `Download ${it.name}` }, 'Download');
+    // A presigned link expires: it is signed again as it is used (a click
+    // or Enter, a middle click, the context menu's "copy link"), not only
+    // when the row was drawn.
+    if (mode() === 'signed') for (const t of ['pointerdown', 'click', 'auxclick', 'contextmenu']) dl.addEventListener(t, () => { dl.href = href(); });
     const out = [
-      el('a', { href: objectUrl(it.key, { download: true }), download: it.name.split('/').pop(), 'aria-label': `Download ${it.name}` }, 'Download'),
+      dl,
       el('button', { type: 'button', 'aria-label': `Copy link to ${it.name}`, onclick: () => copyLink(it) }, 'Copy link'),
     ];
     if (canWrite()) out.push(el('button', { type: 'button', class: 'danger', 'aria-label': `Delete ${it.name}`, onclick: () => removeObject(it) }, 'Delete'));
@@ -279,8 +321,9 @@
       const s = await (await call('GET', '/_/stats')).json();
       // Signed out while it was asked: not for this page any more.
       if (!canWrite()) { box.hidden = true; return; }
-      const cell = (label, value, key) => el('div', {}, el('dt', {}, label), el('dd', { 'data-stat': key, title: String(value) }, key === 'objects' || key === 'engine' ? String(value) : human(value)));
-      box.replaceChildren(el('dl', { style: 'display:contents' },
+      const cell = (label, value, key) => el('div', {}, el('dt', {}, label),
+        el('dd', { 'data-stat': key, title: value ?? undefined }, key === 'objects' || key === 'engine' ? String(value ?? '—') : human(value)));
+      box.replaceChildren(el('dl', { class: 'stats' },
         cell('Objects', s.objects, 'objects'), cell('Stored (logical)', s.logical_bytes, 'logical_bytes'),
         cell('On disk', s.disk_bytes, 'disk_bytes'), cell('Saved by dedup', s.dedup_saved_bytes, 'dedup_saved_bytes'), cell('Engine', s.engine, 'engine')));
       box.hidden = false;
@@ -373,7 +416,7 @@
     const url = new URL(objectUrl(it.key, { expires: 7 * 24 * 3600 }), location.href).href;
     let ok = false;
     try { await navigator.clipboard.writeText(url); ok = true; } catch {
-      const t = el('textarea', { style: 'position:fixed;opacity:0' }, url);
+      const t = el('textarea', { class: 'offscreen' }, url);
       document.body.append(t);
       t.select();
       try { ok = document.execCommand('copy'); } catch { /* no clipboard at all */ }
@@ -386,6 +429,9 @@
   const TEXTY = /^(text\/|application\/(json|xml|javascript|x-sh|toml|yaml|x-yaml))|\+(json|xml)$/;
   const TEXT_EXT = /\.(txt|md|log|csv|json|xml|ya?ml|toml|ini|conf|rs|py|js|ts|sh|c|h|go|java|html|css|sql)$/i;
   async function preview(it) {
+    // Opening another preview (or closing this one) makes this one stale:
+    // its answers, when they come, are dropped.
+    const seq = ++S.shown, stale = () => seq !== S.shown;
     const d = $('preview'), body = $('pv-body'), meta = $('pv-meta');
     $('pv-title').textContent = it.name;
     body.replaceChildren(el('p', {}, 'Loading…'));
@@ -394,7 +440,11 @@
     d.showModal();
     const p = path(S.bucket, it.key);
     let h;
-    try { h = (await call('HEAD', p, { accept: '*/*' })).headers; } catch (e) { body.replaceChildren(el('p', { class: 'err' }, `Could not read ${it.name}: ${e.message}`)); return; }
+    try { h = (await call('HEAD', p, { accept: '*/*' })).headers; } catch (e) {
+      if (!stale()) body.replaceChildren(el('p', { class: 'err' }, `Could not read ${it.name}: ${e.message}`));
+      return;
+    }
+    if (stale()) return;
     const type = h.get('content-type') || 'application/octet-stream', size = Number(h.get('content-length') || it.size);
     const pairs = [['Size', `${human(size)} (${size} bytes)`], ['Content type', type], ['ETag', (h.get('etag') || '').replace(/"/g, '')],
       ['SHA-256', h.get('x-depot-sha256') || '—'], ['Modified', when(h.get('last-modified'))]];
@@ -406,11 +456,13 @@
     else if (type.startsWith('audio/')) view = el('audio', { src, controls: true, preload: 'metadata' });
     else if (TEXTY.test(type) || (type === 'application/octet-stream' && TEXT_EXT.test(it.name))) {
       try {
-        const r = await call('GET', p, { accept: '*/*', headers: { Range: 'bytes=0-65535' } });
-        view = el('pre', { tabindex: 0, 'aria-label': 'File contents' }, await r.text());
+        // An empty file has no byte 0 to ask for: the server would answer 416.
+        const text = size === 0 ? '' : await (await call('GET', p, { accept: '*/*', headers: { Range: 'bytes=0-65535' } })).text();
+        view = el('pre', { tabindex: 0, 'aria-label': 'File contents' }, text);
         if (size > 65536) view = el('div', {}, view, el('p', {}, `Showing the first 64 KiB of ${human(size)}.`));
       } catch (e) { view = el('p', { class: 'err' }, e.message); }
     } else view = el('p', {}, 'No preview for this type of file.');
+    if (stale()) return;
     body.replaceChildren(view);
   }
 
@@ -428,6 +480,19 @@
       queue.push({ file, key: S.prefix + file.name, bucket: S.bucket, bar, state, li });
     }
     pump();
+  }
+  /** The files of a drop, and the names of the folders in it: a folder
+   * comes as a File that cannot be read. */
+  function dropped(dt) {
+    const files = [], folders = [];
+    if (!dt) return { files, folders };
+    for (const item of Array.from(dt.items || [])) {
+      if (item.kind !== 'file') continue;
+      const entry = item.webkitGetAsEntry?.();
+      if (entry?.isDirectory) folders.push(entry.name);
+      else { const f = item.getAsFile(); if (f) files.push(f); }
+    }
+    return { files, folders };
   }
   function pump() {
     while (running < 3 && queue.length) {
@@ -451,7 +516,10 @@
         if (e.lengthComputable) { job.bar.max = e.total || 1; job.bar.value = e.loaded; job.state.textContent = `${Math.floor((100 * e.loaded) / (e.total || 1))}%`; }
       };
       const fail = (msg) => { job.state.textContent = `failed: ${msg}`; job.state.className = 'failed'; job.li.dataset.state = 'failed'; say(`Upload of ${job.file.name} failed: ${msg}`, true); resolve(); };
-      x.onload = async () => {
+      // loadend follows every end, an abort or a timeout too: the job always
+      // ends, and the queue goes on. Status 0: no answer came.
+      x.onloadend = async () => {
+        if (x.status === 0) return fail('the connection failed');
         if (x.status >= 300) return fail(await failure(x.status, x.statusText, x.responseText));
         job.bar.value = job.bar.max;
         job.state.textContent = 'done';
@@ -459,20 +527,18 @@
         job.li.dataset.state = 'done';
         resolve();
       };
-      x.onerror = () => fail('the connection failed');
       x.send(job.file);
     });
   }
 
   // --- Sign-in.
-  async function signIn() {
+  async function signIn(why = 'This server needs credentials. Cancel to browse the public buckets only.') {
     for (;;) {
-      const v = await ask('Sign in', 'This server needs credentials. Cancel to browse the public buckets only.', [
+      const v = await ask('Sign in', why, [
         { name: 'ak', label: 'Access key', autocomplete: 'username' }, { name: 'sk', label: 'Secret key', type: 'password', autocomplete: 'current-password' }], 'Sign in');
       if (!v) return;
       S.cred = { ak: v.ak, sk: v.sk };
-      // A presigned ListBuckets checks the access key and the secret.
-      const r = await fetch(presign('GET', '/')).catch(() => null);
+      const r = await verify();
       if (r && r.ok) break;
       S.cred = null;
       say(r ? `Sign-in refused: ${await failure(r.status, r.statusText, await r.text())}` : 'The server could not be reached.', true);
@@ -490,7 +556,9 @@
   }
 
   async function start() {
-    try { S.cfg = await (await fetch('/_/ui/config')).json(); } catch (e) { say(`The server could not be reached: ${e.message}`, true); return; }
+    // Without its settings the page cannot tell whether to ask for
+    // credentials: it stops rather than guess.
+    try { S.cfg = await (await call('GET', '/_/ui/config')).json(); } catch (e) { say(`The page could not start: ${e.message}`, true); return; }
     try { S.cred = JSON.parse(sessionStorage.getItem('depot.cred') || 'null'); } catch { S.cred = null; }
     if (!S.cfg.auth_required) S.cred = null;
     document.addEventListener('click', (e) => {
@@ -514,7 +582,7 @@
     $('new-folder').onclick = newFolder;
     $('files').addEventListener('change', (e) => { upload(Array.from(e.target.files)); e.target.value = ''; });
     $('pv-close').onclick = () => $('preview').close();
-    $('preview').addEventListener('close', () => $('pv-body').replaceChildren());
+    $('preview').addEventListener('close', () => { S.shown++; $('pv-body').replaceChildren(); });
     $('sign').onclick = () => {
       if (!S.cred) return signIn();
       S.cred = null;
@@ -530,7 +598,9 @@
       e.preventDefault();
       depth = 0;
       document.body.classList.remove('dragging');
-      if (e.dataTransfer?.files.length) upload(Array.from(e.dataTransfer.files));
+      const { files, folders } = dropped(e.dataTransfer);
+      if (files.length) upload(files);
+      if (folders.length) say(`Folders cannot be uploaded (${folders.join(', ')}): drop the files in them instead.`, true);
     });
     fromLocation();
     who();
