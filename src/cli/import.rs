@@ -64,15 +64,52 @@ struct Item {
     origin: Origin,
 }
 
-/// What a source holds, as listed.
-#[derive(Default)]
-struct Listing {
-    items: Vec<Item>,
-    /// Entries that could not be listed or named as keys: the import fails.
-    problems: Vec<String>,
-    /// Entries with nothing of their own to copy (a symbolic link to
+/// One entry of a source's listing, as the listing goes.
+enum Listed {
+    Item(Item),
+    /// An entry that could not be listed or named as a key: the import
+    /// fails.
+    Problem(String),
+    /// An entry with nothing of its own to copy (a symbolic link to
     /// nothing, or back into the tree): said, and left out.
-    left_out: Vec<String>,
+    LeftOut(String),
+}
+
+/// How far a listing may run ahead of the uploads, in entries: what waits
+/// is held in memory, so never the whole source (a few hundred bytes an
+/// entry, gigabytes for tens of millions of files).
+const LISTED_AHEAD: usize = 4096;
+
+/// Where a listing puts what it finds: on to the uploads, with the
+/// progress bar's length grown by each item's size as it is found.
+#[derive(Clone)]
+struct Found {
+    out: tokio::sync::mpsc::Sender<Listed>,
+    bar: ProgressBar,
+    /// Items listed so far.
+    items: Arc<AtomicU64>,
+}
+
+impl Found {
+    /// Passes `listed` on; false once the uploads have stopped taking
+    /// entries, when listing further is of no use.
+    async fn send(&self, listed: Listed) -> bool {
+        self.count(&listed);
+        self.out.send(listed).await.is_ok()
+    }
+
+    /// [`Found::send`] from a thread outside the runtime.
+    fn send_blocking(&self, listed: Listed) -> bool {
+        self.count(&listed);
+        self.out.blocking_send(listed).is_ok()
+    }
+
+    fn count(&self, listed: &Listed) {
+        if let Listed::Item(item) = listed {
+            self.bar.inc_length(item.size);
+            self.items.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 enum Origin {
@@ -133,44 +170,63 @@ impl Source {
         Ok(Source::Dir(dir))
     }
 
-    /// Everything the source holds, with the problems found while listing.
-    async fn list(&self) -> anyhow::Result<Listing> {
+    /// Lists what the source holds into `found`, as it goes; an error
+    /// when the listing cannot go on.
+    async fn list(&self, found: Found) -> anyhow::Result<()> {
         match self {
             Source::Dir(root) => {
                 let root = root.clone();
-                tokio::task::spawn_blocking(move || walk(&root)).await?
+                tokio::task::spawn_blocking(move || walk(&root, |listed| found.send_blocking(listed))).await?
             }
             Source::GridFs(_, files) => {
-                // Several files may share a name (revisions); the newest wins.
+                // Several files may share a name (revisions); the newest
+                // wins. Sorted so, each name's files come together, the
+                // newest last: an item goes on once the next name comes.
                 let mut cursor = files.find(doc! {}).sort(doc! { "filename": 1, "uploadDate": 1 }).await?;
-                let mut items: Vec<Item> = Vec::new();
-                let mut problems = Vec::new();
+                let mut newest: Option<Item> = None;
                 while let Some(file) = cursor.try_next().await? {
-                    match gridfs_item(&file) {
-                        Ok(item) => {
-                            if items.last().is_some_and(|last| last.key == item.key) {
-                                items.pop();
+                    let item = match gridfs_item(&file) {
+                        Ok(item) => item,
+                        Err(e) => {
+                            if !found.send(Listed::Problem(e.to_string())).await {
+                                return Ok(());
                             }
-                            items.push(item);
+                            continue;
                         }
-                        Err(e) => problems.push(e.to_string()),
+                    };
+                    // An older revision of the same name is dropped.
+                    if let Some(other) = newest.replace(item)
+                        && newest.as_ref().is_some_and(|n| n.key != other.key)
+                        && !found.send(Listed::Item(other)).await
+                    {
+                        return Ok(());
                     }
                 }
-                Ok(Listing { items, problems, ..Listing::default() })
+                if let Some(last) = newest {
+                    found.send(Listed::Item(last)).await;
+                }
+                Ok(())
             }
             Source::S3(source) => {
-                let (listed, problems) = source.list().await?;
-                let items = listed
-                    .into_iter()
-                    .map(|l| Item {
-                        key: l.key.clone(),
-                        size: l.size,
-                        modified: l.modified,
-                        content_type: None,
-                        origin: Origin::S3(l.key),
-                    })
-                    .collect();
-                Ok(Listing { items, problems, ..Listing::default() })
+                let mut pages = source.pages();
+                while let Some(page) = pages.next().await? {
+                    for listed in page {
+                        let listed = match listed {
+                            Ok(l) => Listed::Item(Item {
+                                key: l.key.clone(),
+                                size: l.size,
+                                modified: l.modified,
+                                content_type: None,
+                                origin: Origin::S3(l.key),
+                            }),
+                            Err(problem) => Listed::Problem(problem),
+                        };
+                        if !found.send(listed).await {
+                            return Ok(());
+                        }
+                    }
+                }
+                Ok(())
             }
         }
     }
@@ -223,22 +279,26 @@ fn s3_headers(headers: &reqwest::header::HeaderMap) -> Vec<(String, String)> {
 /// stored once). A link back up to a directory being walked is a loop, and
 /// a link to nothing holds nothing: both are left out, not failures, since
 /// no run could ever import them (as rsync skips what is not a file).
-fn walk(root: &Path) -> anyhow::Result<Listing> {
-    let mut listing = Listing::default();
+/// Each entry goes to `found` as the walk reaches it, until `found` says
+/// no more.
+fn walk(root: &Path, mut found: impl FnMut(Listed) -> bool) -> anyhow::Result<()> {
     for entry in walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name() {
         let entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
                 let path = e.path().unwrap_or(root);
                 let shown = printable_path(path);
-                if let Some(ancestor) = e.loop_ancestor() {
+                let listed = if let Some(ancestor) = e.loop_ancestor() {
                     let ancestor = printable_path(ancestor);
-                    listing.left_out.push(format!("{shown}: a link back to {ancestor}, a loop (imported from there)"));
+                    Listed::LeftOut(format!("{shown}: a link back to {ancestor}, a loop (imported from there)"))
                 } else if let Some(why) = link_to_nowhere(path, &e) {
-                    listing.left_out.push(format!("{shown}: {why}"));
+                    Listed::LeftOut(format!("{shown}: {why}"))
                 } else {
                     let why = e.io_error().map_or(e.to_string(), ToString::to_string);
-                    listing.problems.push(format!("{shown}: {}", printable(&why)));
+                    Listed::Problem(format!("{shown}: {}", printable(&why)))
+                };
+                if !found(listed) {
+                    return Ok(());
                 }
                 continue;
             }
@@ -247,33 +307,30 @@ fn walk(root: &Path) -> anyhow::Result<Listing> {
         if !kind.is_file() {
             // Directories are walked; anything else has no bytes to import,
             // and says so.
-            if !kind.is_dir() {
-                listing.left_out.push(format!("{}: {}", printable_path(entry.path()), special_kind(kind)));
+            if !kind.is_dir()
+                && !found(Listed::LeftOut(format!("{}: {}", printable_path(entry.path()), special_kind(kind))))
+            {
+                return Ok(());
             }
             continue;
         }
-        let meta = match entry.metadata() {
-            Ok(m) => m,
-            Err(e) => {
-                listing.problems.push(format!("{}: {e}", printable_path(entry.path())));
-                continue;
-            }
-        };
         let relative = entry.path().strip_prefix(root).expect("walked paths are under the root");
-        let Some(key) = relative.to_str() else {
-            listing.problems.push(format!("{}: the name is not UTF-8", printable_path(entry.path())));
-            continue;
+        let listed = match (entry.metadata(), relative.to_str()) {
+            (Err(e), _) => Listed::Problem(format!("{}: {e}", printable_path(entry.path()))),
+            (_, None) => Listed::Problem(format!("{}: the name is not UTF-8", printable_path(entry.path()))),
+            (Ok(meta), Some(key)) => Listed::Item(Item {
+                key: key.replace(std::path::MAIN_SEPARATOR, "/"),
+                size: meta.len(),
+                modified: meta.modified().ok(),
+                content_type: None,
+                origin: Origin::File(entry.path().to_path_buf()),
+            }),
         };
-        listing.items.push(Item {
-            key: key.replace(std::path::MAIN_SEPARATOR, "/"),
-            size: meta.len(),
-            modified: meta.modified().ok(),
-            content_type: None,
-            origin: Origin::File(entry.into_path()),
-        });
+        if !found(listed) {
+            return Ok(());
+        }
     }
-    listing.items.sort_by(|a, b| a.key.cmp(&b.key));
-    Ok(listing)
+    Ok(())
 }
 
 /// What a file that is neither a regular file nor a directory is.
@@ -342,6 +399,8 @@ struct Tally {
     vanished: AtomicU64,
     markers: AtomicU64,
     failed: AtomicU64,
+    /// Of `failed`, the entries the listing could not take.
+    unlisted: AtomicU64,
 }
 
 enum Outcome {
@@ -361,26 +420,51 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
     let (bucket, prefix) = split_target(&args.target);
     let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
-        let source = Source::open(args).await?;
-        let Listing { items, problems, left_out } =
-            source.list().await.with_context(|| format!("listing {}", printable(&without_password(&args.source))))?;
+        let source = Arc::new(Source::open(args).await?);
+        // The bar grows as the listing finds items, while the uploads go.
+        let bar = super::progress_bar(0, super::BYTES_BAR);
+        let listed = Arc::new(AtomicU64::new(0));
+        let (out, mut found) = tokio::sync::mpsc::channel(LISTED_AHEAD);
+        let listing = tokio::spawn({
+            let (source, found) = (source.clone(), Found { out, bar: bar.clone(), items: listed.clone() });
+            async move { source.list(found).await }
+        });
+        let listing_failed =
+            |e: anyhow::Error| e.context(format!("listing {}", printable(&without_password(&args.source))));
+        // A listing that fails before it finds anything (a mistyped source)
+        // leaves no bucket made for it.
+        let (first, listing) = match found.recv().await {
+            None => {
+                listing.await?.map_err(listing_failed)?;
+                (None, None)
+            }
+            first => (first, Some(listing)),
+        };
         ensure_bucket(&client, bucket).await?;
-        let total: u64 = items.iter().map(|i| i.size).sum();
-        let bar = super::progress_bar(total, super::BYTES_BAR);
-        for p in &left_out {
-            bar.suspend(|| eprintln!("skipped: {p}"));
-        }
-        for p in &problems {
-            bar.suspend(|| eprintln!("failed: {p}"));
-        }
-        let tally = Tally { failed: AtomicU64::new(problems.len() as u64), ..Tally::default() };
-        let count = items.len();
+        let tally = Tally::default();
+        let left_out = AtomicU64::new(0);
         let done = AtomicU64::new(0);
         let started = Instant::now();
-        futures::stream::iter(items)
-            .for_each_concurrent(args.jobs.max(1), |item| {
+        let entries = futures::stream::iter(first).chain(futures::stream::poll_fn(move |cx| found.poll_recv(cx)));
+        entries
+            .for_each_concurrent(args.jobs.max(1), |entry| {
                 let (client, source, bar, tally, prefix, done) = (&client, &source, &bar, &tally, &prefix, &done);
+                let (listed, left_out) = (&listed, &left_out);
                 async move {
+                    let item = match entry {
+                        Listed::Item(item) => item,
+                        Listed::Problem(p) => {
+                            tally.failed.fetch_add(1, Ordering::Relaxed);
+                            tally.unlisted.fetch_add(1, Ordering::Relaxed);
+                            bar.suspend(|| eprintln!("failed: {p}"));
+                            return;
+                        }
+                        Listed::LeftOut(p) => {
+                            left_out.fetch_add(1, Ordering::Relaxed);
+                            bar.suspend(|| eprintln!("skipped: {p}"));
+                            return;
+                        }
+                    };
                     let key = format!("{prefix}{}", item.key);
                     let sent = Arc::new(AtomicU64::new(0));
                     match import_one(client, source, (bucket, &key), &item, (bar, &sent)).await {
@@ -406,10 +490,15 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
                     // What was not sent (skipped, gone, failed) counts done.
                     bar.inc(item.size.saturating_sub(sent.load(Ordering::Relaxed)));
                     let done = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    bar.set_message(format!("{done}/{count} files"));
+                    bar.set_message(format!("{done}/{} files", listed.load(Ordering::Relaxed)));
                 }
             })
             .await;
+        // The uploads end once the listing has, however it ended.
+        let listing = match listing {
+            Some(task) => task.await?.map_err(listing_failed),
+            None => Ok(()),
+        };
         bar.finish_and_clear();
         let elapsed = started.elapsed().as_secs_f64();
         let bytes = tally.bytes.load(Ordering::Relaxed);
@@ -430,16 +519,19 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
             0 => {}
             n => say!("{n} folder markers (S3 keys ending in /) left out")?,
         }
-        match left_out.len() {
+        match left_out.load(Ordering::Relaxed) {
             0 => {}
             n => say!(
                 "{n} entries left out: symbolic links that lead nowhere or back into the tree, pipes, sockets or \
                  devices"
             )?,
         }
+        // A listing cut short fails the import: what it did not reach was
+        // not imported.
+        listing?;
         // What the listing could not take fails again until it is fixed;
         // an upload that failed may succeed on the next run.
-        let unlisted = problems.len() as u64;
+        let unlisted = tally.unlisted.load(Ordering::Relaxed);
         match tally.failed.load(Ordering::Relaxed) {
             0 => Ok(()),
             n if n == unlisted => bail!("{n} files could not be imported (see above)"),
@@ -556,6 +648,31 @@ mod tests {
         }
     }
 
+    /// Entries go on as the walk finds them, and the walk ends when told
+    /// that no more are taken.
+    #[test]
+    fn a_walk_passes_entries_on_and_stops_when_told() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..10 {
+            std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let mut seen = 0;
+        walk(dir.path(), |listed| {
+            assert!(matches!(listed, Listed::Item(_)));
+            seen += 1;
+            seen < 3
+        })
+        .unwrap();
+        assert_eq!(seen, 3);
+        let mut all = 0;
+        walk(dir.path(), |_| {
+            all += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(all, 10);
+    }
+
     #[test]
     fn a_walk_follows_links_and_stops_at_loops() {
         let dir = tempfile::tempdir().unwrap();
@@ -570,7 +687,16 @@ mod tests {
         std::os::unix::fs::symlink("circle", root.join("circle")).unwrap();
         let (fifo, mode) = (rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600));
         rustix::fs::mknodat(rustix::fs::CWD, root.join("pipe"), fifo, mode, 0).unwrap();
-        let Listing { items, problems, left_out } = walk(root).unwrap();
+        let (mut items, mut problems, mut left_out) = (Vec::new(), Vec::new(), Vec::new());
+        walk(root, |listed| {
+            match listed {
+                Listed::Item(item) => items.push(item),
+                Listed::Problem(p) => problems.push(p),
+                Listed::LeftOut(p) => left_out.push(p),
+            }
+            true
+        })
+        .unwrap();
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         // The link to `d` does not keep `d` itself from being walked.
         assert_eq!(keys, ["alias/z", "d/z", "outside"]);

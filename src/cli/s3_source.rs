@@ -78,58 +78,9 @@ impl S3Source {
         Ok(S3Source { store, region, bucket_url, prefix, http })
     }
 
-    /// Every key under the prefix, with the keys that cannot be read by
-    /// URL as problems.
-    pub async fn list(&self) -> anyhow::Result<(Vec<Listed>, Vec<String>)> {
-        let (mut listed, mut problems) = (Vec::new(), Vec::new());
-        let mut token: Option<String> = None;
-        loop {
-            let mut url = format!("{}?list-type=2&encoding-type=url", self.bucket_url);
-            for (name, value) in [("prefix", Some(&self.prefix)), ("continuation-token", token.as_ref())] {
-                if let Some(value) = value.filter(|v| !v.is_empty()) {
-                    url.push_str(&format!("&{name}={}", utf8_percent_encode(value, QUERY)));
-                }
-            }
-            let response = self.send(&url).await?;
-            let status = response.status();
-            let body = response.text().await.context("reading a listing")?;
-            if !status.is_success() {
-                bail!("the S3 server answered {status}: {}", error_summary(&body));
-            }
-            let page: ListBucketResult =
-                quick_xml::de::from_str(&body).context("the S3 server's listing is not one ListObjectsV2 gives")?;
-            let encoded = page.encoding_type.as_deref() == Some("url");
-            for item in page.contents {
-                let key = match encoded {
-                    true => match listed_key(&item.key) {
-                        Some(key) => key,
-                        None => {
-                            problems.push(format!("{}: the key is not UTF-8", item.key));
-                            continue;
-                        }
-                    },
-                    false => item.key,
-                };
-                if key.split('/').any(|segment| segment == "." || segment == "..") {
-                    // A URL's `.` and `..` segments are resolved, not sent.
-                    problems.push(format!("{key:?}: a key with a `.` or `..` segment cannot be read by URL"));
-                    continue;
-                }
-                let modified = item.last_modified.and_then(|t| humantime::parse_rfc3339_weak(&t).ok());
-                listed.push(Listed { key, size: item.size, modified });
-            }
-            match page.next_continuation_token {
-                Some(next) if !next.is_empty() => token = Some(next),
-                _ if page.is_truncated == Some(true) => {
-                    bail!("the S3 server says its listing goes on, but gives no token to read the rest with")
-                }
-                // A mistyped prefix would read as an empty folder.
-                _ if listed.is_empty() && problems.is_empty() && !self.prefix.is_empty() => {
-                    bail!("nothing in the S3 bucket is under {:?}: check the prefix", self.prefix)
-                }
-                _ => return Ok((listed, problems)),
-            }
-        }
+    /// The keys under the prefix, a page at a time.
+    pub fn pages(&self) -> Pages<'_> {
+        Pages { source: self, token: None, any: false, done: false }
     }
 
     /// A GET of `key`, answered with its headers and its body to come;
@@ -172,6 +123,70 @@ impl S3Source {
             tokio::time::sleep(backoff).await;
             backoff *= 2;
         }
+    }
+}
+
+/// A listing of an [`S3Source`], read page by page: the keys under its
+/// prefix, with those that cannot be read by URL as problems (`Err`).
+pub struct Pages<'a> {
+    source: &'a S3Source,
+    token: Option<String>,
+    /// Whether any key was listed yet.
+    any: bool,
+    done: bool,
+}
+
+impl Pages<'_> {
+    /// The next page's keys; `None` after the last page.
+    pub async fn next(&mut self) -> anyhow::Result<Option<Vec<Result<Listed, String>>>> {
+        if self.done {
+            return Ok(None);
+        }
+        let source = self.source;
+        let mut url = format!("{}?list-type=2&encoding-type=url", source.bucket_url);
+        for (name, value) in [("prefix", Some(&source.prefix)), ("continuation-token", self.token.as_ref())] {
+            if let Some(value) = value.filter(|v| !v.is_empty()) {
+                url.push_str(&format!("&{name}={}", utf8_percent_encode(value, QUERY)));
+            }
+        }
+        let response = source.send(&url).await?;
+        let status = response.status();
+        let body = response.text().await.context("reading a listing")?;
+        if !status.is_success() {
+            bail!("the S3 server answered {status}: {}", error_summary(&body));
+        }
+        let page: ListBucketResult =
+            quick_xml::de::from_str(&body).context("the S3 server's listing is not one ListObjectsV2 gives")?;
+        let encoded = page.encoding_type.as_deref() == Some("url");
+        self.any |= !page.contents.is_empty();
+        let found = page
+            .contents
+            .into_iter()
+            .map(|item| {
+                let key = match encoded {
+                    true => listed_key(&item.key).ok_or_else(|| format!("{}: the key is not UTF-8", item.key))?,
+                    false => item.key,
+                };
+                if key.split('/').any(|segment| segment == "." || segment == "..") {
+                    // A URL's `.` and `..` segments are resolved, not sent.
+                    return Err(format!("{key:?}: a key with a `.` or `..` segment cannot be read by URL"));
+                }
+                let modified = item.last_modified.and_then(|t| humantime::parse_rfc3339_weak(&t).ok());
+                Ok(Listed { key, size: item.size, modified })
+            })
+            .collect();
+        match page.next_continuation_token {
+            Some(next) if !next.is_empty() => self.token = Some(next),
+            _ if page.is_truncated == Some(true) => {
+                bail!("the S3 server says its listing goes on, but gives no token to read the rest with")
+            }
+            // A mistyped prefix would read as an empty folder.
+            _ if !self.any && !source.prefix.is_empty() => {
+                bail!("nothing in the S3 bucket is under {:?}: check the prefix", source.prefix)
+            }
+            _ => self.done = true,
+        }
+        Ok(Some(found))
     }
 }
 
