@@ -226,6 +226,47 @@ async fn native_requests_keep_to_their_own_buckets() {
     assert_eq!(stranger.status(), 403, "a wrong token is refused as such");
     let said: serde_json::Value = stranger.json().await.unwrap();
     assert!(said["message"].as_str().unwrap().contains("not a configured secret"), "{said}");
+
+    // A public-read bucket is for everyone to read, as S3's AllUsers:
+    // callers of other accounts too, signed or with a token. Writes stay
+    // its owner's.
+    let alice_s3 = ("alice", "alice-secret-1");
+    let bob_s3 = ("bob", "bob-secret-2");
+    let mut acl = http::HeaderMap::new();
+    acl.insert("x-amz-acl", http::HeaderValue::from_static("public-read"));
+    let bucket_url = format!("{}/alices", server.url);
+    let url = server.object_url("alices", "secret.txt");
+    assert_eq!(s3_signed(alice_s3, Method::PUT, &format!("{bucket_url}?acl"), acl).await.status(), 200);
+    assert_eq!(s3_signed(bob_s3, Method::GET, &url, http::HeaderMap::new()).await.status(), 200);
+    assert_eq!(
+        s3_signed(bob_s3, Method::GET, &format!("{bucket_url}?list-type=2"), http::HeaderMap::new()).await.status(),
+        200
+    );
+    assert_eq!(s3_signed(bob_s3, Method::DELETE, &url, http::HeaderMap::new()).await.status(), 403);
+    assert_eq!(send(Method::GET, url.clone(), bob).await.unwrap().status(), 200);
+    assert_eq!(send(Method::GET, format!("{bucket_url}/"), bob).await.unwrap().status(), 200);
+    assert_eq!(send(Method::PUT, url.clone(), bob).await.unwrap().status(), 403);
+    assert_eq!(send(Method::DELETE, url, bob).await.unwrap().status(), 403);
+}
+
+/// `method` on `url`, signed for the S3 API by the credential given.
+async fn s3_signed(
+    (access_key, secret): (&str, &str),
+    method: reqwest::Method,
+    url: &str,
+    headers: http::HeaderMap,
+) -> reqwest::Response {
+    let config = depot::engine::S3Config {
+        bucket: Some("any".into()),
+        region: None,
+        access_key: Some(access_key.into()),
+        secret_key: Some(secret.into()),
+    };
+    let builder = depot::engine::s3::builder(Some(url), &config);
+    let region = depot::engine::s3::resolve(&builder).unwrap().region;
+    let store = builder.build().unwrap();
+    let signed = depot::engine::s3::sign(&store, &region, &method, url, &headers).await.unwrap();
+    reqwest::Client::new().request(method, url).headers(signed).send().await.unwrap()
 }
 
 /// A page of another web site may send simple POSTs through its visitors'

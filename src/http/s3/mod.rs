@@ -688,7 +688,7 @@ impl S3Auth for Keys {
     }
 }
 
-/// Operations anonymous clients may call on public-read buckets.
+/// Operations anyone may call on public-read buckets.
 const ANONYMOUS_READS: &[&str] = &[
     "GetObject",
     "HeadObject",
@@ -729,7 +729,9 @@ impl S3Access for Policy {
         match (caller, record) {
             (Some(_), None) => Ok(()),
             (Some(caller), Some(b)) if may_use(&b, &caller) => Ok(()),
-            (None, Some(b)) if b.public_read && ANONYMOUS_READS.contains(&op) => Ok(()),
+            // Public-read is for everyone, as S3's AllUsers: signed callers
+            // of other accounts too.
+            (_, Some(b)) if b.public_read && ANONYMOUS_READS.contains(&op) => Ok(()),
             (Some(_), Some(_)) => Err(s3_error!(AccessDenied, "the bucket belongs to another access key")),
             (None, _) => Err(anonymous()),
         }
