@@ -80,6 +80,8 @@ pub struct App {
     local_names: Option<Vec<String>>,
     /// The data directory's local token ([`LOCAL_TOKEN_FILE`]).
     local_token: Option<String>,
+    /// The domain of virtual-host style S3 requests (`BUCKET.DOMAIN`).
+    s3_domain: Option<String>,
 }
 
 /// The file of the data directory that holds the server's local token,
@@ -176,7 +178,18 @@ impl App {
                 None
             }
         });
-        Ok(App { store, limits, metrics: Metrics::default(), credentials, s3, uploads, local_names, local_token })
+        let s3_domain = s3_domain.map(str::to_ascii_lowercase);
+        Ok(App {
+            store,
+            limits,
+            metrics: Metrics::default(),
+            credentials,
+            s3,
+            uploads,
+            local_names,
+            local_token,
+            s3_domain,
+        })
     }
 
     /// Whether `req` comes from this machine: from a loopback address, or
@@ -193,6 +206,22 @@ impl App {
         use subtle::ConstantTimeEq;
         let given = req.headers().get(LOCAL_TOKEN_HEADER).map(HeaderValue::as_bytes);
         matches!((given, &self.local_token), (Some(given), Some(token)) if bool::from(given.ct_eq(token.as_bytes())))
+    }
+
+    /// Whether `req` names a bucket by its host (`BUCKET.DOMAIN`, virtual-host
+    /// style S3): its whole path is then a key, never one of the server's
+    /// own routes (`/_/...`) or pages.
+    fn to_bucket_host<B>(&self, req: &http::Request<B>) -> bool {
+        let Some(domain) = &self.s3_domain else { return false };
+        let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
+        let Some(host) = host else { return false };
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        name.len() > domain.len() + 1
+            && name.as_bytes()[name.len() - domain.len() - 1] == b'.'
+            && name[name.len() - domain.len()..].eq_ignore_ascii_case(domain)
     }
 
     /// Whether requests need a secret or a signature.
@@ -368,13 +397,14 @@ impl App {
         if anonymous && bearer {
             return error_response(&ApiError::access_denied("the Bearer token is not a configured secret"));
         }
-        if let Some(r) = ui::answer(&self, &req, anonymous).await {
+        let to_bucket = self.to_bucket_host(&req);
+        if !to_bucket && let Some(r) = ui::answer(&self, &req, anonymous).await {
             return r;
         }
         // The server's own routes (batches, stats, metrics, blobs, backups)
         // are not buckets: an anonymous request for one is refused here
         // rather than answered by the S3 layer as a bad bucket name.
-        if anonymous && req.uri().path().starts_with("/_/") {
+        if anonymous && !to_bucket && req.uri().path().starts_with("/_/") {
             return error_response(&ApiError::access_denied(
                 "this route needs credentials: send Authorization: Bearer <secret>",
             ));

@@ -54,6 +54,16 @@ def main():
     assert got == b"path style", got
     print("  ok    path style on the IP address still works, and both see the same objects")
 
+    # At a bucket's host name the whole path is a key: one that begins
+    # with `_/` is no route of the server's, nor its web UI's.
+    for key in ["_/ui/app.js", "_/stats"]:
+        virtual.put_object(Bucket="vhost-bucket", Key=key, Body=b"an object, not a route")
+        got = virtual.get_object(Bucket="vhost-bucket", Key=key)["Body"].read()
+        assert got == b"an object, not a route", f"{key}: {got[:60]!r}"
+    got = path.get_object(Bucket="vhost-bucket", Key="_/ui/app.js")["Body"].read()
+    assert got == b"an object, not a route", got
+    print("  ok    keys under _/ at the bucket's host name are objects")
+
     names = [b["Name"] for b in virtual.list_buckets()["Buckets"]]
     assert "vhost-bucket" in names, names
     print("  ok    ListBuckets at the bare domain")
