@@ -50,15 +50,18 @@
 //! there.
 //!
 //! Failures: a server that cannot be reached within [`CONNECT_TIMEOUT`]
-//! (server selection and TCP connect), a dropped connection, or a server
-//! shutting down or stepping down is [`EngineError::Unavailable`], which
-//! clients see as 503. On a replica set the driver retries a failed read or
+//! (server selection and TCP connect), a dropped connection, a server
+//! shutting down or stepping down, a majority that does not confirm a write
+//! within [`MAJORITY_WITHIN`], or a request that gets no answer within
+//! [`ANSWER_WITHIN`] is [`EngineError::Unavailable`], which clients see as
+//! 503. On a replica set the driver retries a failed read or
 //! write once by itself; on a single server it does not, so the engine
 //! retries the inserts of an upload (chunks, then the files document) on a
 //! new connection when theirs broke: a reset connection costs a retry, not
 //! the upload.
 
 use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -71,7 +74,7 @@ use mongodb::bson::spec::BinarySubtype;
 use mongodb::bson::{Binary, Bson, DateTime, Document, doc};
 use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::{Acknowledgment, ClientOptions, CollectionOptions, IndexOptions, WriteConcern};
-use mongodb::{Client, Collection, Database, IndexModel};
+use mongodb::{Client, Collection, Cursor, Database, IndexModel};
 
 use super::{BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, EngineError, Result};
 
@@ -95,6 +98,16 @@ const DISCARDING: &str = "depot-discarding";
 /// How long finding a server, or opening a connection, may take before the
 /// engine reports it unavailable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a write waits for a majority of the replica set before the
+/// server fails it: a replica set that lost its majority would otherwise
+/// hold every write forever.
+pub const MAJORITY_WITHIN: Duration = Duration::from_secs(15);
+/// How long one request waits for its answer before the engine reports the
+/// server unavailable: a server that keeps a connection open and never
+/// answers would otherwise hold the request, and all that waits behind it,
+/// forever. Longer than [`MAJORITY_WITHIN`], so that a missing majority is
+/// reported by the server itself.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
 /// About how many bytes of chunks one cursor batch of a read holds.
 const READ_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Orphan candidates checked against the files collection per query.
@@ -139,6 +152,8 @@ struct Inner {
     /// Age at which chunks without a files document are taken for
     /// abandoned.
     orphan_age: Duration,
+    /// How long each request may wait for its answer.
+    answer_within: Duration,
     /// Chunks and chunk bytes that reads received from the server.
     fetched_chunks: AtomicU64,
     fetched_bytes: AtomicU64,
@@ -194,27 +209,6 @@ fn duplicate_key(e: &mongodb::error::Error) -> bool {
     }
 }
 
-/// Inserts a document of an upload, again on a new connection when the one
-/// it went out on broke. Its `_id` is fixed, so an attempt that landed but
-/// whose answer was lost shows on the next as a duplicate key: done.
-async fn insert(coll: &Collection<Document>, doc: &Document) -> Result<()> {
-    let mut delay = INSERT_RETRY_DELAY;
-    let mut attempt = 1;
-    loop {
-        match coll.insert_one(doc).await {
-            Ok(_) => return Ok(()),
-            Err(e) if attempt > 1 && duplicate_key(&e) => return Ok(()),
-            Err(e) if attempt < INSERT_ATTEMPTS && broken_connection(&e) => {
-                tracing::debug!(attempt, "{NAME} engine: {e}; inserting again in {delay:?}");
-                tokio::time::sleep(delay).await;
-                delay *= 4;
-                attempt += 1;
-            }
-            Err(e) => return Err(mongo_err(e)),
-        }
-    }
-}
-
 /// A whole number stored as any BSON number (other tools write `length` and
 /// `chunkSize` as int32, int64 or double).
 fn whole(value: Option<&Bson>) -> Option<u64> {
@@ -261,8 +255,8 @@ impl GridfsEngine {
     /// Connects to the database named by `url`'s path
     /// (`mongodb://host:port/database`), creates the GridFS indexes of
     /// `bucket` when missing, and removes chunks that crashed writers left
-    /// more than [`ORPHAN_AGE`] ago. New blobs are stored in chunks of
-    /// `chunk_size` bytes.
+    /// more than [`ORPHAN_AGE`] ago (a failure there is only logged). New
+    /// blobs are stored in chunks of `chunk_size` bytes.
     pub async fn connect(url: &str, bucket: &str, chunk_size: usize) -> Result<GridfsEngine> {
         GridfsEngine::connect_with(url, bucket, chunk_size, ORPHAN_AGE).await
     }
@@ -274,6 +268,18 @@ impl GridfsEngine {
         bucket: &str,
         chunk_size: usize,
         orphan_age: Duration,
+    ) -> Result<GridfsEngine> {
+        GridfsEngine::open(url, bucket, chunk_size, orphan_age, ANSWER_WITHIN).await
+    }
+
+    /// [`connect_with`](GridfsEngine::connect_with), giving each request
+    /// `answer_within` to be answered.
+    async fn open(
+        url: &str,
+        bucket: &str,
+        chunk_size: usize,
+        orphan_age: Duration,
+        answer_within: Duration,
     ) -> Result<GridfsEngine> {
         if !CHUNK_LIMITS.contains(&chunk_size) {
             return Err(EngineError::other(
@@ -295,7 +301,9 @@ impl GridfsEngine {
             .default_database()
             .ok_or_else(|| EngineError::other(NAME, "the URL names no database: use mongodb://host[:port]/database"))?;
         let durable = CollectionOptions::builder()
-            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).journal(true).build())
+            .write_concern(
+                WriteConcern::builder().w(Acknowledgment::Majority).journal(true).w_timeout(MAJORITY_WITHIN).build(),
+            )
             .build();
         let files = db.collection_with_options(&format!("{bucket}.files"), durable.clone());
         let chunks = db.collection_with_options(&format!("{bucket}.chunks"), durable);
@@ -307,14 +315,19 @@ impl GridfsEngine {
                 bucket: bucket.to_string(),
                 chunk: chunk_size,
                 orphan_age,
+                answer_within,
                 fetched_chunks: AtomicU64::new(0),
                 fetched_bytes: AtomicU64::new(0),
             }),
         };
         let inner = &engine.inner;
-        ensure_index(&inner.files, doc! { "filename": 1, "uploadDate": 1 }, false).await?;
-        ensure_index(&inner.chunks, doc! { "files_id": 1, "n": 1 }, true).await?;
-        engine.remove_abandoned().await?;
+        inner.ensure_index(&inner.files, doc! { "filename": 1, "uploadDate": 1 }, false).await?;
+        inner.ensure_index(&inner.chunks, doc! { "files_id": 1, "n": 1 }, true).await?;
+        // Leftovers cost only space, and the next start-up tries again: a
+        // store that can serve should not refuse to start over them.
+        if let Err(e) = engine.remove_abandoned().await {
+            tracing::warn!("{e}; abandoned uploads will be removed at a later start-up");
+        }
         Ok(engine)
     }
 
@@ -324,39 +337,91 @@ impl GridfsEngine {
     }
 }
 
-/// Creates an index on `keys` unless one exists already: like the GridFS
-/// drivers, so that a user allowed to read and write but not to create
-/// indexes can use a bucket prepared for it.
-async fn ensure_index(coll: &Collection<Document>, keys: Document, unique: bool) -> Result<()> {
-    let same = |other: &Document| {
-        other.len() == keys.len()
-            && other.iter().zip(keys.iter()).all(|((a, x), (b, y))| a == b && whole(Some(x)) == whole(Some(y)))
-    };
-    let existing: Vec<IndexModel> = match coll.list_indexes().await {
-        Ok(cursor) => cursor.try_collect().await.map_err(mongo_err)?,
-        // The collection does not exist yet.
-        Err(e) if matches!(&*e.kind, ErrorKind::Command(c) if c.code == 26) => Vec::new(),
-        Err(e) => return Err(mongo_err(e)),
-    };
-    if existing.iter().any(|index| same(&index.keys)) {
-        return Ok(());
-    }
-    let options = IndexOptions::builder().unique(unique.then_some(true)).build();
-    coll.create_index(IndexModel::builder().keys(keys).options(options).build()).await.map_err(mongo_err)?;
-    Ok(())
-}
-
 impl Inner {
+    /// `op` (a request, or the few of a cursor's batch), given
+    /// `answer_within` to finish. Dropping a late request closes its
+    /// connection: the driver never reuses one with a request in flight.
+    async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.answer_within, op).await.unwrap_or_else(|_| {
+            let within = self.answer_within;
+            Err(EngineError::Unavailable(format!("{NAME} engine: the server did not answer within {within:?}")))
+        })
+    }
+
+    /// A request to the server, bounded, its error classified.
+    async fn call<T>(&self, op: impl IntoFuture<Output = mongodb::error::Result<T>>) -> Result<T> {
+        self.bounded(async { op.await.map_err(mongo_err) }).await
+    }
+
+    /// All that `cursor` returns, each batch bounded.
+    async fn collect<T: Send + Sync + serde::de::DeserializeOwned>(&self, mut cursor: Cursor<T>) -> Result<Vec<T>> {
+        let mut all = Vec::new();
+        while let Some(item) = self.call(cursor.try_next()).await? {
+            all.push(item);
+        }
+        Ok(all)
+    }
+
+    /// Inserts a document of an upload, again on a new connection when the
+    /// one it went out on broke. Its `_id` is fixed, so an attempt that
+    /// landed but whose answer was lost shows on the next as a duplicate
+    /// key: done, if what that id holds is this document. Anything else
+    /// there (a discard's hold, taken meanwhile) fails the insert.
+    async fn insert(&self, coll: &Collection<Document>, doc: &Document) -> Result<()> {
+        let mut delay = INSERT_RETRY_DELAY;
+        let mut attempt = 1;
+        loop {
+            match self.bounded(async { Ok(coll.insert_one(doc).await) }).await? {
+                Ok(_) => return Ok(()),
+                Err(e) if attempt > 1 && duplicate_key(&e) => {
+                    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                    let stored = self.call(coll.find_one(doc! { "_id": id.clone() })).await?;
+                    if stored.as_ref() == Some(doc) {
+                        return Ok(());
+                    }
+                    return Err(EngineError::other(NAME, format!("id {id} was taken by another document: {e}")));
+                }
+                Err(e) if attempt < INSERT_ATTEMPTS && broken_connection(&e) => {
+                    tracing::debug!(attempt, "{NAME} engine: {e}; inserting again in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay *= 4;
+                    attempt += 1;
+                }
+                Err(e) => return Err(mongo_err(e)),
+            }
+        }
+    }
+
+    /// Creates an index on `keys` unless one exists already: like the
+    /// GridFS drivers, so that a user allowed to read and write but not to
+    /// create indexes can use a bucket prepared for it.
+    async fn ensure_index(&self, coll: &Collection<Document>, keys: Document, unique: bool) -> Result<()> {
+        let same = |other: &Document| {
+            other.len() == keys.len()
+                && other.iter().zip(keys.iter()).all(|((a, x), (b, y))| a == b && whole(Some(x)) == whole(Some(y)))
+        };
+        let existing: Vec<IndexModel> = match self.bounded(async { Ok(coll.list_indexes().await) }).await? {
+            Ok(cursor) => self.collect(cursor).await?,
+            // The collection does not exist yet.
+            Err(e) if matches!(&*e.kind, ErrorKind::Command(c) if c.code == 26) => Vec::new(),
+            Err(e) => return Err(mongo_err(e)),
+        };
+        if existing.iter().any(|index| same(&index.keys)) {
+            return Ok(());
+        }
+        let options = IndexOptions::builder().unique(unique.then_some(true)).build();
+        self.call(coll.create_index(IndexModel::builder().keys(keys).options(options).build())).await?;
+        Ok(())
+    }
+
     /// The files of this name, oldest `_id` first.
     async fn files_named(&self, name: &str) -> Result<Vec<FileDoc>> {
-        let cursor = self
+        let find = self
             .files
             .find(doc! { "filename": name })
             .sort(doc! { "_id": 1 })
-            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 })
-            .await
-            .map_err(mongo_err)?;
-        let docs: Vec<Document> = cursor.try_collect().await.map_err(mongo_err)?;
+            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 });
+        let docs = self.collect(self.call(find).await?).await?;
         docs.iter().map(FileDoc::parse).collect()
     }
 
@@ -368,7 +433,7 @@ impl Inner {
             return Ok(files.pop());
         }
         for file in &files {
-            let count = self.chunks.count_documents(doc! { "files_id": file.id.clone() }).await.map_err(mongo_err)?;
+            let count = self.call(self.chunks.count_documents(doc! { "files_id": file.id.clone() })).await?;
             if count == file.chunk_count() {
                 return Ok(Some(file.clone()));
             }
@@ -380,8 +445,8 @@ impl Inner {
     /// Deletes a file: its files document first, so that no new reader
     /// finds it, then its chunks.
     async fn delete_file(&self, id: &Bson) -> Result<()> {
-        self.files.delete_one(doc! { "_id": id.clone() }).await.map_err(mongo_err)?;
-        self.chunks.delete_many(doc! { "files_id": id.clone() }).await.map_err(mongo_err)?;
+        self.call(self.files.delete_one(doc! { "_id": id.clone() })).await?;
+        self.call(self.chunks.delete_many(doc! { "files_id": id.clone() })).await?;
         Ok(())
     }
 
@@ -401,13 +466,13 @@ impl Inner {
             "uploadDate": DateTime::now(),
             "filename": DISCARDING,
         };
-        if let Err(e) = self.files.insert_one(hold).await {
+        if let Err(e) = self.bounded(async { Ok(self.files.insert_one(hold).await) }).await? {
             if !duplicate_key(&e) {
                 return Err(mongo_err(e));
             }
             // A hold left by an earlier attempt is this discard's to finish.
             let held = doc! { "_id": id, "filename": DISCARDING };
-            if self.files.find_one(held).await.map_err(mongo_err)?.is_none() {
+            if self.call(self.files.find_one(held)).await?.is_none() {
                 return Ok(false);
             }
         }
@@ -417,20 +482,19 @@ impl Inner {
 
     /// Deletes the chunks of a discarded writer's `id`, then its hold.
     async fn release_hold(&self, id: ObjectId) -> Result<()> {
-        self.chunks.delete_many(doc! { "files_id": id }).await.map_err(mongo_err)?;
-        self.files.delete_one(doc! { "_id": id, "filename": DISCARDING }).await.map_err(mongo_err)?;
+        self.call(self.chunks.delete_many(doc! { "files_id": id })).await?;
+        self.call(self.files.delete_one(doc! { "_id": id, "filename": DISCARDING })).await?;
         Ok(())
     }
 
     /// Refreshes the `uploadDate` of a stored file of this name and returns
     /// its length, if there is one.
     async fn refresh(&self, name: &str) -> Result<Option<u64>> {
-        let found = self
+        let update = self
             .files
             .find_one_and_update(doc! { "filename": name }, doc! { "$set": { "uploadDate": DateTime::now() } })
-            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 })
-            .await
-            .map_err(mongo_err)?;
+            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 });
+        let found = self.call(update).await?;
         found.map(|doc| FileDoc::parse(&doc).map(|f| f.length)).transpose()
     }
 
@@ -447,10 +511,8 @@ impl Inner {
             return Ok(length);
         };
         self.delete_file(&Bson::ObjectId(mine)).await?;
-        self.files
-            .update_one(doc! { "_id": keep.id.clone() }, doc! { "$set": { "uploadDate": DateTime::now() } })
-            .await
-            .map_err(mongo_err)?;
+        let fresh = doc! { "$set": { "uploadDate": DateTime::now() } };
+        self.call(self.files.update_one(doc! { "_id": keep.id.clone() }, fresh)).await?;
         Ok(keep.length)
     }
 
@@ -460,48 +522,35 @@ impl Inner {
         let cutoff = SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH);
         // Holds of discards that a crash cut short, with their chunks.
         let stale = doc! { "filename": DISCARDING, "uploadDate": { "$lte": DateTime::from_system_time(cutoff) } };
-        let holds: Vec<Document> = self
-            .files
-            .find(stale)
-            .projection(doc! { "_id": 1 })
-            .await
-            .map_err(mongo_err)?
-            .try_collect()
-            .await
-            .map_err(mongo_err)?;
+        let holds = self.collect(self.call(self.files.find(stale).projection(doc! { "_id": 1 })).await?).await?;
         for hold in &holds {
             if let Ok(id) = hold.get_object_id("_id") {
                 self.release_hold(id).await?;
             }
         }
         // Sorted first so that MongoDB walks the `files_id, n` index.
-        let mut ids = self
+        let grouped = self
             .chunks
             .aggregate([doc! { "$sort": { "files_id": 1 } }, doc! { "$group": { "_id": "$files_id" } }])
-            .allow_disk_use(true)
-            .await
-            .map_err(mongo_err)?
+            .allow_disk_use(true);
+        let mut ids = self
+            .call(grouped)
+            .await?
             .map(|doc| doc.map_err(mongo_err).map(|mut d| d.remove("_id").unwrap_or(Bson::Null)))
             .try_chunks(ORPHAN_BATCH)
             .map_err(|e| e.1);
         let mut orphans = Vec::new();
-        while let Some(batch) = ids.try_next().await? {
-            let cursor = self
-                .files
-                .find(doc! { "_id": { "$in": batch.clone() } })
-                .projection(doc! { "_id": 1 })
-                .await
-                .map_err(mongo_err)?;
-            let present: Vec<Document> = cursor.try_collect().await.map_err(mongo_err)?;
+        while let Some(batch) = self.bounded(ids.try_next()).await? {
+            let find = self.files.find(doc! { "_id": { "$in": batch.clone() } }).projection(doc! { "_id": 1 });
+            let present = self.collect(self.call(find).await?).await?;
             let present: Vec<&Bson> = present.iter().filter_map(|d| d.get("_id")).collect();
             for id in batch.into_iter().filter(|id| !present.contains(&id)) {
-                let newest = self
+                let find = self
                     .chunks
                     .find_one(doc! { "files_id": id.clone() })
                     .sort(doc! { "n": -1 })
-                    .projection(doc! { "_id": 1 })
-                    .await
-                    .map_err(mongo_err)?;
+                    .projection(doc! { "_id": 1 });
+                let newest = self.call(find).await?;
                 // Without an ObjectId there is no telling its age: left alone.
                 if let (Bson::ObjectId(id), Some(Ok(chunk))) = (id, newest.map(|d| d.get_object_id("_id")))
                     && chunk.timestamp().to_system_time() <= cutoff
@@ -580,7 +629,7 @@ impl GridfsWriter {
             "n": self.stored,
             "data": Binary { subtype: BinarySubtype::Generic, bytes: Vec::from(data) },
         };
-        insert(&self.inner.chunks, &chunk).await?;
+        self.inner.insert(&self.inner.chunks, &chunk).await?;
         self.stored = self.stored.checked_add(1).ok_or_else(|| EngineError::other(NAME, "blob has too many chunks"))?;
         Ok(())
     }
@@ -616,7 +665,7 @@ impl BlobWriter for GridfsWriter {
             self.id = None;
             return Ok(BlobRef { digest, size, locator: Vec::new() });
         }
-        let found = inner.chunks.count_documents(doc! { "files_id": id }).await.map_err(mongo_err)?;
+        let found = inner.call(inner.chunks.count_documents(doc! { "files_id": id })).await?;
         if found != self.stored as u64 {
             return Err(reclaimed(found, self.stored));
         }
@@ -628,7 +677,7 @@ impl BlobWriter for GridfsWriter {
             "uploadDate": DateTime::now(),
             "filename": &name,
         };
-        insert(&inner.files, &file).await?;
+        inner.insert(&inner.files, &file).await?;
         self.id = None;
         let size = inner.settle(&name, id, self.size).await?;
         Ok(BlobRef { digest, size, locator: Vec::new() })
@@ -673,7 +722,7 @@ impl ChunkReader {
         if self.next > self.last {
             return Ok(None);
         }
-        let Some(mut doc) = self.cursor.try_next().await.map_err(mongo_err)? else {
+        let Some(mut doc) = self.inner.call(self.cursor.try_next()).await? else {
             return Err(self.fail("missing"));
         };
         if whole(doc.get("n")) != Some(self.next) {
@@ -739,16 +788,15 @@ impl BlobEngine for GridfsEngine {
         // batches for as long as the client takes: the server's ten-minute
         // timeout would cut it. The cursor is closed when the stream is
         // dropped, so none is left open.
-        let cursor = self
+        let find = self
             .inner
             .chunks
             .find(doc! { "files_id": file.id.clone(), "n": { "$gte": first_n, "$lte": last_n } })
             .sort(doc! { "n": 1 })
             .projection(doc! { "_id": 0, "n": 1, "data": 1 })
             .batch_size(batch)
-            .no_cursor_timeout(true)
-            .await
-            .map_err(mongo_err)?;
+            .no_cursor_timeout(true);
+        let cursor = self.inner.call(find).await?;
         let reader = ChunkReader { cursor, inner: self.inner.clone(), file, range, next: first, last };
         // Ends after the first error.
         let stream = futures::stream::unfold(Some(reader), |state| async move {
@@ -770,26 +818,23 @@ impl BlobEngine for GridfsEngine {
     }
 
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
-        let found = self
+        let find = self
             .inner
             .files
             .find_one(doc! { "filename": blob.digest.to_hex() })
-            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 })
-            .await
-            .map_err(mongo_err)?;
+            .projection(doc! { "_id": 1, "length": 1, "chunkSize": 1 });
+        let found = self.inner.call(find).await?;
         found.map(|doc| FileDoc::parse(&doc).map(|f| f.length)).transpose()
     }
 
     async fn list(&self) -> Result<Vec<BlobInfo>> {
         // Only depot's names: the bucket may hold other tools' files too.
-        let cursor = self
+        let find = self
             .inner
             .files
             .find(doc! { "filename": { "$regex": "^[0-9a-f]{64}$" } })
-            .projection(doc! { "_id": 1, "filename": 1, "length": 1, "chunkSize": 1, "uploadDate": 1 })
-            .await
-            .map_err(mongo_err)?;
-        let docs: Vec<Document> = cursor.try_collect().await.map_err(mongo_err)?;
+            .projection(doc! { "_id": 1, "filename": 1, "length": 1, "chunkSize": 1, "uploadDate": 1 });
+        let docs = self.inner.collect(self.inner.call(find).await?).await?;
         let mut blobs: HashMap<Digest, BlobInfo> = HashMap::with_capacity(docs.len());
         for doc in &docs {
             let Some(digest) = doc
@@ -815,7 +860,8 @@ impl BlobEngine for GridfsEngine {
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let mut total = 0;
         for coll in [&self.inner.files, &self.inner.chunks] {
-            let stats = match self.inner.db.run_command(doc! { "collStats": coll.name() }).await {
+            let command = async { Ok(self.inner.db.run_command(doc! { "collStats": coll.name() }).await) };
+            let stats = match self.inner.bounded(command).await? {
                 Ok(stats) => stats,
                 // Not created yet.
                 Err(e) if matches!(&*e.kind, ErrorKind::Command(c) if c.code == 26) => continue,
@@ -1159,7 +1205,7 @@ mod tests {
         // The discard takes the id just before the finish's insert lands.
         let hold = doc! { "_id": id, "length": 0i64, "chunkSize": 1i32, "filename": DISCARDING };
         engine.inner.files.insert_one(hold).await.unwrap();
-        assert!(insert(&engine.inner.files, &file).await.is_err(), "the finish landed over a discard");
+        assert!(engine.inner.insert(&engine.inner.files, &file).await.is_err(), "the finish landed over a discard");
         // The discard goes on from its hold.
         writer.abort().await;
         assert_eq!(count(&engine.inner.chunks, doc! {}).await, 0, "the discarded writer's chunks remain");
@@ -1305,6 +1351,113 @@ mod tests {
         assert!(engine.read_to_vec(&blob, ByteRange::full(blob.size)).await.unwrap() == data);
         // One chunk per piece, none twice.
         assert_eq!(count(&direct.inner.chunks, doc! {}).await, 10);
+        done(direct).await;
+    }
+
+    /// A files document as `finish` writes it, padded to `padding` bytes so
+    /// that the resetting proxy cuts its first attempt, not what comes
+    /// before it on the connection.
+    fn padded_file(id: ObjectId, name: &str, padding: usize) -> Document {
+        let padding = Binary { subtype: BinarySubtype::Generic, bytes: vec![7; padding] };
+        doc! {
+            "_id": id,
+            "length": 0i64,
+            "chunkSize": 1i32,
+            "uploadDate": DateTime::now(),
+            "filename": name,
+            "metadata": { "padding": padding },
+        }
+    }
+
+    /// A retried insert whose id is taken by another document (a discard's
+    /// hold, taken while its first attempt's connection broke) fails, rather
+    /// than take that document for its own; one that finds its own, landed
+    /// by the first attempt, succeeds.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_retried_insert_takes_no_other_document_for_its_own() {
+        let (direct, url) = engine(64 * 1024).await;
+        let files = &direct.inner.files;
+        let id = ObjectId::new();
+        files.insert_one(doc! { "_id": id, "length": 0i64, "chunkSize": 1i32, "filename": DISCARDING }).await.unwrap();
+        let (proxied, cut) = resetting_proxy(&url, 1_000_000).await;
+        let engine = GridfsEngine::connect(&proxied, DEFAULT_BUCKET, 64 * 1024).await.unwrap();
+        let err = engine.inner.insert(&engine.inner.files, &padded_file(id, "a", 2_000_000)).await.unwrap_err();
+        assert!(cut.load(Ordering::SeqCst), "the proxy never reset the insert's connection");
+        assert!(err.to_string().contains("taken by another document"), "{err}");
+        assert_eq!(count(files, doc! { "_id": id, "filename": DISCARDING }).await, 1);
+
+        let mine = padded_file(ObjectId::new(), "b", 2_000_000);
+        files.insert_one(&mine).await.unwrap();
+        let (proxied, cut) = resetting_proxy(&url, 1_000_000).await;
+        let engine = GridfsEngine::connect(&proxied, DEFAULT_BUCKET, 64 * 1024).await.unwrap();
+        engine.inner.insert(&engine.inner.files, &mine).await.unwrap();
+        assert!(cut.load(Ordering::SeqCst), "the proxy never reset the insert's connection");
+        done(direct).await;
+    }
+
+    /// `url` through a TCP proxy that passes everything on, except that a
+    /// connection whose client sends a request containing `stall_on` never
+    /// answers again, as a hung server does; its socket stays open.
+    async fn stalling_proxy(url: &str, stall_on: &'static [u8]) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let authority = url.trim_start_matches("mongodb://").split(['/', '?']).next().unwrap().to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxied = url.replacen(&authority, &listener.local_addr().unwrap().to_string(), 1);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut server = tokio::net::TcpStream::connect(&authority).await.unwrap();
+                tokio::spawn(async move {
+                    let (mut up, mut down) = (vec![0; 64 * 1024], vec![0; 64 * 1024]);
+                    loop {
+                        tokio::select! {
+                            n = client.read(&mut up) => {
+                                let Ok(n @ 1..) = n else { break };
+                                if up[..n].windows(stall_on.len()).any(|w| w == stall_on) {
+                                    std::future::pending::<()>().await;
+                                }
+                                if server.write_all(&up[..n]).await.is_err() { break }
+                            }
+                            n = server.read(&mut down) => {
+                                let Ok(n @ 1..) = n else { break };
+                                if client.write_all(&down[..n]).await.is_err() { break }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        proxied
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_server_that_stops_answering_fails_requests_within_the_bound() {
+        let (direct, url) = engine(64 * 1024).await;
+        // A lost majority fails a write on the server's side in time too.
+        assert_eq!(direct.inner.chunks.write_concern().and_then(|c| c.w_timeout), Some(MAJORITY_WITHIN));
+        assert_eq!(direct.inner.files.write_concern().and_then(|c| c.w_timeout), Some(MAJORITY_WITHIN));
+        let proxied = stalling_proxy(&url, b"insert").await;
+        let bound = Duration::from_secs(1);
+        let engine = GridfsEngine::open(&proxied, DEFAULT_BUCKET, 64 * 1024, ORPHAN_AGE, bound).await.unwrap();
+        let started = Instant::now();
+        let put = tokio::time::timeout(Duration::from_secs(20), engine.put_bytes(pattern(100_000, 23))).await;
+        let err = put.expect("a write waited for a server that never answers").unwrap_err();
+        assert!(matches!(err, EngineError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("did not answer within 1s"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+        // What the server does answer still goes through.
+        assert_eq!(engine.stat(&blob_of(b"x")).await.unwrap(), None);
+        done(direct).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_cleanup_that_fails_at_connect_does_not_stop_the_engine() {
+        let (direct, url) = engine(64 * 1024).await;
+        // The orphan scan's aggregation never gets an answer.
+        let proxied = stalling_proxy(&url, b"aggregate").await;
+        let bound = Duration::from_secs(1);
+        let connect = GridfsEngine::open(&proxied, DEFAULT_BUCKET, 64 * 1024, ORPHAN_AGE, bound);
+        let engine = tokio::time::timeout(Duration::from_secs(20), connect).await.expect("connect hung").unwrap();
+        assert_eq!(engine.stat(&blob_of(b"x")).await.unwrap(), None);
         done(direct).await;
     }
 
