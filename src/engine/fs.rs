@@ -39,7 +39,7 @@ struct Inner {
     blobs: PathBuf,
     tmp: PathBuf,
     next_tmp: AtomicU64,
-    /// `host-pid-`: names this process's staging files.
+    /// `host-pid-token-`: names this engine's staging files.
     prefix: String,
     durable: DurableDirs,
 }
@@ -87,17 +87,36 @@ pub(crate) fn hostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
 }
 
+/// The random token sets apart engines that share a host name and a pid:
+/// two containers of one host, both pid 1, or two engines of one process.
 fn staging_prefix(host: &str) -> String {
-    format!("{host}-{}-", std::process::id())
+    format!("{host}-{}-{:08x}-", std::process::id(), rand::random::<u32>())
 }
 
-/// Whether the staging file `name` (`host-pid-n`) was left by a process of
-/// `host` (this one) that is gone, or that had this process's id (which
-/// cannot have written anything yet). Other hosts' files are kept.
+/// Whether the staging file `name` (`host-pid-token-n`) may have been left
+/// by a process of `host` (this one) that is gone: its pid is not running,
+/// or is this process's (an earlier run, or another container's pid 1).
+/// Other hosts' files are kept. Only a file nobody holds locked is
+/// actually abandoned (see [`remove_if_unlocked`]).
 fn abandoned_here(name: &str, host: &str) -> bool {
-    let Some((writer, _n)) = name.rsplit_once('-') else { return false };
-    let Some((h, pid)) = writer.rsplit_once('-') else { return false };
+    let mut parts = name.rsplitn(4, '-');
+    let (Some(_n), Some(_token), Some(pid), Some(h)) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
     h == host && (pid == std::process::id().to_string() || !Path::new("/proc").join(pid).exists())
+}
+
+/// Removes the staging file at `path` unless its writer still holds it
+/// locked: pids do not tell apart processes of different containers.
+fn remove_if_unlocked(path: &Path) -> io::Result<()> {
+    use rustix::fs::{FlockOperation, flock};
+    let file = File::open(path)?;
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Err(Errno::WOULDBLOCK) => Ok(()),
+        // Held while removing, so no writer can take it meanwhile. A file
+        // system without locks leaves the pid as the only clue.
+        _ => fs::remove_file(path),
+    }
 }
 
 impl FsEngine {
@@ -121,10 +140,16 @@ impl FsEngine {
             let name = entry.file_name().to_string_lossy().into_owned();
             let old =
                 entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
+            let removed = if old {
+                fs::remove_file(entry.path())
+            } else if abandoned_here(&name, &host) {
+                remove_if_unlocked(&entry.path())
+            } else {
+                Ok(())
+            };
             // One gone meanwhile was removed by another node sharing the
             // directory, or was a live writer's, finished since.
-            if (old || abandoned_here(&name, &host))
-                && let Err(e) = fs::remove_file(entry.path())
+            if let Err(e) = removed
                 && e.kind() != io::ErrorKind::NotFound
             {
                 return Err(EngineError::io(NAME, e));
@@ -146,7 +171,15 @@ impl FsEngine {
         let n = self.inner.next_tmp.fetch_add(1, Ordering::Relaxed);
         let path = self.inner.tmp.join(format!("{}{n}", self.inner.prefix));
         let p = path.clone();
-        let file = blocking(move || File::create_new(&p).map_err(|e| EngineError::io(NAME, e))).await?;
+        let file = blocking(move || {
+            let file = File::create_new(&p).map_err(|e| EngineError::io(NAME, e))?;
+            // Held until the file is closed, it tells an engine opening on
+            // this directory that the upload is alive. Without locks (some
+            // network file systems) the pid in the name must do.
+            let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive);
+            Ok(file)
+        })
+        .await?;
         Ok(FsWriter {
             inner: self.inner.clone(),
             path,
@@ -364,9 +397,20 @@ impl FsWriter {
     }
 }
 
+/// The error of a failed sync of a staging file. The file is discarded and
+/// held nothing acknowledged, so running out of space (a quota, or a network
+/// or thinly provisioned disk that reports it only at the sync) fails this
+/// upload alone, as it would at a write; other errors disable writes.
+fn staging_sync_err(e: io::Error) -> EngineError {
+    match EngineError::io(NAME, e) {
+        EngineError::Io { source, .. } => EngineError::SyncFailed(source),
+        classified => classified,
+    }
+}
+
 /// Syncs the staging file `tmp` and makes it the blob of `digest`, durably.
 fn place(inner: &Inner, file: &File, tmp: &Path, digest: &Digest) -> Result<()> {
-    file.sync_data().map_err(EngineError::SyncFailed)?;
+    file.sync_data().map_err(staging_sync_err)?;
     let dest = inner.blob_path(digest);
     let leaf = dest.parent().expect("blob path has a directory");
     let [first, second] = DurableDirs::of(digest);
@@ -643,11 +687,11 @@ mod tests {
         let expected = dir.path().join("blobs").join(&hex[..2]).join(&hex[2..4]).join(&hex);
         assert_eq!(engine.blob_path(&blob.digest), expected);
         assert!(expected.is_file());
-        // A crash mid-upload leaves a staging file; reopening removes it.
-        let mut w = engine.writer(None).await.unwrap();
-        w.write(conformance::pattern(5000, 2)).await.unwrap();
-        std::mem::forget(w);
-        std::fs::write(dir.path().join("tmp").join(format!("{}-999999999-1", hostname())), b"x").unwrap();
+        // A crash mid-upload leaves a staging file, unlocked; reopening
+        // removes those of a gone pid and of this pid (an earlier run).
+        let tmp = dir.path().join("tmp");
+        std::fs::write(tmp.join(format!("{}-999999999-0000abcd-1", hostname())), b"x").unwrap();
+        std::fs::write(tmp.join(format!("{}-{}-0000abcd-0", hostname(), std::process::id())), b"x").unwrap();
         drop(engine);
         // Another node sharing the directory is writing this one right now.
         let other_host = dir.path().join("tmp").join("some-other-host-1-0");
@@ -655,6 +699,36 @@ mod tests {
         FsEngine::open(dir.path()).unwrap();
         let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().map(|e| e.unwrap().path()).collect();
         assert_eq!(left, vec![other_host], "only this host's abandoned staging files go");
+    }
+
+    /// Two engines on one directory in one process look like two
+    /// containers of one host, both pid 1: opening the second must leave
+    /// the first's upload in flight alone, and both write.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_engine_opened_beside_a_live_one_keeps_its_uploads() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = FsEngine::open(dir.path()).unwrap();
+        let (a, b) = (conformance::pattern(5000, 1), conformance::pattern(5000, 2));
+        let mut wa = first.writer(None).await.unwrap();
+        wa.write(a.clone()).await.unwrap();
+        let second = FsEngine::open(dir.path()).unwrap();
+        let mut wb = second.writer(None).await.unwrap();
+        wb.write(b.clone()).await.unwrap();
+        let blob_a = wa.finish(Digest(crate::engine::sha2_digest(&a))).await.unwrap();
+        let blob_b = wb.finish(Digest(crate::engine::sha2_digest(&b))).await.unwrap();
+        assert!(second.read_to_vec(&blob_a, ByteRange::full(5000)).await.unwrap() == a);
+        assert!(first.read_to_vec(&blob_b, ByteRange::full(5000)).await.unwrap() == b);
+    }
+
+    /// Out of space reported by the sync of a staging file (a quota, a
+    /// network file system) fails that upload alone; other sync errors
+    /// still stop writes.
+    #[test]
+    fn a_staging_file_sync_out_of_space_is_no_space() {
+        let err = |code| staging_sync_err(io::Error::from_raw_os_error(code));
+        assert!(matches!(err(libc::ENOSPC), EngineError::NoSpace));
+        assert!(matches!(err(libc::EDQUOT), EngineError::NoSpace));
+        assert!(matches!(err(libc::EIO), EngineError::SyncFailed(_)));
     }
 
     /// A blob that cannot be put in place, its fan-out directory blocked by

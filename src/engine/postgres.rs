@@ -33,7 +33,8 @@
 //! while it streams. A chunk insert takes a key-share lock on the writer's
 //! pending row and inserts nothing if the row is gone, so cleanup (which
 //! deletes the pending row first, then the chunks) can never leave a chunk
-//! behind that a late insert added.
+//! behind that a late insert added. Cleanup goes in batches, and failing at
+//! connect it only warns: a later one finishes it.
 //!
 //! Reading a range fetches only the chunks that cover it, one query per
 //! chunk with the next one fetched while the consumer takes the current one,
@@ -86,6 +87,8 @@ const CHUNK_LIMITS: std::ops::RangeInclusive<usize> = 1024..=256 * 1024 * 1024;
 const POOL_SIZE: usize = 16;
 /// Longest wait for a scan of a whole table (listing blobs, measuring).
 const LISTING_WITHIN: Duration = Duration::from_secs(600);
+/// Abandoned uploads whose chunks one cleanup transaction removes.
+const REMOVAL_BATCH: i64 = 100;
 /// Age after which a pending write is taken for abandoned by a crash.
 pub const STALE_AFTER: Duration = Duration::from_secs(3600);
 /// How often a writer refreshes the age of its pending row; far below
@@ -176,7 +179,12 @@ impl PostgresEngine {
         pg::reach(&pool, url).await.map_err(pg_err)?;
         let engine = PostgresEngine { inner: Arc::new(Inner { pool, chunk, stale_after }) };
         engine.migrate().await?;
-        engine.remove_abandoned().await?;
+        // Leftover chunks only take space, and a later cleanup removes
+        // them: a backlog too large for now must not keep nodes from
+        // starting.
+        if let Err(e) = engine.remove_abandoned().await {
+            tracing::warn!("{NAME} engine: abandoned uploads left for a later cleanup: {e}");
+        }
         Ok(engine)
     }
 
@@ -531,32 +539,50 @@ impl BlobEngine for PostgresEngine {
     async fn remove_abandoned(&self) -> Result<()> {
         let pool = &self.inner.pool;
         let age = self.inner.stale_after.as_secs_f64();
-        let removed = pg::retry(pool, "removing abandoned uploads", || async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            let ids = tx
-                .query(
-                    "DELETE FROM depot_engine_pending WHERE since <= now() - make_interval(secs => $1) RETURNING id",
-                    &[&age],
-                )
-                .await?
-                .iter()
-                .map(|r| col::<i64>(r, 0))
-                .collect::<Result<Vec<_>, _>>()?;
-            if !ids.is_empty() {
-                // A separate statement: it sees chunks that inserts waiting
-                // on the pending rows' locks committed meanwhile.
-                tx.execute("DELETE FROM depot_engine_chunks WHERE id = ANY($1)", &[&ids]).await?;
+        let mut removed = 0;
+        // A batch per transaction, each within the retry budget, however
+        // many uploads a crash loop left; what is removed stays removed.
+        let outcome = loop {
+            let batch = pg::retry(pool, "removing abandoned uploads", || async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                // The age again outside the subquery: it is checked anew on
+                // a row a writer refreshed while this waited for its lock.
+                let ids = tx
+                    .query(
+                        "DELETE FROM depot_engine_pending WHERE since <= now() - make_interval(secs => $1) \
+                         AND id IN (SELECT id FROM depot_engine_pending \
+                             WHERE since <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2) \
+                         RETURNING id",
+                        &[&age, &REMOVAL_BATCH],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| col::<i64>(r, 0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !ids.is_empty() {
+                    // A separate statement: it sees chunks that inserts waiting
+                    // on the pending rows' locks committed meanwhile.
+                    tx.execute("DELETE FROM depot_engine_chunks WHERE id = ANY($1)", &[&ids]).await?;
+                }
+                tx.commit().await?;
+                Ok(ids.len())
+            })
+            .await;
+            match batch {
+                Ok(n) => {
+                    removed += n;
+                    if n < REMOVAL_BATCH as usize {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(pg_err(e)),
             }
-            tx.commit().await?;
-            Ok(ids.len())
-        })
-        .await
-        .map_err(pg_err)?;
+        };
         if removed > 0 {
             tracing::info!("{NAME} engine: removed the chunks of {removed} abandoned uploads");
         }
-        Ok(())
+        outcome
     }
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
@@ -757,6 +783,31 @@ mod tests {
         assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_chunks WHERE id = 1001").await, 0);
         assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_chunks WHERE id = 1002").await, 3);
         assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_pending").await, 1);
+    }
+
+    /// Cleanup at connect removes a backlog in batches: a batch that fails
+    /// keeps what earlier ones removed, and the node still starts.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failing_cleanup_keeps_earlier_batches_and_lets_the_node_start() {
+        let (engine, url) = engine(64 * 1024).await;
+        let last = REMOVAL_BATCH + 1;
+        let client = engine.inner.pool.get().await.unwrap();
+        // Crashed writers, one more than a batch; removing the last fails.
+        client
+            .batch_execute(&format!(
+                "INSERT INTO depot_engine_pending SELECT id, now() - interval '2 hours' FROM generate_series(1, {last}) AS id;
+                 INSERT INTO depot_engine_chunks SELECT id, 0, '\\x00ff' FROM generate_series(1, {last}) AS id;
+                 CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+                     $$ BEGIN RAISE EXCEPTION 'refused'; END $$;
+                 CREATE TRIGGER refuse BEFORE DELETE ON depot_engine_pending
+                     FOR EACH ROW WHEN (OLD.id = {last}) EXECUTE FUNCTION refuse();"
+            ))
+            .await
+            .unwrap();
+        drop(client);
+        PostgresEngine::connect(&url, 64 * 1024).await.unwrap();
+        assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_pending").await, 1);
+        assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_chunks").await, 1);
     }
 
     #[tokio::test(flavor = "multi_thread")]

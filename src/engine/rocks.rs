@@ -409,7 +409,18 @@ impl BlobWriter for RocksWriter {
         let (inner, id, written) = (self.inner.clone(), self.id, self.written);
         self.written = 0; // from here on, finish owns the chunks
         let size = written as u64 * CHUNK as u64 + last.len() as u64;
-        let commit = move || inner.commit_head(digest, id, written, &last, size);
+        let commit = move || {
+            let head = inner.commit_head(digest, id, written, &last, size);
+            // A failed commit wrote nothing, and the writer no longer owns
+            // the chunks: they go now, not at the next start.
+            if head.is_err() && written > 0 {
+                let mut batch = WriteBatch::default();
+                delete_chunks(&mut batch, &id, written);
+                batch.delete(pending_key(&id));
+                let _ = inner.db.write(batch);
+            }
+            head
+        };
         // A small blob is one unsynced write: done on this thread.
         let head = if written == 0 && size <= INLINE_WRITE { commit()? } else { blocking(commit).await? };
         Ok(BlobRef { digest, size: head.size, locator: Vec::new() })
@@ -731,6 +742,24 @@ mod tests {
                 );
             }
         });
+    }
+
+    /// A finish whose commit fails (here on a damaged head of the same
+    /// content) leaves neither its chunks nor its pending marker.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failed_commit_leaves_no_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = RocksEngine::open(dir.path()).unwrap();
+        let body = conformance::pattern(2 * CHUNK + 10, 6);
+        let digest = Digest(crate::engine::sha2_digest(&body));
+        engine.inner.db.put(head_key(&digest), b"damaged").unwrap();
+        let mut writer = engine.writer(None).await.unwrap();
+        writer.write(body).await.unwrap();
+        let err = writer.finish(digest).await.unwrap_err();
+        assert!(matches!(err, EngineError::Damaged { .. }), "{err}");
+        let left =
+            engine.inner.db.iterator(IteratorMode::Start).filter(|i| matches!(i.as_ref().unwrap().0[0], b'c' | b'p'));
+        assert_eq!(left.count(), 0);
     }
 
     /// A chunk of a blob shorter than a whole one, where a whole one

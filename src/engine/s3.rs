@@ -136,6 +136,19 @@ impl std::fmt::Debug for S3Engine {
     }
 }
 
+/// The code of the S3 error document `body` holds, if it is one.
+fn error_code(body: &str) -> Option<&str> {
+    let error = &body[body.find("<Error>")?..];
+    let code = &error[error.find("<Code>")? + "<Code>".len()..];
+    Some(&code[..code.find("</Code>")?])
+}
+
+/// Whether an error S3 sent as a code (in the body of a 200 too) may pass
+/// on its own, as its 5xx statuses do.
+fn retried_code(code: &str) -> bool {
+    matches!(code, "InternalError" | "SlowDown" | "ServiceUnavailable" | "RequestTimeout")
+}
+
 /// Whether a failed request may succeed later: the network, a timeout, or
 /// the server's 5xx / 429. `object_store` keeps the status in a private
 /// type, so it is read from the message it makes.
@@ -358,7 +371,7 @@ impl Inner {
                     let status = response.status();
                     match response.text().await {
                         // S3 can report a failed copy in the body of a 200.
-                        Ok(body) if status.is_server_error() || body.contains("<Code>InternalError</Code>") => {
+                        Ok(body) if status.is_server_error() || error_code(&body).is_some_and(retried_code) => {
                             format!("{method} {url}: {status}: {body}")
                         }
                         Ok(body) => return Ok((status, body)),
@@ -385,7 +398,8 @@ impl Inner {
         headers.insert("x-amz-metadata-directive", HeaderValue::from_static("REPLACE"));
         let (status, body) = self.send_signed(Method::PUT, &format!("{}/{key}", self.bucket_url), headers).await?;
         match status {
-            s if s.is_success() => Ok(true),
+            // A 200 may carry any error (see `send_signed`).
+            s if s.is_success() && error_code(&body).is_none() => Ok(true),
             StatusCode::NOT_FOUND => Ok(false),
             s => Err(EngineError::other(NAME, format!("refreshing {key}: {s}: {body}"))),
         }
@@ -877,6 +891,51 @@ mod tests {
             }
         });
         (format!("http://{addr}"), received)
+    }
+
+    /// A fake server answering each request, as a 200, with the next of
+    /// `bodies`; and how many requests it took.
+    async fn answering(bodies: Vec<&'static str>) -> (String, Arc<AtomicU64>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicU64::new(0));
+        let counter = requests.clone();
+        tokio::spawn(async move {
+            for body in bodies {
+                let Ok((mut stream, _)) = listener.accept().await else { return };
+                let mut head = Vec::new();
+                let mut buf = [0; 4096];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let answer =
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        (format!("http://{addr}"), requests)
+    }
+
+    /// S3 may answer a copy with 200 and an error in the body: a refresh
+    /// retries one that passes (SlowDown) and fails on any other.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_refresh_answered_200_with_an_error_is_not_done() {
+        let slow = "<?xml version=\"1.0\"?>\n<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>";
+        let copied = "<CopyObjectResult><ETag>\"e\"</ETag></CopyObjectResult>";
+        let denied = "<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>";
+        let (url, requests) = answering(vec![slow, copied, denied]).await;
+        let engine = S3Engine::client(Some(&url), &config("depot-fake"), Tuning::default()).unwrap();
+        let key = Path::from("blobs/x");
+        assert!(engine.inner.touch(&key).await.unwrap());
+        assert_eq!(requests.load(Ordering::SeqCst), 2, "the SlowDown was retried");
+        let err = engine.inner.touch(&key).await.unwrap_err();
+        assert!(err.to_string().contains("AccessDenied"), "{err}");
+        assert_eq!(error_code(copied), None);
     }
 
     #[tokio::test(flavor = "multi_thread")]

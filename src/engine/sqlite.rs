@@ -368,7 +368,7 @@ fn stage_blob(
     last: &[u8],
     size: u64,
     chunk: usize,
-) -> rusqlite::Result<(u64, Option<i64>)> {
+) -> std::result::Result<(u64, Option<i64>), FinishFailure> {
     let now = now_ns();
     let existing: Option<i64> = tx
         .prepare_cached("SELECT size FROM blobs WHERE digest = ?1")?
@@ -391,7 +391,18 @@ fn stage_blob(
         tx.prepare_cached("INSERT INTO chunks (id, n, data) VALUES (?1, ?2, ?3)")?
             .execute(params![id, last_n, last])?;
     }
-    tx.prepare_cached("DELETE FROM pending WHERE id = ?1")?.execute([id])?;
+    let unmarked = tx.prepare_cached("DELETE FROM pending WHERE id = ?1")?.execute([id])?;
+    // Another process opening the database takes every pending write for
+    // abandoned, and removes its chunks: the blob must not be recorded
+    // without them.
+    if staged.is_some() {
+        let want = last_n + i64::from(!last.is_empty());
+        let have: i64 =
+            tx.prepare_cached("SELECT count(*) FROM chunks WHERE id = ?1")?.query_row([id], |r| r.get(0))?;
+        if unmarked != 1 || have != want {
+            return Err(FinishFailure::ChunksGone);
+        }
+    }
     tx.prepare_cached("INSERT INTO blobs (digest, id, size, chunk, modified) VALUES (?1, ?2, ?3, ?4, ?5)")?
         .execute(params![&digest.0[..], id, size as i64, chunk as i64, now])?;
     Ok((size, None))
@@ -403,6 +414,14 @@ enum FinishFailure {
     Staging(rusqlite::Error),
     /// At the commit: the outcome on disk is unknown.
     Commit(rusqlite::Error),
+    /// Before the commit: the staged chunks were removed meanwhile.
+    ChunksGone,
+}
+
+impl From<rusqlite::Error> for FinishFailure {
+    fn from(e: rusqlite::Error) -> FinishFailure {
+        FinishFailure::Staging(e)
+    }
 }
 
 #[async_trait]
@@ -430,10 +449,8 @@ impl BlobWriter for SqliteWriter {
             conn.pragma_update(None, "synchronous", "FULL").map_err(db_err)?;
             let outcome = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
                 Err(e) => Err(FinishFailure::Staging(e)),
-                Ok(tx) => match stage_blob(&tx, &digest, staged_id, n, &last, size, inner.chunk) {
-                    Err(e) => Err(FinishFailure::Staging(e)),
-                    Ok(staged) => tx.commit().map(|()| staged).map_err(FinishFailure::Commit),
-                },
+                Ok(tx) => stage_blob(&tx, &digest, staged_id, n, &last, size, inner.chunk)
+                    .and_then(|staged| tx.commit().map(|()| staged).map_err(FinishFailure::Commit)),
             };
             if let Err(e) = conn.pragma_update(None, "synchronous", "NORMAL") {
                 tracing::warn!("sqlite engine: cannot return to synchronous=NORMAL: {e}");
@@ -441,7 +458,7 @@ impl BlobWriter for SqliteWriter {
             drop(conn);
             let cleanup = match &outcome {
                 Ok((_, duplicate)) => *duplicate,
-                Err(FinishFailure::Staging(_)) => staged_id,
+                Err(FinishFailure::Staging(_) | FinishFailure::ChunksGone) => staged_id,
                 // A full disk fails the commit before it happens (the
                 // transaction is rolled back): the chunks go now, so that
                 // space freed lets writes go on without a restart.
@@ -461,6 +478,10 @@ impl BlobWriter for SqliteWriter {
                 Ok((size, _)) => Ok(BlobRef { digest, size, locator: Vec::new() }),
                 Err(FinishFailure::Staging(e)) => Err(db_err(e)),
                 Err(FinishFailure::Commit(e)) => Err(commit_err(e)),
+                Err(FinishFailure::ChunksGone) => Err(EngineError::other(
+                    NAME,
+                    "the chunks of this upload were removed as abandoned (the database was opened by another process)",
+                )),
             }
         })
         .await
@@ -746,6 +767,23 @@ mod tests {
         let read = misses as usize * PAGE_SIZE as usize;
         // The chunk itself, plus schema, index and table pages on the way.
         assert!(read <= 64 * 1024 + 12 * PAGE_SIZE as usize, "a 64 KiB chunk lookup read {read} bytes");
+    }
+
+    /// An upload whose chunks another opening of the database removed as
+    /// abandoned fails, and records no blob without its chunks.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_upload_whose_chunks_were_removed_is_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = open(&dir, 4096);
+        let data = conformance::pattern(10_000, 7);
+        let mut writer = engine.writer(None).await.unwrap();
+        writer.write(data.clone()).await.unwrap();
+        drop(open(&dir, 4096));
+        let digest = Digest(crate::engine::sha2_digest(&data));
+        let err = writer.finish(digest).await.unwrap_err();
+        assert!(err.to_string().contains("removed as abandoned"), "{err}");
+        assert_eq!(engine.inner.head(&digest).unwrap().map(|h| h.id), None);
+        assert_eq!(rows(&dir), (0, 0));
     }
 
     #[tokio::test(flavor = "multi_thread")]
