@@ -46,6 +46,8 @@ from botocore.exceptions import ClientError
 
 ENDPOINT = os.environ["S3_ENDPOINT"].rstrip("/")
 ACCESS_KEY = os.environ["S3_ACCESS_KEY"]
+# How the server shows an owner: an opaque id, never the access key itself.
+OWNER_ID = hashlib.sha256(b"depot owner\0" + ACCESS_KEY.encode()).hexdigest()
 SECRET_KEY = os.environ["S3_SECRET_KEY"]
 ACCESS_KEY2 = os.environ.get("S3_ACCESS_KEY2")
 SECRET_KEY2 = os.environ.get("S3_SECRET_KEY2")
@@ -1149,7 +1151,7 @@ def area_listing(s3, buckets):
     expect_equal(
         s3.get_bucket_versioning(Bucket=bucket).get("Status"), None, "GetBucketVersioning: an unversioned bucket"
     )
-    me = {"ID": ACCESS_KEY, "DisplayName": ACCESS_KEY}
+    me = {"ID": OWNER_ID}
     expect(all("Owner" not in o for o in r["Contents"]), "ListObjectsV2 names no Owner unless asked", short(r))
     r = s3.list_objects_v2(Bucket=bucket, FetchOwner=True)
     expect(all(o.get("Owner") == me for o in r["Contents"]), "ListObjectsV2 FetchOwner: each Owner", short(r))
@@ -1378,7 +1380,7 @@ def area_multipart(s3, buckets):
         [(i + 1, len(p), etag_of(p)) for i, p in enumerate(parts)],
         "ListParts: numbers, sizes and ETags",
     )
-    me = {"ID": ACCESS_KEY, "DisplayName": ACCESS_KEY}
+    me = {"ID": OWNER_ID}
     expect_equal((listed.get("Initiator"), listed.get("Owner")), (me, me), "ListParts: Initiator and Owner")
     first = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload, MaxParts=2)
     expect_equal(
@@ -2022,6 +2024,9 @@ def area_auth(s3, buckets):
     # The documents GetBucketAcl gives, sent back as s3cmd's setacl sends
     # them, set the same access.
     public_policy = {k: v for k, v in s3.get_bucket_acl(Bucket=public).items() if k in ("Grants", "Owner")}
+    expect_equal(public_policy["Owner"], {"ID": OWNER_ID}, "GetBucketAcl: the owner by an opaque id")
+    _, _, listing = http_get(f"{ENDPOINT}/{public}?list-type=2&fetch-owner=true")
+    expect(ACCESS_KEY.encode() not in listing, "an anonymous listing shows no access key", listing[:300])
     private_policy = {k: v for k, v in s3.get_bucket_acl(Bucket=private).items() if k in ("Grants", "Owner")}
     s3.put_bucket_acl(Bucket=private, AccessControlPolicy=public_policy)
     expect_equal(

@@ -579,8 +579,16 @@ fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
     value.map(crate::http::content_md5).transpose().map_err(super::api_to_s3)
 }
 
+/// The owner an access key is shown as: an opaque id, as S3's canonical
+/// user ids are, since anyone may list a public-read bucket and see its
+/// owner. The same key always gives the same id.
 fn owner(access_key: &str) -> Owner {
-    Owner { id: Some(access_key.to_string()), display_name: Some(access_key.to_string()) }
+    Owner { id: Some(owner_id(access_key)), display_name: None }
+}
+
+fn owner_id(access_key: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::new().chain_update(b"depot owner\0").chain_update(access_key).finalize())
 }
 
 /// Who began an upload, as listings of uploads name it: the bucket's
@@ -604,13 +612,14 @@ fn public_acl(acl: Option<&BucketCannedACL>) -> S3Result<Option<bool>> {
 /// read for public-read. `None` for any other.
 fn canned_policy(policy: &AccessControlPolicy, owner: &str) -> Option<bool> {
     const ALL_USERS: &str = "http://acs.amazonaws.com/groups/global/AllUsers";
+    let owner = owner_id(owner);
     let (mut owner_controls, mut public) = (false, false);
     for grant in policy.grants.iter().flatten() {
         let (Some(grantee), Some(permission)) = (&grant.grantee, &grant.permission) else {
             return None;
         };
         match (grantee.type_.as_str(), permission.as_str()) {
-            (Type::CANONICAL_USER, Permission::FULL_CONTROL) if grantee.id.as_deref() == Some(owner) => {
+            (Type::CANONICAL_USER, Permission::FULL_CONTROL) if grantee.id.as_deref() == Some(owner.as_str()) => {
                 owner_controls = true
             }
             (Type::GROUP, Permission::READ) if grantee.uri.as_deref() == Some(ALL_USERS) => public = true,
@@ -817,9 +826,9 @@ impl S3 for DepotS3 {
             permission: Some(Permission::from_static(permission)),
         };
         let owner_grantee = Grantee {
-            display_name: Some(b.owner.clone()),
+            display_name: None,
             email_address: None,
-            id: Some(b.owner.clone()),
+            id: Some(owner_id(&b.owner)),
             type_: Type::from_static(Type::CANONICAL_USER),
             uri: None,
         };
