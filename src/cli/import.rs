@@ -181,29 +181,26 @@ impl Source {
             Source::GridFs(_, files) => {
                 // Several files may share a name (revisions); the newest
                 // wins. Sorted so, each name's files come together, the
-                // newest last: an item goes on once the next name comes.
+                // newest last. Read whole before the first upload: a cursor
+                // left waiting on the uploads for longer than the server's
+                // idle limit (ten minutes) is closed under it.
                 let mut cursor = files.find(doc! {}).sort(doc! { "filename": 1, "uploadDate": 1 }).await?;
-                let mut newest: Option<Item> = None;
+                let (mut items, mut problems): (Vec<Item>, Vec<Listed>) = (Vec::new(), Vec::new());
                 while let Some(file) = cursor.try_next().await? {
-                    let item = match gridfs_item(&file) {
-                        Ok(item) => item,
-                        Err(e) => {
-                            if !found.send(Listed::Problem(e.to_string())).await {
-                                return Ok(());
+                    match gridfs_item(&file) {
+                        Ok(item) => {
+                            if items.last().is_some_and(|last| last.key == item.key) {
+                                items.pop();
                             }
-                            continue;
+                            items.push(item);
                         }
-                    };
-                    // An older revision of the same name is dropped.
-                    if let Some(other) = newest.replace(item)
-                        && newest.as_ref().is_some_and(|n| n.key != other.key)
-                        && !found.send(Listed::Item(other)).await
-                    {
-                        return Ok(());
+                        Err(e) => problems.push(Listed::Problem(e.to_string())),
                     }
                 }
-                if let Some(last) = newest {
-                    found.send(Listed::Item(last)).await;
+                for entry in problems.into_iter().chain(items.into_iter().map(Listed::Item)) {
+                    if !found.send(entry).await {
+                        break;
+                    }
                 }
                 Ok(())
             }

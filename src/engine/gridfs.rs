@@ -53,7 +53,8 @@
 //! (server selection and TCP connect), a dropped connection, a server
 //! shutting down or stepping down, a majority that does not confirm a write
 //! within [`MAJORITY_WITHIN`], or a request that gets no answer within
-//! [`ANSWER_WITHIN`] is [`EngineError::Unavailable`], which clients see as
+//! [`ANSWER_WITHIN`] ([`SCAN_WITHIN`] for scans, bulk deletes and index
+//! builds) is [`EngineError::Unavailable`], which clients see as
 //! 503. On a replica set the driver retries a failed read or
 //! write once by itself; on a single server it does not, so the engine
 //! retries the inserts of an upload (chunks, then the files document) on a
@@ -108,6 +109,12 @@ pub const MAJORITY_WITHIN: Duration = Duration::from_secs(15);
 /// forever. Longer than [`MAJORITY_WITHIN`], so that a missing majority is
 /// reported by the server itself.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+/// [`ANSWER_WITHIN`] for the requests whose work grows with the data: the
+/// orphan scan (which answers only once it has grouped every chunk), the
+/// delete of a large file's chunks, an index built at start. Bounded still,
+/// so that a server that stopped answering is found, but well past what
+/// millions of chunks take.
+pub const SCAN_WITHIN: Duration = Duration::from_secs(30 * 60);
 /// About how many bytes of chunks one cursor batch of a read holds.
 const READ_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Orphan candidates checked against the files collection per query.
@@ -154,6 +161,8 @@ struct Inner {
     orphan_age: Duration,
     /// How long each request may wait for its answer.
     answer_within: Duration,
+    /// How long a request whose work grows with the data may take.
+    scan_within: Duration,
     /// Chunks and chunk bytes that reads received from the server.
     fetched_chunks: AtomicU64,
     fetched_bytes: AtomicU64,
@@ -269,17 +278,18 @@ impl GridfsEngine {
         chunk_size: usize,
         orphan_age: Duration,
     ) -> Result<GridfsEngine> {
-        GridfsEngine::open(url, bucket, chunk_size, orphan_age, ANSWER_WITHIN).await
+        GridfsEngine::open(url, bucket, chunk_size, orphan_age, (ANSWER_WITHIN, SCAN_WITHIN)).await
     }
 
     /// [`connect_with`](GridfsEngine::connect_with), giving each request
-    /// `answer_within` to be answered.
+    /// `answer_within` to be answered (`scan_within` for those whose work
+    /// grows with the data).
     async fn open(
         url: &str,
         bucket: &str,
         chunk_size: usize,
         orphan_age: Duration,
-        answer_within: Duration,
+        (answer_within, scan_within): (Duration, Duration),
     ) -> Result<GridfsEngine> {
         if !CHUNK_LIMITS.contains(&chunk_size) {
             return Err(EngineError::other(
@@ -316,6 +326,7 @@ impl GridfsEngine {
                 chunk: chunk_size,
                 orphan_age,
                 answer_within,
+                scan_within,
                 fetched_chunks: AtomicU64::new(0),
                 fetched_bytes: AtomicU64::new(0),
             }),
@@ -337,20 +348,30 @@ impl GridfsEngine {
     }
 }
 
+/// `op`, or the server unavailable once `within` has passed.
+async fn bounded_by<T>(within: Duration, op: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(within, op).await.unwrap_or_else(|_| {
+        Err(EngineError::Unavailable(format!("{NAME} engine: the server did not answer within {within:?}")))
+    })
+}
+
 impl Inner {
     /// `op` (a request, or the few of a cursor's batch), given
     /// `answer_within` to finish. Dropping a late request closes its
     /// connection: the driver never reuses one with a request in flight.
     async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::time::timeout(self.answer_within, op).await.unwrap_or_else(|_| {
-            let within = self.answer_within;
-            Err(EngineError::Unavailable(format!("{NAME} engine: the server did not answer within {within:?}")))
-        })
+        bounded_by(self.answer_within, op).await
     }
 
     /// A request to the server, bounded, its error classified.
     async fn call<T>(&self, op: impl IntoFuture<Output = mongodb::error::Result<T>>) -> Result<T> {
         self.bounded(async { op.await.map_err(mongo_err) }).await
+    }
+
+    /// [`Inner::call`] for a request whose work grows with the data, given
+    /// `scan_within`.
+    async fn call_long<T>(&self, op: impl IntoFuture<Output = mongodb::error::Result<T>>) -> Result<T> {
+        bounded_by(self.scan_within, async { op.await.map_err(mongo_err) }).await
     }
 
     /// All that `cursor` returns, each batch bounded.
@@ -410,7 +431,7 @@ impl Inner {
             return Ok(());
         }
         let options = IndexOptions::builder().unique(unique.then_some(true)).build();
-        self.call(coll.create_index(IndexModel::builder().keys(keys).options(options).build())).await?;
+        self.call_long(coll.create_index(IndexModel::builder().keys(keys).options(options).build())).await?;
         Ok(())
     }
 
@@ -446,7 +467,7 @@ impl Inner {
     /// finds it, then its chunks.
     async fn delete_file(&self, id: &Bson) -> Result<()> {
         self.call(self.files.delete_one(doc! { "_id": id.clone() })).await?;
-        self.call(self.chunks.delete_many(doc! { "files_id": id.clone() })).await?;
+        self.call_long(self.chunks.delete_many(doc! { "files_id": id.clone() })).await?;
         Ok(())
     }
 
@@ -482,7 +503,7 @@ impl Inner {
 
     /// Deletes the chunks of a discarded writer's `id`, then its hold.
     async fn release_hold(&self, id: ObjectId) -> Result<()> {
-        self.call(self.chunks.delete_many(doc! { "files_id": id })).await?;
+        self.call_long(self.chunks.delete_many(doc! { "files_id": id })).await?;
         self.call(self.files.delete_one(doc! { "_id": id, "filename": DISCARDING })).await?;
         Ok(())
     }
@@ -534,13 +555,13 @@ impl Inner {
             .aggregate([doc! { "$sort": { "files_id": 1 } }, doc! { "$group": { "_id": "$files_id" } }])
             .allow_disk_use(true);
         let mut ids = self
-            .call(grouped)
+            .call_long(grouped)
             .await?
             .map(|doc| doc.map_err(mongo_err).map(|mut d| d.remove("_id").unwrap_or(Bson::Null)))
             .try_chunks(ORPHAN_BATCH)
             .map_err(|e| e.1);
         let mut orphans = Vec::new();
-        while let Some(batch) = self.bounded(ids.try_next()).await? {
+        while let Some(batch) = bounded_by(self.scan_within, ids.try_next()).await? {
             let find = self.files.find(doc! { "_id": { "$in": batch.clone() } }).projection(doc! { "_id": 1 });
             let present = self.collect(self.call(find).await?).await?;
             let present: Vec<&Bson> = present.iter().filter_map(|d| d.get("_id")).collect();
@@ -1437,7 +1458,7 @@ mod tests {
         assert_eq!(direct.inner.files.write_concern().and_then(|c| c.w_timeout), Some(MAJORITY_WITHIN));
         let proxied = stalling_proxy(&url, b"insert").await;
         let bound = Duration::from_secs(1);
-        let engine = GridfsEngine::open(&proxied, DEFAULT_BUCKET, 64 * 1024, ORPHAN_AGE, bound).await.unwrap();
+        let engine = GridfsEngine::open(&proxied, DEFAULT_BUCKET, 64 * 1024, ORPHAN_AGE, (bound, bound)).await.unwrap();
         let started = Instant::now();
         let put = tokio::time::timeout(Duration::from_secs(20), engine.put_bytes(pattern(100_000, 23))).await;
         let err = put.expect("a write waited for a server that never answers").unwrap_err();
@@ -1455,7 +1476,7 @@ mod tests {
         // The orphan scan's aggregation never gets an answer.
         let proxied = stalling_proxy(&url, b"aggregate").await;
         let bound = Duration::from_secs(1);
-        let connect = GridfsEngine::open(&proxied, DEFAULT_BUCKET, 64 * 1024, ORPHAN_AGE, bound);
+        let connect = GridfsEngine::open(&proxied, DEFAULT_BUCKET, 64 * 1024, ORPHAN_AGE, (bound, bound));
         let engine = tokio::time::timeout(Duration::from_secs(20), connect).await.expect("connect hung").unwrap();
         assert_eq!(engine.stat(&blob_of(b"x")).await.unwrap(), None);
         done(direct).await;

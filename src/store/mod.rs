@@ -1352,8 +1352,11 @@ const RENEW_CLAIMS: Duration = Duration::from_secs(60);
 
 /// How many bodies, and how many bytes of them, a batch stages before it
 /// holds and keeps them together: one claim on a shared catalog for them
-/// all, where one each took most of a 10,000-entry batch's time.
-const SETTLE_ENTRIES: usize = 256;
+/// all, where one each took most of a 10,000-entry batch's time. Few
+/// enough that the open files of staged bodies (an `fs` engine stages each
+/// in a file of its own, with a buffer) stay well within the process's
+/// descriptors when many batches run at once.
+const SETTLE_ENTRIES: usize = 64;
 const SETTLE_BYTES: u64 = 8 << 20;
 
 impl PutBatch<'_> {
