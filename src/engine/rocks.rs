@@ -264,6 +264,16 @@ impl Inner {
     /// Writes, unsynced, the head naming blob `id` by `digest` after its
     /// `written` chunks and the `last` one; when the content is stored
     /// already, keeps that copy (refreshing its age) and drops these chunks.
+    /// Removes the first `written` chunks of upload `id` and its pending
+    /// marker, best effort: if this fails, the marker makes the next open
+    /// clean up.
+    fn discard_staged(&self, id: &[u8; 16], written: u32) {
+        let mut batch = WriteBatch::default();
+        delete_chunks(&mut batch, id, written);
+        batch.delete(pending_key(id));
+        let _ = self.db.write(batch);
+    }
+
     fn commit_head(&self, digest: Digest, id: [u8; 16], written: u32, last: &[u8], size: u64) -> Result<Head> {
         let _guard = self.heads[digest.0[0] as usize % LOCK_STRIPES].lock();
         let mut batch = WriteBatch::default();
@@ -414,10 +424,7 @@ impl BlobWriter for RocksWriter {
             // A failed commit wrote nothing, and the writer no longer owns
             // the chunks: they go now, not at the next start.
             if head.is_err() && written > 0 {
-                let mut batch = WriteBatch::default();
-                delete_chunks(&mut batch, &id, written);
-                batch.delete(pending_key(&id));
-                let _ = inner.db.write(batch);
+                inner.discard_staged(&id, written);
             }
             head
         };
@@ -433,11 +440,7 @@ impl Drop for RocksWriter {
     fn drop(&mut self) {
         if self.written > 0 {
             self.abandoned.store(true, Ordering::SeqCst);
-            let mut batch = WriteBatch::default();
-            delete_chunks(&mut batch, &self.id, self.written);
-            batch.delete(pending_key(&self.id));
-            // Best effort: if this fails, the marker makes the next open clean up.
-            let _ = self.inner.db.write(batch);
+            self.inner.discard_staged(&self.id, self.written);
         }
     }
 }
