@@ -50,6 +50,10 @@ impl From<tokio_postgres::Error> for PgError {
                     || c == &SqlState::CRASH_SHUTDOWN
                     || c == &SqlState::CANNOT_CONNECT_NOW
                     || c == &SqlState::TOO_MANY_CONNECTIONS
+                    // The shared lock table full (`max_locks_per_transaction`):
+                    // big batches on several nodes at once take many locks,
+                    // and hold them until they commit.
+                    || c == &SqlState::OUT_OF_MEMORY
                     || c.code().starts_with("08")
             })
             // No SQL state: the error came from the socket.

@@ -163,6 +163,16 @@ fn odd_keys_folders_and_pipes() {
     assert_eq!(depot(&server, &["get", "files/a/../b", "-"], dir.path()).status.code(), Some(1));
     let out = depot(&server, &["put", "plain", "files/.."], dir.path());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be put in a URL"), "{out:?}");
+    // Nor are buckets: `.` and `..` are refused, not dropped from the URL
+    // (`put plain .` was a PUT of /plain, creating a bucket of that name).
+    for args in [&["put", "plain", "."][..], &["put", "plain", "./b"], &["rm", "../files/b"]] {
+        let out = depot(&server, args, dir.path());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("bucket name"), "{args:?}: {err}");
+    }
+    assert_eq!(ok(&depot(&server, &["get", "files/b", "-"], dir.path())), "plain");
+    let out = depot(&server, &["ls", "plain/"], dir.path());
+    assert!(!out.status.success(), "no bucket named after the file: {out:?}");
 
     let out = depot(&server, &["get", "files/folder/"], dir.path());
     assert!(String::from_utf8_lossy(&out.stderr).contains("names a folder"), "{out:?}");

@@ -673,6 +673,9 @@ async fn several_ranges_give_multipart_byteranges() {
     assert_eq!(r.status(), 206);
     let ct = header(&r, "content-type");
     let boundary = ct.strip_prefix("multipart/byteranges; boundary=").expect(&ct);
+    // A multipart document is a type browsers may render: it gets the
+    // sandbox whatever type the object itself has.
+    assert!(header(&r, "content-security-policy").starts_with("sandbox"), "{ct}");
     let declared: usize = header(&r, "content-length").parse().unwrap();
     let bytes = r.bytes().await.unwrap();
     assert_eq!(bytes.len(), declared, "Content-Length of the multipart body");

@@ -35,11 +35,6 @@ pub const DELETE_TIMEOUT: Duration = Duration::from_secs(60);
 /// node may mark the digest anew.
 pub const DELETE_MARK_LIFE: Duration = Duration::from_secs(120);
 
-/// How long after a delete began its mark is surely still its own to end
-/// ([`Catalog::end_delete`]): its life, less the time the call that ends
-/// it may take.
-pub const DELETE_MARK_OURS: Duration = DELETE_MARK_LIFE.saturating_sub(crate::pg::ANSWER_WITHIN);
-
 /// A writer's claim on a digest, in a catalog shared by several nodes (see
 /// [`Catalog::claim_blobs`]).
 pub type ClaimId = i64;
@@ -498,7 +493,9 @@ pub trait Catalog: Send + Sync + 'static {
     }
 
     /// Ends a delete of [`Catalog::begin_delete`] or
-    /// [`Catalog::remove_dead_blob`]: writers of the digest go on.
+    /// [`Catalog::remove_dead_blob`]: writers of the digest go on. Only the
+    /// mark that call made is removed: once it lapsed, another node may
+    /// have marked the digest anew.
     async fn end_delete(&self, digest: &Digest) -> Result<()> {
         let _ = digest;
         Ok(())

@@ -39,6 +39,7 @@
 //! crashed) no longer counts.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -191,14 +192,26 @@ const DELETE_POLL: Duration = Duration::from_millis(20);
 #[derive(Clone)]
 pub struct PostgresCatalog {
     pool: Pool,
+    /// The token of each delete mark this catalog made and has not ended
+    /// ([`Catalog::begin_delete`], [`Catalog::remove_dead_blob`]): an end
+    /// removes that mark alone, never one another node made since (once
+    /// this one lapsed, or while a lost COMMIT answer was run again).
+    marks: Arc<parking_lot::Mutex<HashMap<Digest, i64>>>,
 }
 
 impl PostgresCatalog {
+    /// Notes the mark `token` of `digest` once a call made it.
+    fn made_mark(&self, marked: bool, digest: &Digest, token: i64) {
+        if marked {
+            self.marks.lock().insert(*digest, token);
+        }
+    }
+
     /// Connects and applies the schema (idempotent).
     pub async fn connect(url: &str) -> Result<PostgresCatalog> {
         let pool = pg::pool(url, POOL_SIZE)?;
         pg::reach(&pool, url).await?;
-        let catalog = PostgresCatalog { pool };
+        let catalog = PostgresCatalog { pool, marks: Default::default() };
         in_txn!(catalog.pool, "migrating the catalog schema", within SCAN_WITHIN, |txn| {
             txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
             txn.batch_execute(MIGRATION).await?;
@@ -787,6 +800,7 @@ impl Catalog for PostgresCatalog {
             mark_deleting(txn, digest, token).await?;
             Ok(true)
         })
+        .inspect(|marked| self.made_mark(*marked, digest, token))
     }
 
     async fn claim_blobs(&self, digests: &[Digest]) -> Result<Vec<ClaimId>> {
@@ -898,11 +912,17 @@ impl Catalog for PostgresCatalog {
             mark_deleting(txn, &blob.digest, token).await?;
             Ok(true)
         })
+        .inspect(|marked| self.made_mark(*marked, &blob.digest, token))
     }
 
     async fn end_delete(&self, digest: &Digest) -> Result<()> {
+        let Some(token) = self.marks.lock().remove(digest) else { return Ok(()) };
         in_txn!(self.pool, "ending a delete", |txn| {
-            txn.execute("DELETE FROM depot_catalog_deleting WHERE digest = $1", &[&&digest.0[..]]).await?;
+            txn.execute(
+                "DELETE FROM depot_catalog_deleting WHERE digest = $1 AND token = $2",
+                &[&&digest.0[..], &token],
+            )
+            .await?;
             Ok(())
         })
     }
@@ -1069,6 +1089,9 @@ impl PostgresCatalog {
     }
 }
 
+/// Rows a listing asks for right after a common prefix.
+const PAST_PREFIX_ROWS: i64 = 16;
+
 /// One page of a listing, rolling keys up to common prefixes; a run of
 /// keys under one common prefix is skipped with a fresh query starting
 /// past it, so a page costs a few index range scans however many keys
@@ -1091,8 +1114,13 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
     }
     let like = format!("{}%", query.prefix.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
     let mut page = ListPage::default();
+    let mut restarted = false;
     loop {
+        // Past a common prefix, the next key is often another one (a
+        // folder of folders): a few rows are asked first, not a page of
+        // records read to use one.
         let want = (limit - page.objects.len() - page.prefixes.len()) as i64 + 1;
+        let want = if restarted { want.min(PAST_PREFIX_ROWS) } else { want };
         let rows = txn
             .query(
                 "SELECT key, record FROM depot_catalog_objects
@@ -1105,7 +1133,7 @@ async fn list_page(txn: &Transaction<'_>, bucket: &str, query: &ListQuery) -> Re
         if rows.is_empty() {
             return Ok(page);
         }
-        let mut restarted = false;
+        restarted = false;
         for row in &rows {
             let key: String = row.get(0);
             if page.objects.len() + page.prefixes.len() >= limit {
@@ -1336,6 +1364,30 @@ mod tests {
         assert!(!waiting.is_finished());
         b.end_delete(&y.digest).await.unwrap();
         tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+    }
+
+    /// A delete that outlasted its mark ends no mark another node made
+    /// since: the end of each removes its own.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_delete_ends_its_own_mark_only() {
+        let url = pg::fresh_test_database().await;
+        let (a, b) = futures::join!(PostgresCatalog::connect(&url), PostgresCatalog::connect(&url));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let marks = || async {
+            client.query_one("SELECT count(*) FROM depot_catalog_deleting", &[]).await.unwrap().get::<_, i64>(0)
+        };
+        let x = super::super::conformance::blob(5, 10);
+        assert!(a.begin_delete(&x).await.unwrap());
+        assert!(!b.begin_delete(&x).await.unwrap(), "one delete of a digest at a time");
+        let lapse = "UPDATE depot_catalog_deleting SET since = now() - interval '1 hour'";
+        client.execute(lapse, &[]).await.unwrap();
+        assert!(b.begin_delete(&x).await.unwrap(), "a lapsed mark is a crashed node's");
+        a.end_delete(&x.digest).await.unwrap();
+        assert_eq!(marks().await, 1, "the end of the lapsed delete removed the other node's mark");
+        b.end_delete(&x.digest).await.unwrap();
+        assert_eq!(marks().await, 0);
     }
 
     #[tokio::test(flavor = "multi_thread")]

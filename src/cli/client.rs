@@ -68,6 +68,10 @@ impl Client {
     }
 
     pub(crate) fn url(&self, bucket: &str, key: &str) -> anyhow::Result<String> {
+        // Checked here, as the key is by `key_path`: a bucket of `.` or
+        // `..` would be a dot segment, which the URL would drop, sending
+        // the request somewhere else (`./photos` to the bucket `photos`).
+        crate::store::names::check_bucket(bucket).map_err(anyhow::Error::msg)?;
         Ok(format!("{}/{}/{}", self.base, bucket, key_path(key)?))
     }
 
@@ -455,9 +459,12 @@ async fn put_one(client: &Client, file: &Path, bucket: &str, key: &str) -> anyho
     };
     progress.finish_and_clear();
     let body = answered?;
+    let Some(sha256) = body["sha256"].as_str() else {
+        bail!("uploading {target}: the server's answer names no stored content ({body})");
+    };
     let dedup = if body["deduplicated"].as_bool() == Some(true) { ", deduplicated" } else { "" };
     let size = HumanBytes(body["size"].as_u64().unwrap_or(0));
-    say(format_args!("{target}  {size}  sha256 {}{dedup}", body["sha256"].as_str().unwrap_or("?")))
+    say(format_args!("{target}  {size}  sha256 {sha256}{dedup}"))
 }
 
 /// `depot get BUCKET/KEY [FILE]`: to FILE (`-` for standard output), or a

@@ -476,7 +476,13 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             }
             // No server holds the store now (the catalog is open, and no node
             // is live), so neither engine has a writer but this run.
-            let source = open_alone(from, &engine_root(&data, from), &settings.engine_config).await?;
+            // Once switched, an embedded engine's directory is only
+            // removed, and not opened: a run killed while removing it may
+            // have left one that no longer opens.
+            let source = match state.phase == Phase::Cleanup && from.is_embedded() {
+                true => None,
+                false => Some(open_alone(from, &engine_root(&data, from), &settings.engine_config).await?),
+            };
             // A new migration's target may yet turn out to be another store's,
             // whose writers may be at work: it is opened as any node would.
             let target = if new {
@@ -500,7 +506,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 state.write(&data)?;
             }
             let mut state = state;
-            if state.phase != Phase::Cleanup {
+            if let Some(source) = source.as_ref().filter(|_| state.phase != Phase::Cleanup) {
                 let journal = data.join(JOURNAL);
                 let interrupt = Interrupt::watch()?;
                 // A run that stopped while switching had checked every copy
@@ -508,7 +514,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 // already: none is read back again, or removed for a failed
                 // read.
                 let reread = state.phase == Phase::Copy;
-                let copied = copy(&*catalog, &source, &target, &journal, args, &interrupt, reread).await;
+                let copied = copy(&*catalog, source, &target, &journal, args, &interrupt, reread).await;
                 // However the copy ended: a Ctrl-C from now on ends the run.
                 interrupt.copying.store(false, Ordering::SeqCst);
                 if !copied? {
@@ -525,12 +531,14 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 state.phase = Phase::Cleanup;
                 state.write(&data)?;
             }
-            cleanup(&source).await?;
             if from.is_embedded() {
-                // Emptied, an engine's files keep their space (SQLite's pages,
-                // RocksDB's tables until compaction): its directory goes.
+                // The directory goes whole: emptied blob by blob, an
+                // engine's files would keep their space (SQLite's pages,
+                // RocksDB's tables until compaction).
                 drop(source);
                 std::fs::remove_dir_all(engine_root(&data, from)).or_else(ignore_missing)?;
+            } else if let Some(source) = &source {
+                cleanup(source).await?;
             }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
@@ -615,12 +623,27 @@ async fn cancel(data: &Path, settings: &Settings, args: &MigrateArgs) -> anyhow:
 
 /// Opens the journal to append to it, cutting a torn last line first: what
 /// is appended would otherwise run on from it and be lost with it.
+/// Only the end is read, back to its last line break: the journal has a
+/// line per blob.
 fn append_to_journal(path: &Path) -> anyhow::Result<std::fs::File> {
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    let bytes = std::fs::read(path)?;
-    let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    if whole < bytes.len() {
-        file.set_len(whole as u64)?;
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path)?;
+    let len = file.metadata()?.len();
+    let mut whole = 0;
+    let mut end = len;
+    let mut tail = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(tail.len() as u64);
+        let piece = &mut tail[..(end - start) as usize];
+        file.read_exact_at(piece, start)?;
+        if let Some(i) = piece.iter().rposition(|&b| b == b'\n') {
+            whole = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if whole < len {
+        file.set_len(whole)?;
         file.sync_all()?;
     }
     Ok(file)
@@ -672,6 +695,17 @@ async fn copy(
                     out.write_all(format!("{} {}\n", blob.digest.to_hex(), hex::encode(&locator)).as_bytes())?;
                     copied += 1;
                     copied_bytes += blob.size;
+                }
+                // As a backup does: bytes nothing refers to any more,
+                // gone before the collector removed their record, are not
+                // worth stopping for. Their record goes instead.
+                Err(e @ EngineError::NotFound(_)) if blob.refs == 0 => {
+                    let removed = catalog.remove_dead_blob(&blob.digest, None).await?;
+                    failed += u64::from(!removed);
+                    progress.suspend(|| match removed {
+                        true => eprintln!("blob {}: gone, and nothing referred to it: its record removed", blob.digest),
+                        false => eprintln!("blob {}: {e:#}", blob.digest),
+                    });
                 }
                 Err(e) => {
                     failed += 1;
@@ -912,6 +946,29 @@ mod tests {
 
         assert!(same_place(EngineKind::Fs, &at("x"), EngineKind::Fs, &at("y")), "one per data directory");
         assert!(!same_place(EngineKind::Fs, &at("x"), EngineKind::Hybrid, &at("x")));
+    }
+
+    /// A torn last line is cut, whatever the journal's length; whole lines
+    /// stay.
+    #[test]
+    fn the_journal_loses_only_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL);
+        let line = format!("{} {}\n", "ab".repeat(32), "cd".repeat(20));
+        let lines = line.repeat(5_000);
+        for (written, kept) in [
+            (String::new(), ""),
+            ("torn".to_string(), ""),
+            (lines.clone(), lines.as_str()),
+            (format!("{lines}{}", &line[..30]), lines.as_str()),
+            (format!("{}{}", &line, "x".repeat(200_000)), line.as_str()),
+        ] {
+            std::fs::write(&path, &written).unwrap();
+            let mut file = append_to_journal(&path).unwrap();
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), kept, "after {} bytes", written.len());
+            file.write_all(b"next\n").unwrap();
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{kept}next\n"));
+        }
     }
 
     /// A copy an earlier run made that cannot be read now (a network

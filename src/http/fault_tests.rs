@@ -205,6 +205,40 @@ async fn io_errors_fail_the_request_with_a_500_and_a_message() {
     node.stop().await;
 }
 
+/// A bucket whose owner cannot be looked up is no one's to use: a caller
+/// is refused while the catalog cannot say whose it is, rather than let
+/// through to a write that the catalog may take by then.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_whose_owner_cannot_be_read_refuses_other_accounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let account = |name: &str| Credential { access_key: name.into(), secret_key: format!("{name}-secret") };
+    let (alice, bob) = (account("alice"), account("bob"));
+    let node = Node::start_with(dir.path(), &[KEY.clone(), alice.clone(), bob.clone()]).await;
+    let http = reqwest::Client::new();
+    let bearer = |c: &Credential| format!("Bearer {}", c.secret_key);
+    let url = format!("{}/alices", node.url);
+    let r = http.put(&url).header("authorization", bearer(&alice)).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let r = http.put(format!("{url}/k")).header("authorization", bearer(&alice)).body("kept").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+
+    // Lookups fail; the batch delete itself, one commit, would not.
+    node.catalog.reads.set(Trigger::Always);
+    let r = http
+        .post(format!("{}/_/batch/delete?bucket=alices", node.url))
+        .header("authorization", bearer(&bob))
+        .body("k\n")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    assert!(status.is_server_error(), "{status}: {}", r.text().await.unwrap());
+    node.catalog.reads.set(Trigger::Never);
+    let r = http.get(format!("{url}/k")).header("authorization", bearer(&alice)).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.text().await.unwrap()), (200, "kept".to_string()));
+    node.stop().await;
+}
+
 static KEY: std::sync::LazyLock<Credential> =
     std::sync::LazyLock::new(|| Credential { access_key: "tester".into(), secret_key: "tester-secret".into() });
 

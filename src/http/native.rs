@@ -140,8 +140,11 @@ async fn check_access(app: &App, caller: &Caller, endpoint: &Endpoint, req: &Req
         Ok(b) if !(may_use(&b, &caller.access_key) || (b.public_read && reads)) => {
             Err(ApiError::access_denied(format!("the bucket {bucket} belongs to another account")))
         }
+        Ok(_) => Ok(()),
         // A missing or invalid bucket is for the route to report.
-        _ => Ok(()),
+        Err(StoreError::NoSuchBucket(_) | StoreError::InvalidBucketName(_)) => Ok(()),
+        // Whose the bucket is cannot be told: nothing is let through.
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -616,6 +619,9 @@ async fn multipart_ranges(
     let mut first = if head_only { None } else { Some(app.store.read_to_send(record, ranges[0]).await?) };
     let mut total = 0u64;
     let mut pieces: Vec<crate::engine::ByteStream> = Vec::new();
+    // One copy of the record for every later range: a record names each of
+    // its parts, up to 10,000 of them.
+    let shared = Arc::new(record.clone());
     for r in &ranges {
         let head = format!(
             "\r\n--{boundary}\r\nContent-Type: {}\r\n{}Content-Range: bytes {}-{}/{}\r\n\r\n",
@@ -633,7 +639,7 @@ async fn multipart_ranges(
         }
         // Each later range is opened only when the previous one has been
         // sent.
-        let (store_app, record, r) = (app.clone(), record.clone(), *r);
+        let (store_app, record, r) = (app.clone(), shared.clone(), *r);
         let lazy = futures::stream::once(async move { store_app.store.read_to_send(&record, r).await })
             .map(|res| res.map_err(|e| crate::engine::EngineError::other("store", e)))
             .try_flatten();
@@ -649,6 +655,8 @@ async fn multipart_ranges(
     r.headers_mut().remove(header::CONTENT_ENCODING);
     let ct = format!("multipart/byteranges; boundary={boundary}");
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_str(&ct).expect("ASCII"));
+    // The policy for the type sent, a multipart document, not the type stored.
+    super::object_safety(r.headers_mut(), &ct);
     Ok(r)
 }
 

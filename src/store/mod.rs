@@ -26,8 +26,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tracing::Instrument;
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_MARK_OURS,
-    DELETE_TIMEOUT, ListPage, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
+    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_TIMEOUT, ListPage,
+    ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{
     BlobEngine, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
@@ -849,6 +849,9 @@ impl Store {
             return Ok(());
         }
         let Some(free) = self.free_space(data, fresh) else {
+            // Not known: let the upload go, but count its window all the
+            // same, as the claim that holds it will give it back.
+            self.promised.fetch_add(window, Ordering::AcqRel);
             return Ok(());
         };
         let fits = |promised: u64| free >= keep.saturating_add(promised).saturating_add(needed);
@@ -929,6 +932,13 @@ impl Store {
                 Some(Ok(chunk)) => {
                     let len = chunk.len() as u64;
                     read += len;
+                    // Past its declared length, a body is refused at once:
+                    // its free space was claimed for that length alone.
+                    if let Some(n) = expected.len
+                        && read > n
+                    {
+                        break Some(StoreError::IncompleteBody { expected: n, got: read });
+                    }
                     if read > max {
                         break Some(StoreError::EntityTooLarge(format!(
                             "the body is longer than the {max} bytes allowed"
@@ -1037,19 +1047,15 @@ impl Store {
     /// let in before then could store the same content only to have it
     /// removed. A delete that takes too long fails its caller; writers here
     /// wait on (see [`Store::hold`]), and other nodes' writers wait for the
-    /// catalog's mark, which ends when the delete does, or lapses.
+    /// catalog's mark, which ends when the delete does, or lapses (an end
+    /// after that removes no mark another node made since).
     async fn delete_bytes(&self, blob: &BlobRef, hold: guards::Guard) -> Result<()> {
         let (engine, catalog, blob) = (self.engine.clone(), self.catalog.clone(), blob.clone());
         let digest = blob.digest;
         let delete = tokio::spawn(
             async move {
-                let started = Instant::now();
                 let deleted = engine.delete(&blob).await;
-                // A delete that may have outlasted its mark leaves it:
-                // another node may have marked the digest since, a mark
-                // that is not this one's to end.
-                let ours = started.elapsed() < DELETE_MARK_OURS;
-                let ended = if ours { catalog.end_delete(&blob.digest).await } else { Ok(()) };
+                let ended = catalog.end_delete(&blob.digest).await;
                 drop(hold);
                 ended?;
                 Ok::<_, StoreError>(deleted?)
@@ -1894,6 +1900,45 @@ mod tests {
         assert_eq!(store.promised.load(Ordering::Acquire), 0);
         let r = store.put("files", "second", body(b"x"), sized(16 * MIB)).await;
         assert!(matches!(r, Err(StoreError::IncompleteBody { .. })), "{r:?}");
+    }
+
+    /// An upload made while the free space cannot be looked up gives back
+    /// no more than it claimed: the uploads after it are not refused once
+    /// the look-up works again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_upload_while_the_free_space_is_unknown_leaves_the_count_even() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+        let config = StoreConfig {
+            data: Some(data.clone()),
+            engine: Some((EngineKind::Fs, Default::default())),
+            min_free_space: 1,
+            ..StoreConfig::default()
+        };
+        let store = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
+        // No directory to look at: the free space is not known.
+        let bytes = vec![5u8; 100_000];
+        let sent = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(bytes.clone()))]);
+        store.put("files", "unknown", sent, sized(100_000)).await.unwrap();
+        assert_eq!(store.promised.load(Ordering::Acquire), 0);
+        std::fs::create_dir(&data).unwrap();
+        let sent = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(bytes))]);
+        store.put("files", "known", sent, sized(100_000)).await.unwrap();
+        assert_eq!(store.promised.load(Ordering::Acquire), 0);
+    }
+
+    /// A body longer than declared is refused as soon as it passes its
+    /// length, without waiting for the rest (a chunked body sent on and on
+    /// to an empty folder marker would otherwise fill the disk).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_body_longer_than_declared_is_refused_as_it_passes_its_length() {
+        let (s, _dir) = store_over(Arc::new(MemoryEngine::new())).await;
+        let endless = body(b"0123456789").chain(futures::stream::pending());
+        let r = tokio::time::timeout(Duration::from_secs(10), s.put("files", "k/", endless, sized(0))).await;
+        let r = r.expect("refused without reading on");
+        assert!(matches!(r, Err(StoreError::IncompleteBody { expected: 0, got: 10 })), "{r:?}");
+        assert!(matches!(s.head("files", "k/").await, Err(StoreError::NoSuchKey(_))));
     }
 
     /// A body over its limit is refused, declared so or not, and leaves

@@ -694,6 +694,17 @@ def area_get(s3, buckets):
         "response-content-disposition sets Content-Disposition",
     )
     expect_equal(r.get("CacheControl"), "no-cache", "response-cache-control sets Cache-Control")
+    h = s3.head_object(
+        Bucket=bucket,
+        Key="obj",
+        ResponseContentType="application/x-depot-test",
+        ResponseContentDisposition='attachment; filename="report.txt"',
+    )
+    expect_equal(
+        (h["ContentType"], h.get("ContentDisposition")),
+        ("application/x-depot-test", 'attachment; filename="report.txt"'),
+        "HeadObject answers the response-* overrides as GetObject does",
+    )
 
     expect_error("HeadObject of a missing key is 404", None, 404, lambda: s3.head_object(Bucket=bucket, Key="absent"))
     expect_error(
@@ -794,6 +805,7 @@ def area_unsupported(s3, buckets):
         ("SSE-C", {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32}, "NotImplemented", 501),
         ("object lock", {"ObjectLockLegalHoldStatus": "ON"}, "NotImplemented", 501),
         ("a grant", {"GrantRead": 'uri="http://acs.amazonaws.com/groups/global/AllUsers"'}, "NotImplemented", 501),
+        ("a website redirect", {"WebsiteRedirectLocation": "/elsewhere"}, "NotImplemented", 501),
         ("GLACIER", {"StorageClass": "GLACIER"}, "InvalidStorageClass", 400),
     ]
     for what, extra, code, status in asks:
@@ -817,6 +829,21 @@ def area_unsupported(s3, buckets):
         )
     expect_error("... and nothing was stored", None, 404, lambda: s3.head_object(Bucket=bucket, Key="asked"))
     expect_equal(s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []), [], "... and no upload began")
+    expect_error(
+        "PutObject appending at an offset is 501",
+        "NotImplemented",
+        501,
+        lambda: s3.put_object(Bucket=bucket, Key="src", Body=b" appended", WriteOffsetBytes=6),
+    )
+    expect_equal(s3.get_object(Bucket=bucket, Key="src")["Body"].read(), b"source", "... and the object is as it was")
+    for what, extra in [("size", {"IfMatchSize": 6}), ("time", {"IfMatchLastModifiedTime": datetime.datetime.now()})]:
+        expect_error(
+            f"DeleteObject conditional on {what} is 501",
+            "NotImplemented",
+            501,
+            lambda: s3.delete_object(Bucket=bucket, Key="src", **extra),
+        )
+    expect_equal(s3.head_object(Bucket=bucket, Key="src")["ContentLength"], 6, "... and the object is still there")
     s3.put_object(Bucket=bucket, Key="std", Body=b"std", StorageClass="STANDARD")
     s3.put_object(Bucket=bucket, Key="rrs", Body=b"rrs", StorageClass="REDUCED_REDUNDANCY")
     ok("StorageClass STANDARD and REDUCED_REDUNDANCY are accepted")
@@ -1370,6 +1397,20 @@ def area_multipart(s3, buckets):
         CopySourceRange=f"bytes=100-{100 + 5 * MiB - 1}",
     )
     expect_equal(r2["CopyPartResult"]["ETag"], etag_of(part2), "UploadPartCopy with CopySourceRange: the range's MD5")
+    for bad in [f"bytes=0-{len(source)}", "bytes=0-", "bytes=9-3"]:
+        expect_error(
+            f"UploadPartCopy with CopySourceRange {bad} is InvalidArgument, as in S3",
+            "InvalidArgument",
+            400,
+            lambda: s3.upload_part_copy(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload,
+                PartNumber=2,
+                CopySource={"Bucket": bucket, "Key": "mp/source"},
+                CopySourceRange=bad,
+            ),
+        )
     part3 = data(1234, 7)
     r3 = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=3, Body=part3)
     parts = [part1, part2, part3]
@@ -1980,6 +2021,12 @@ def area_auth(s3, buckets):
         "InvalidRequest",
         400,
         lambda: anon.get_object(Bucket=public, Key="shared/obj", ResponseContentType="text/plain,text/html"),
+    )
+    expect_error(
+        "anonymous HeadObject with ResponseContentType is 400",
+        None,
+        400,
+        lambda: anon.head_object(Bucket=public, Key="shared/obj", ResponseContentType="text/html"),
     )
     r = anon.get_object(Bucket=public, Key="shared/obj", ResponseContentDisposition='attachment; filename="o.bin"')
     expect_equal(r["ContentDisposition"], 'attachment; filename="o.bin"', "... but it may name the download")

@@ -161,6 +161,79 @@ fn stored(record: &ObjectRecord, name: &str, response: &Option<String>) -> Optio
     response.clone().or_else(|| record.header(name).map(str::to_string))
 }
 
+/// The headers an object is served with, GET and HEAD alike: what is
+/// stored, unless a `response-*` query parameter overrides it, as in S3
+/// (presigned download links name the file this way).
+struct Served {
+    content_type: String,
+    cache_control: Option<String>,
+    content_disposition: Option<String>,
+    content_encoding: Option<String>,
+    content_language: Option<String>,
+    expires: Option<Timestamp>,
+}
+
+/// GetObject's or HeadObject's answer: the fields both give, for `record`
+/// served as `served` says, and those `$ty` names of its own.
+macro_rules! object_answer {
+    (
+        $ty:ident { $($field:ident: $value:expr),* },
+        ($record:expr, $served:expr, $range:expr, $content_range:expr),
+        ($checksum:expr, $kind:expr, $parts_count:expr)
+    ) => {{
+        let (record, served): (&ObjectRecord, &Served) = ($record, &$served);
+        with_checksum!(
+            $checksum,
+            $ty {
+                $($field: $value,)*
+                content_length: Some($range.len() as i64),
+                content_range: $content_range,
+                accept_ranges: Some("bytes".into()),
+                content_type: Some(served.content_type.clone()),
+                cache_control: served.cache_control.clone(),
+                content_disposition: served.content_disposition.clone(),
+                content_encoding: served.content_encoding.clone(),
+                content_language: served.content_language.clone(),
+                expires: served.expires.clone(),
+                e_tag: Some(etag(record)),
+                last_modified: Some(modified(record)),
+                metadata: metadata(record),
+                checksum_type: $kind,
+                parts_count: $parts_count,
+            }
+        )
+    }};
+}
+
+/// [`Served`] for a GetObject or HeadObject request. As S3: an unsigned
+/// request may not change how the object is served, beyond naming the file
+/// it downloads to (a type of its choosing would make any public object a
+/// page of this origin).
+macro_rules! served {
+    ($req:expr, $record:expr) => {{
+        let (input, record) = (&$req.input, $record);
+        let restyled = input.response_content_type.is_some()
+            || input.response_cache_control.is_some()
+            || input.response_content_encoding.is_some()
+            || input.response_content_language.is_some()
+            || input.response_expires.is_some();
+        if $req.credentials.is_none() && restyled {
+            return Err(s3_error!(
+                InvalidRequest,
+                "request specific response headers other than response-content-disposition cannot be used for anonymous GET requests"
+            ));
+        }
+        Served {
+            content_type: input.response_content_type.clone().unwrap_or_else(|| record.content_type.clone()),
+            cache_control: stored(record, "cache-control", &input.response_cache_control),
+            content_disposition: stored(record, "content-disposition", &input.response_content_disposition),
+            content_encoding: stored(record, "content-encoding", &input.response_content_encoding),
+            content_language: stored(record, "content-language", &input.response_content_language),
+            expires: input.response_expires.clone().or_else(|| expires(record)),
+        }
+    }};
+}
+
 fn caller<T>(req: &S3Request<T>) -> String {
     req.credentials.as_ref().map(|c| c.access_key.clone()).unwrap_or_default()
 }
@@ -404,6 +477,27 @@ fn checked_part_number(n: i32) -> S3Result<u32> {
 
 fn bad_argument(message: String) -> S3Error {
     S3Error::with_message(S3ErrorCode::InvalidArgument, message)
+}
+
+/// The bytes `x-amz-copy-source-range` names in a source of `size` bytes.
+/// S3 answers a malformed range and one past the source alike, with 400
+/// InvalidArgument rather than a read's 416.
+fn copy_source_range(text: &str, size: u64) -> S3Result<ByteRange> {
+    let (start, end) = text
+        .strip_prefix("bytes=")
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .filter(|(a, b)| a <= b)
+        .ok_or_else(|| {
+            bad_argument(format!(
+                "x-amz-copy-source-range {text:?} must be of the form bytes=first-last, \
+                 the zero-based offsets of the first and last bytes to copy"
+            ))
+        })?;
+    if end >= size {
+        return Err(bad_argument(format!("Range specified is not valid for source object of size: {size}")));
+    }
+    Ok(ByteRange { start, end: end + 1 })
 }
 
 /// A page size from `max-keys` and the like.
@@ -659,13 +753,14 @@ macro_rules! refuse_unsupported {
                         || $input.grant_read_acp.is_some()
                         || $input.grant_write_acp.is_some(),
                 ),
+                ("website redirects (x-amz-website-redirect-location)", $input.website_redirect_location.is_some()),
             ],
             $input.storage_class.as_ref(),
         )
     };
 }
 
-fn refuse_unsupported(asked: [(&str, bool); 4], class: Option<&StorageClass>) -> S3Result<()> {
+fn refuse_unsupported(asked: [(&str, bool); 5], class: Option<&StorageClass>) -> S3Result<()> {
     if let Some((what, _)) = asked.iter().find(|(_, given)| *given) {
         return Err(s3_error!(NotImplemented, "{what} is not supported"));
     }
@@ -868,6 +963,11 @@ impl S3 for DepotS3 {
         };
         let (bucket, key) = (input.bucket.clone(), input.key.clone());
         refuse_unsupported!(input)?;
+        if input.write_offset_bytes.is_some() {
+            // An append: taking the body as the whole object would lose
+            // what the key holds.
+            return Err(s3_error!(NotImplemented, "appends (x-amz-write-offset-bytes) are not supported"));
+        }
         self.check_object_acl(input.acl.as_ref(), &bucket).await?;
         let store = &self.store;
         if if_match {
@@ -891,81 +991,34 @@ impl S3 for DepotS3 {
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let input = &req.input;
         check_version(input.version_id.as_deref())?;
-        // As S3: an unsigned request may not change how the object is
-        // served, beyond naming the file it downloads to (a type of its
-        // choosing would make any public object a page of this origin).
-        let restyled = input.response_content_type.is_some()
-            || input.response_cache_control.is_some()
-            || input.response_content_encoding.is_some()
-            || input.response_content_language.is_some()
-            || input.response_expires.is_some();
-        if req.credentials.is_none() && restyled {
-            return Err(s3_error!(
-                InvalidRequest,
-                "request specific response headers other than response-content-disposition cannot be used for anonymous GET requests"
-            ));
-        }
         let record = self.store.head(&input.bucket, &input.key).await.map_err(to_s3)?;
+        let served = served!(req, &record);
         check_conditions(&req, &record)?;
         let (range, content_range, parts_count) =
             requested_bytes(&req, input.range.as_ref(), input.part_number, &record)?;
         let body = self.store.read_to_send(&record, range).await.map_err(to_s3)?;
         let (checksum, kind) = asked_checksum(&record, input.checksum_mode.as_ref(), content_range.is_none());
-        let output = with_checksum!(
-            checksum,
-            GetObjectOutput {
-                body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
-                content_length: Some(range.len() as i64),
-                content_range,
-                accept_ranges: Some("bytes".into()),
-                // The response-* query parameters override what is stored, as
-                // in S3 (presigned download links name the file this way).
-                content_type: Some(input.response_content_type.clone().unwrap_or_else(|| record.content_type.clone())),
-                cache_control: stored(&record, "cache-control", &input.response_cache_control),
-                content_disposition: stored(&record, "content-disposition", &input.response_content_disposition),
-                content_encoding: stored(&record, "content-encoding", &input.response_content_encoding),
-                content_language: stored(&record, "content-language", &input.response_content_language),
-                expires: input.response_expires.clone().or_else(|| expires(&record)),
-                e_tag: Some(etag(&record)),
-                last_modified: Some(modified(&record)),
-                metadata: metadata(&record),
-                checksum_type: kind,
-                parts_count,
-            }
+        let output = object_answer!(
+            GetObjectOutput { body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))) },
+            (&record, served, range, content_range),
+            (checksum, kind, parts_count)
         );
-        let served = output.content_type.clone().unwrap_or_default();
-        object_response(output, &record, &served)
+        object_response(output, &record, &served.content_type)
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         check_version(req.input.version_id.as_deref())?;
         let record = self.store.head(&req.input.bucket, &req.input.key).await.map_err(to_s3)?;
+        let served = served!(req, &record);
         check_conditions(&req, &record)?;
         // As S3 does: a range changes the length given (and the status, to
         // 206: see `handle`), and one not within the object is a 416.
         let (range, content_range, parts_count) =
             requested_bytes(&req, req.input.range.as_ref(), req.input.part_number, &record)?;
         let (checksum, kind) = asked_checksum(&record, req.input.checksum_mode.as_ref(), content_range.is_none());
-        let output = with_checksum!(
-            checksum,
-            HeadObjectOutput {
-                content_length: Some(range.len() as i64),
-                content_range,
-                accept_ranges: Some("bytes".into()),
-                content_type: Some(record.content_type.clone()),
-                cache_control: stored(&record, "cache-control", &None),
-                content_disposition: stored(&record, "content-disposition", &None),
-                content_encoding: stored(&record, "content-encoding", &None),
-                content_language: stored(&record, "content-language", &None),
-                expires: expires(&record),
-                e_tag: Some(etag(&record)),
-                last_modified: Some(modified(&record)),
-                metadata: metadata(&record),
-                checksum_type: kind,
-                parts_count,
-            }
-        );
-        object_response(output, &record, &record.content_type)
+        let output =
+            object_answer!(HeadObjectOutput {}, (&record, served, range, content_range), (checksum, kind, parts_count));
+        object_response(output, &record, &served.content_type)
     }
 
     async fn get_object_attributes(
@@ -1020,6 +1073,9 @@ impl S3 for DepotS3 {
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         let input = &req.input;
+        if input.if_match_size.is_some() || input.if_match_last_modified_time.is_some() {
+            return Err(s3_error!(NotImplemented, "deletes conditional on size or time are not supported"));
+        }
         // S3 deletes on If-Match alone: the other conditions are for
         // writes (If-None-Match: * would refuse every delete of a key that
         // exists).
@@ -1280,20 +1336,7 @@ impl S3 for DepotS3 {
         let part = checked_part_number(input.part_number)?;
         let range = match &input.copy_source_range {
             None => ByteRange::full(source.size),
-            Some(text) => {
-                let (start, end) = text
-                    .strip_prefix("bytes=")
-                    .and_then(|r| r.split_once('-'))
-                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-                    .filter(|(a, b)| a <= b && *b < source.size)
-                    .ok_or_else(|| {
-                        s3_error!(
-                            InvalidRange,
-                            "x-amz-copy-source-range {text:?} is not bytes=first-last within the source"
-                        )
-                    })?;
-                ByteRange { start, end: end + 1 }
-            }
+            Some(text) => copy_source_range(text, source.size)?,
         };
         // The part gets a checksum in the upload's algorithm, as an
         // uploaded part does, for ListParts and the Complete request.
