@@ -523,6 +523,21 @@ async fn batch_delete_removes_the_listed_keys() {
     assert_eq!(read(&s, "b").await, b"2");
 }
 
+/// A condition on a batch that writes would hold for every entry, which
+/// the batch routes do not check: it is refused, and nothing changes.
+#[tokio::test]
+async fn conditional_batch_writes_are_refused() {
+    let s = Server::start(&[]);
+    put_new(&s, "a", b"1").await;
+    for (route, body) in [("put", &b"a\n1\nx\n"[..]), ("delete", b"a\n")] {
+        let url = format!("{}/_/batch/{route}?bucket={B}", s.url);
+        let r = send(Method::POST, &url, &[("if-none-match", "*")], Some(body)).await;
+        assert_eq!(r.status(), 400, "{route}");
+        assert!(r.text().await.unwrap().contains("take no conditions"), "{route}");
+    }
+    assert_eq!(read(&s, "a").await, b"1");
+}
+
 // ----- blobs, health, metrics -----
 
 #[tokio::test]

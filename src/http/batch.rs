@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
-use http::StatusCode;
+use http::{StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::json;
 use tracing::Instrument;
@@ -51,6 +51,19 @@ fn bucket_param(req: &Request) -> Result<String, ApiError> {
     query_value(&query(req), "bucket")
         .map(str::to_string)
         .ok_or_else(|| ApiError::bad_request("the batch routes need ?bucket=NAME"))
+}
+
+/// The bucket of a batch that writes. A condition on the request would
+/// be one for every entry, which the batch routes do not check: refused,
+/// not ignored (an `If-None-Match: *` would otherwise overwrite).
+fn written_bucket(req: &Request) -> Result<String, ApiError> {
+    let conditions = [header::IF_MATCH, header::IF_NONE_MATCH, header::IF_UNMODIFIED_SINCE, header::IF_MODIFIED_SINCE];
+    if let Some(name) = conditions.iter().find(|h| req.headers().contains_key(*h)) {
+        return Err(ApiError::bad_request(format!(
+            "{name}: the batch routes take no conditions; write such keys one by one"
+        )));
+    }
+    bucket_param(req)
 }
 
 /// A line with nothing on it (`\r\n` counts as a line's end here too).
@@ -213,7 +226,7 @@ fn within_budget<'a>(blobs: &mut std::iter::Peekable<impl Iterator<Item = &'a Bl
 }
 
 pub(super) async fn delete(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
-    let bucket = bucket_param(&req)?;
+    let bucket = written_bucket(&req)?;
     let body = read_body(req, app.limits.max_batch_keys_bytes).await?;
     // One transaction, as a batch put is: it holds its keys' locks, and
     // waits for them, from its first key to its commit.
@@ -225,7 +238,7 @@ pub(super) async fn delete(app: &Arc<App>, req: Request) -> Result<Response, Api
 }
 
 pub(super) async fn put(app: &Arc<App>, req: Request) -> Result<Response, ApiError> {
-    let bucket = bucket_param(&req)?;
+    let bucket = written_bucket(&req)?;
     app.store.bucket(&bucket).await?;
     let mut batch = app.store.batch(&bucket)?;
     let mut body = Framed::new(req.into_body().into_data_stream());
