@@ -881,7 +881,7 @@ mod tests {
             })
         };
         let upload = |client: Client, n: usize, size: usize, pace: Duration| async move {
-            let req = client.upload_request(&client.url("b", "k").unwrap());
+            let req = client.upload_request(&client.url("bkt", "k").unwrap());
             let started = std::time::Instant::now();
             (client.send_upload(req, Some((n * size) as u64), body(n, size, pace)).await, started.elapsed())
         };
