@@ -1847,16 +1847,22 @@ mod tests {
     /// A store over the memory engine that counts uploads as written to a
     /// file system with `free` bytes free, keeping 1 byte free.
     async fn counting_space(dir: &std::path::Path, free: u64) -> Arc<Store> {
+        let store = counting_space_of(dir, dir.to_path_buf()).await;
+        *store.fake_free.lock() = Some(1 + free);
+        Arc::new(store)
+    }
+
+    /// A store over the memory engine, its catalog in `dir`, that counts
+    /// uploads against the free space of `data`, keeping 1 byte free.
+    async fn counting_space_of(dir: &std::path::Path, data: std::path::PathBuf) -> Store {
         let catalog = Arc::new(RocksCatalog::open(&dir.join("catalog")).unwrap());
         let config = StoreConfig {
-            data: Some(dir.to_path_buf()),
+            data: Some(data),
             engine: Some((EngineKind::Fs, Default::default())),
             min_free_space: 1,
             ..StoreConfig::default()
         };
-        let store = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
-        *store.fake_free.lock() = Some(1 + free);
-        Arc::new(store)
+        Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap()
     }
 
     fn sized(n: u64) -> PutOptions {
@@ -1909,15 +1915,8 @@ mod tests {
     async fn an_upload_while_the_free_space_is_unknown_leaves_the_count_even() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
-        let config = StoreConfig {
-            data: Some(data.clone()),
-            engine: Some((EngineKind::Fs, Default::default())),
-            min_free_space: 1,
-            ..StoreConfig::default()
-        };
-        let store = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
         // No directory to look at: the free space is not known.
+        let store = counting_space_of(dir.path(), data.clone()).await;
         let bytes = vec![5u8; 100_000];
         let sent = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(bytes.clone()))]);
         store.put("files", "unknown", sent, sized(100_000)).await.unwrap();
