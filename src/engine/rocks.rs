@@ -261,9 +261,6 @@ impl Inner {
         self.group.durable().await.map_err(|e| EngineError::SyncFailed(std::io::Error::other(e)))
     }
 
-    /// Writes, unsynced, the head naming blob `id` by `digest` after its
-    /// `written` chunks and the `last` one; when the content is stored
-    /// already, keeps that copy (refreshing its age) and drops these chunks.
     /// Removes the first `written` chunks of upload `id` and its pending
     /// marker, best effort: if this fails, the marker makes the next open
     /// clean up.
@@ -274,6 +271,9 @@ impl Inner {
         let _ = self.db.write(batch);
     }
 
+    /// Writes, unsynced, the head naming blob `id` by `digest` after its
+    /// `written` chunks and the `last` one; when the content is stored
+    /// already, keeps that copy (refreshing its age) and drops these chunks.
     fn commit_head(&self, digest: Digest, id: [u8; 16], written: u32, last: &[u8], size: u64) -> Result<Head> {
         let _guard = self.heads[digest.0[0] as usize % LOCK_STRIPES].lock();
         let mut batch = WriteBatch::default();
