@@ -19,8 +19,8 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::native::{query, query_value, read_body};
 use super::{App, Request, Response, json};
-use crate::catalog::{BlobRecord, ObjectRecord};
-use crate::store::StoreError;
+use crate::catalog::BlobRecord;
+use crate::store::{Found, StoreError};
 
 /// Most keys looked up in one catalog round.
 const WINDOW: usize = 4096;
@@ -170,7 +170,7 @@ async fn answer_gets(
         };
         let mut left = small_blobs(&found).skip(ahead.len()).peekable();
         let mut small = ahead.into_iter();
-        for entry in &found {
+        for entry in found.entries() {
             let Some((record, blobs)) = entry else {
                 out.extend_from_slice(b"-1\n");
                 continue;
@@ -210,8 +210,8 @@ async fn answer_gets(
 
 /// The blobs of a window's objects of [`SMALL`] size or less, in the
 /// answer's order.
-fn small_blobs(found: &[Option<(ObjectRecord, Vec<BlobRecord>)>]) -> impl Iterator<Item = &BlobRecord> {
-    found.iter().flatten().filter(|(r, _)| r.size <= SMALL).flat_map(|(_, b)| b)
+fn small_blobs(found: &Found) -> impl Iterator<Item = &BlobRecord> {
+    found.entries().flatten().filter(|(r, _)| r.size <= SMALL).flat_map(|(_, b)| b)
 }
 
 /// The next of `blobs` up to [`READ_AT_ONCE`] bytes in all (one at least).

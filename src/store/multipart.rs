@@ -1116,6 +1116,31 @@ mod tests {
         assert_eq!(refs(&s, b"left behind").await, 0);
     }
 
+    /// A batch naming a key, or a content, many times looks each up and
+    /// holds it once, yet answers every key in order.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_holds_each_object_and_content_once() {
+        let (s, _dir) = store().await;
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let same = vec![3u8; MIN_PART_SIZE as usize];
+        let mut parts = Vec::new();
+        for n in 1..=3 {
+            parts.push(part(&s, &id, n, same.clone()).await);
+        }
+        parts.push(part(&s, &id, 4, b"tail".to_vec()).await);
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
+        s.put("files", "other", body(b"tail".to_vec()), PutOptions::default()).await.unwrap();
+
+        let keys: Vec<String> = ["k", "missing", "k", "other", "k"].map(String::from).into();
+        let found = s.get_many("files", &keys).await.unwrap();
+        assert_eq!(found.objects.len(), 3, "k, missing and other, once each");
+        assert_eq!(found.blobs.len(), 2, "the repeated part and the tail, once each");
+        let sizes: Vec<Option<(u64, Vec<u64>)>> =
+            found.entries().map(|e| e.map(|(r, blobs)| (r.size, blobs.map(|b| b.size).collect()))).collect();
+        let whole = (3 * MIN_PART_SIZE + 4, vec![MIN_PART_SIZE, MIN_PART_SIZE, MIN_PART_SIZE, 4]);
+        assert_eq!(sizes, [Some(whole.clone()), None, Some(whole.clone()), Some((4, vec![4])), Some(whole)]);
+    }
+
     /// A download that outlives its object still gets every byte: the
     /// collector leaves the parts alone until the stream is dropped.
     #[tokio::test(flavor = "multi_thread")]
