@@ -352,8 +352,9 @@ async fn the_web_ui_refuses_to_be_framed() {
 }
 
 /// Requests that could never be allowed are refused before their bodies
-/// are read: an unsigned form upload, or a DeleteObjects document, from
-/// someone without credentials. Each declares far more than it sends, so
+/// are read: an unsigned form upload (however its fields are dressed up
+/// as signed), or a DeleteObjects document, from someone without
+/// credentials. Each declares far more than it sends, so
 /// a server that read the body first would still be waiting when the
 /// client stops listening.
 #[test]
@@ -382,6 +383,14 @@ fn anonymous_requests_are_refused_before_their_bodies_are_read() {
         ("an unsigned form", form("/files", file)),
         ("an unsigned form with a query", form("/files?x", file)),
         ("a form whose file part is first named a signature", form("/files", &hidden)),
+        (
+            "a form whose key's value holds a signature field's delimiter",
+            form("/files", file).replacen(
+                "posted",
+                "posted--XyZ\r\nContent-Disposition: form-data; name=\"signature\"\r\n\r\nz",
+                1,
+            ),
+        ),
     ] {
         let answer = raw(&server.addr, request.as_bytes(), quiet);
         assert_eq!(status_of(&answer), 403, "{what}: {answer:?}");

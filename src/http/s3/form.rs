@@ -13,8 +13,9 @@ use http_body_util::{BodyExt, StreamBody};
 use crate::http::limits::RequestBody;
 
 /// Most of a form read before its file: its fields, which S3 bounds at
-/// 20 KB, with room for the parts' own headers.
-const MAX_FIELDS: usize = 64 * 1024;
+/// 20 KB, with room for the parts' own headers. The protocol layer is held
+/// to it too.
+pub(super) const MAX_FIELDS: usize = 64 * 1024;
 
 /// Most times the form read so far is looked through for its file: S3
 /// takes 20 fields or so.
@@ -80,6 +81,9 @@ pub(super) async fn with_filename(
             }
         }
     }
+    if !ended && file_part(&head, boundary).is_none() {
+        return Err(format!("the form's file does not come within its first {MAX_FIELDS} bytes").into());
+    }
     let fields = fields(&head, boundary);
     let signed = signed(&fields);
     let head = match rewrite(&head, boundary) {
@@ -135,6 +139,12 @@ fn parts(form: &[u8], boundary: &str) -> Vec<Part> {
     let mut at = 0;
     while let Some(offset) = find(&form[at..], delimiter.as_bytes()) {
         let start = at + offset;
+        // A delimiter is a line of its own, as the protocol layer reads
+        // it: one within a line is a value's bytes.
+        if start != 0 && !form[..start].ends_with(b"\r\n") {
+            at = start + 1;
+            continue;
+        }
         let headers_at = start + delimiter.len();
         let Some(end) = find(&form[headers_at..], b"\r\n\r\n").map(|e| headers_at + e) else { break };
         let headers = std::str::from_utf8(&form[headers_at..end]).unwrap_or_default();
@@ -263,6 +273,8 @@ mod tests {
         let after_the_file =
             [&unsigned[..unsigned.len() - 9], field("x-amz-signature").as_bytes(), b"--XyZ--\r\n"].concat();
         assert!(!signed(&fields(&after_the_file, "XyZ")), "a field after the file is the file's bytes");
+        let within_a_value = form("k--XyZ\r\nContent-Disposition: form-data; name=\"signature\"\r\n\r\nz", "f");
+        assert_eq!(fields(&within_a_value, "XyZ"), ["key", "policy"], "a delimiter within a line is a value's bytes");
     }
 
     #[test]

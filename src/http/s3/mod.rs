@@ -65,6 +65,9 @@ pub fn service(store: Arc<Store>, credentials: &[Credential], domain: Option<&st
     builder.set_access(Policy { store });
     let mut config = s3s::config::S3Config::default();
     config.post_object_max_file_size = MAX_FORM_FILE;
+    // Its own bounds (20 MB of fields) would hold far more than S3 takes.
+    config.form_max_fields_size = form::MAX_FIELDS;
+    config.form_max_field_size = form::MAX_FIELDS;
     builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(config))));
     if let Some(domain) = domain {
         if domain.is_empty() || domain.contains([':', '/']) {
