@@ -41,9 +41,17 @@ pub enum Problem {
     MissingBytes { digest: Digest },
     /// A blob's bytes no longer hash to its digest (or have another length).
     CorruptBytes { digest: Digest, actual: Digest, size: u64 },
-    /// A blob's bytes cannot be read whole (cut short, chunks missing), or
-    /// more are stored than were written.
+    /// A blob's bytes cannot be read whole (cut short, chunks missing).
     DamagedBytes { digest: Digest, reason: String },
+    /// More of a blob's bytes are stored than were written, though the
+    /// first of them, which every read takes, are its content whole. Not
+    /// removed: they are still what the blob's objects are read from.
+    LongerBytes { digest: Digest, stored: u64 },
+    /// The engine holds bytes of a blob objects refer to where its record
+    /// does not point (or it has no record), and the record's own bytes
+    /// are not whole. Kept, not removed as a leftover: they may be the only
+    /// copy of the content left.
+    StrayBytes { digest: Digest },
     /// A blob's reference count is not the number of parts referring to it.
     WrongRefs { digest: Digest, recorded: u64, counted: u64 },
     /// The running totals disagree with what the scan counted.
@@ -75,6 +83,14 @@ impl fmt::Display for Problem {
                 write!(f, "blob {digest}: its bytes hash to {actual} ({size} bytes)")
             }
             Problem::DamagedBytes { digest, reason } => write!(f, "blob {digest}: {reason}"),
+            Problem::LongerBytes { digest, stored } => {
+                write!(f, "blob {digest}: {stored} bytes stored, more than were written (the content is whole; kept)")
+            }
+            Problem::StrayBytes { digest } => write!(
+                f,
+                "blob {digest}: objects refer to it, and the engine holds bytes of it its record does not point \
+                 at (kept: they may be the content's only copy)"
+            ),
             Problem::WrongRefs { digest, recorded, counted } => {
                 write!(f, "blob {digest}: {recorded} references recorded, {counted} counted")
             }
@@ -267,6 +283,9 @@ impl Store {
 
         // By a hash of the locator: a locator may carry a small blob's bytes.
         let mut known: HashMap<Digest, u64> = HashMap::new();
+        // Blobs whose recorded bytes were read whole: another copy of one
+        // is a leftover even when objects refer to it.
+        let mut whole: HashSet<Digest> = HashSet::new();
         let mut scan = Scan::default();
         let mut after = None;
         loop {
@@ -289,16 +308,17 @@ impl Store {
                         if actual != blob.digest || size != blob.size {
                             report.problems.push(Problem::CorruptBytes { digest: blob.digest, actual, size });
                             scan.damaged.push(blob.blob_ref());
-                        } else if let Some(stored) = self
-                            .engine
-                            .stat(&blob.blob_ref())
-                            .await
-                            .map_err(|e| naming_blob("reading", &blob.digest, e))?
-                            && stored != blob.size
-                        {
-                            let reason = format!("{stored} bytes stored where {} were written", blob.size);
-                            report.problems.push(Problem::DamagedBytes { digest: blob.digest, reason });
-                            scan.damaged.push(blob.blob_ref());
+                        } else {
+                            whole.insert(blob.digest);
+                            if let Some(stored) = self
+                                .engine
+                                .stat(&blob.blob_ref())
+                                .await
+                                .map_err(|e| naming_blob("reading", &blob.digest, e))?
+                                && stored != blob.size
+                            {
+                                report.problems.push(Problem::LongerBytes { digest: blob.digest, stored });
+                            }
                         }
                     }
                     Err(EngineError::NotFound(_)) => {
@@ -323,9 +343,15 @@ impl Store {
         // damaged RocksDB blob file holds heads too): the report of that
         // pass, and the repair of what it found, go on without it.
         match self.engine.list().await {
-            Ok(listed) => report
-                .leftovers
-                .extend(listed.into_iter().filter(|info| known.get(&info.digest) != Some(&hash_of(&info.locator)))),
+            Ok(listed) => {
+                for info in listed.into_iter().filter(|info| known.get(&info.digest) != Some(&hash_of(&info.locator))) {
+                    if refs.get(&info.digest).is_some_and(|n| *n > 0) && !whole.contains(&info.digest) {
+                        report.problems.push(Problem::StrayBytes { digest: info.digest });
+                    } else {
+                        report.leftovers.push(info);
+                    }
+                }
+            }
             Err(e) => report.problems.push(Problem::Unlisted { reason: e.to_string() }),
         }
 
@@ -766,6 +792,23 @@ mod tests {
         assert_eq!(read_all(&store, "files", "b").await, b"alpha");
         let totals = store.stats().await.unwrap();
         assert_eq!((totals.objects, totals.logical_bytes, totals.blobs, totals.blob_bytes), (2, 10, 1, 5));
+    }
+
+    /// Bytes objects refer to, whose record is gone, are not a leftover:
+    /// repair keeps them, as the only copy of the content.
+    #[tokio::test]
+    async fn bytes_objects_need_are_kept_when_their_record_is_lost() {
+        let engine: DynEngine = Arc::new(MemoryEngine::new());
+        let (store, _dir) = store_over(engine.clone()).await;
+        let digest = put(&store, "a", b"alpha").await;
+        store.catalog.set_refs(&[(digest, 0)]).await.unwrap();
+        assert!(store.catalog.remove_dead_blob(&digest, None).await.unwrap());
+        store.catalog.end_delete(&digest).await.unwrap();
+
+        let report = store.verify(true, &hidden()).await.unwrap();
+        assert!(report.problems.contains(&Problem::StrayBytes { digest }), "{:?}", report.problems);
+        assert_eq!((report.leftovers.len(), report.removed), (0, 0));
+        assert_eq!(engine.list().await.unwrap().len(), 1, "the bytes are still there");
     }
 
     #[tokio::test]
