@@ -56,8 +56,11 @@ impl From<tokio_postgres::Error> for PgError {
                     || c == &SqlState::OUT_OF_MEMORY
                     || c.code().starts_with("08")
             })
-            // No SQL state: the error came from the socket.
-            || e.code().is_none();
+            // The socket, or no answer in time; not a bad password, a bad
+            // value or a query that found no row, which have no SQL state
+            // either and are not cured by retrying.
+            || std::error::Error::source(&e).is_some_and(|cause| cause.is::<std::io::Error>())
+            || (e.code().is_none() && e.to_string() == "timeout waiting for server");
         let text = match e.as_db_error() {
             Some(db) => db.message().to_string(),
             None => e.to_string(),
@@ -221,5 +224,19 @@ mod tests {
         assert!(matches!(e, PgError::Unavailable(_)), "{e}");
         let text = e.to_string();
         assert!(text.contains("127.0.0.1:1, database depot") && !text.contains("secret"), "{text}");
+    }
+
+    /// A URL without the password the server asks for is a mistake to fix,
+    /// not an outage to wait out.
+    #[tokio::test]
+    async fn a_missing_password_is_not_taken_for_an_outage() {
+        let with = std::env::var("DEPOT_TEST_POSTGRES").expect("DEPOT_TEST_POSTGRES is not set: run scripts/test.sh");
+        let config: tokio_postgres::Config = with.parse().unwrap();
+        assert!(config.get_password().is_some(), "the test server's URL carries a password");
+        let (user, host) = (config.get_user().unwrap(), &config.get_hosts()[0]);
+        let tokio_postgres::config::Host::Tcp(host) = host else { panic!("a TCP host: {with}") };
+        let url = format!("postgres://{user}@{host}:{}/postgres", config.get_ports()[0]);
+        let e = reach(&pool(&url, 1).unwrap(), &url).await.unwrap_err();
+        assert!(matches!(e, PgError::Query(_)), "{e}");
     }
 }

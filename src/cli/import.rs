@@ -580,6 +580,8 @@ async fn import_one(
     item: &Item,
     (progress, sent): (&ProgressBar, &Arc<AtomicU64>),
 ) -> anyhow::Result<Outcome> {
+    // Whatever its size: S3 servers over a file system list each directory
+    // so, with the directory's size (4096).
     if matches!(item.origin, Origin::S3(_)) && item.key.ends_with('/') {
         return Ok(Outcome::Marker);
     }

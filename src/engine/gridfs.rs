@@ -480,6 +480,16 @@ impl Inner {
     /// by a files document of the blob, the upload finished after all (its
     /// reply lost): it stays, and the answer is false.
     async fn discard(&self, id: ObjectId) -> Result<bool> {
+        if !self.hold(id).await? {
+            return Ok(false);
+        }
+        self.release_hold(id).await?;
+        Ok(true)
+    }
+
+    /// Takes `id` for a discard (see [`Inner::discard`]); false when a
+    /// files document of the blob has it.
+    async fn hold(&self, id: ObjectId) -> Result<bool> {
         let hold = doc! {
             "_id": id,
             "length": 0i64,
@@ -497,7 +507,6 @@ impl Inner {
                 return Ok(false);
             }
         }
-        self.release_hold(id).await?;
         Ok(true)
     }
 
@@ -584,10 +593,13 @@ impl Inner {
         // clock, and a writer whose clock is behind may still be finishing.
         // Its files document, landed since, keeps the chunks; one that
         // lands after the hold fails its upload, so no acknowledged blob
-        // loses its chunks.
+        // loses its chunks. The hold stays until it is as old as an orphan
+        // (the sweep above): such a writer counts its chunks before it
+        // lands its files document, and may count them before they go.
         let mut removed = 0;
         for id in orphans {
-            if self.discard(id).await? {
+            if self.hold(id).await? {
+                self.call_long(self.chunks.delete_many(doc! { "files_id": id })).await?;
                 removed += 1;
             }
         }
@@ -1275,6 +1287,11 @@ mod tests {
         GridfsEngine::connect(&url, DEFAULT_BUCKET, 64 * 1024).await.unwrap();
         assert_eq!(count(&engine.inner.chunks, doc! { "files_id": crashed }).await, 0);
         assert_eq!(count(&engine.inner.chunks, doc! { "files_id": live }).await, 3);
+        // A late finish of the crashed writer, whose clock was behind, fails
+        // on the id its orphans' hold keeps: no file without its chunks.
+        let late = doc! { "_id": crashed, "length": 300i64, "chunkSize": 100i32, "filename": "0".repeat(64) };
+        assert!(engine.inner.insert(&engine.inner.files, &late).await.is_err(), "a files document over no chunks");
+        assert!(engine.list().await.unwrap().len() == 1, "a hold is listed as a blob");
         GridfsEngine::connect_with(&url, DEFAULT_BUCKET, 64 * 1024, Duration::ZERO).await.unwrap();
         assert_eq!(count(&engine.inner.chunks, doc! { "files_id": live }).await, 0);
         // The finished blob is untouched.

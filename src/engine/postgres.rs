@@ -87,6 +87,11 @@ const CHUNK_LIMITS: std::ops::RangeInclusive<usize> = 1024..=256 * 1024 * 1024;
 const POOL_SIZE: usize = 16;
 /// Longest wait for a scan of a whole table (listing blobs, measuring).
 const LISTING_WITHIN: Duration = Duration::from_secs(600);
+/// Longest wait for a cleanup's batch of abandoned uploads: each deleted
+/// chunk's TOAST is read and marked too, so gigabytes cold on disk take
+/// longer than an answer's usual wait, and a batch cut short is rolled
+/// back and started again from nothing. Cleanup runs in the background.
+const DELETING_WITHIN: Duration = Duration::from_secs(600);
 /// Abandoned uploads whose chunks one cleanup transaction removes.
 const REMOVAL_BATCH: i64 = 100;
 /// Age after which a pending write is taken for abandoned by a crash.
@@ -540,10 +545,10 @@ impl BlobEngine for PostgresEngine {
         let pool = &self.inner.pool;
         let age = self.inner.stale_after.as_secs_f64();
         let mut removed = 0;
-        // A batch per transaction, each within the retry budget, however
+        // A batch per transaction, each within its time, however
         // many uploads a crash loop left; what is removed stays removed.
         let outcome = loop {
-            let batch = pg::retry(pool, "removing abandoned uploads", || async move {
+            let batch = pg::retry_within(pool, "removing abandoned uploads", DELETING_WITHIN, || async move {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;
                 // The age again outside the subquery: it is checked anew on

@@ -198,6 +198,11 @@ fn digest_of_key(key: &str) -> Option<Digest> {
     }
 }
 
+/// Whether `name` (under `tmp/`) is one a writer gives its staging object.
+fn is_staging_name(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// A client builder for the bucket `config` names at `endpoint` (`None`:
 /// AWS), the standard `AWS_*` variables filling what is not given.
 pub fn builder(endpoint: Option<&str>, config: &S3Config) -> AmazonS3Builder {
@@ -410,7 +415,10 @@ impl Inner {
         let Staging { path, mut upload, mut parts, completed } = staging;
         // Parts still arriving after the abort would be kept and billed.
         while parts.join_next().await.is_some() {}
-        let result = if completed { self.store.delete(&path).await } else { upload.abort().await };
+        // A completion asked may or may not have reached the server: the
+        // upload is aborted either way, and then its object deleted.
+        let aborted = upload.abort().await;
+        let result = if completed { self.store.delete(&path).await } else { aborted };
         match result {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) if completed => {
@@ -429,7 +437,8 @@ struct Staging {
     upload: Box<dyn MultipartUpload>,
     /// Parts being sent.
     parts: JoinSet<object_store::Result<()>>,
-    /// Whether the upload was completed: the staging object exists.
+    /// Whether the upload's completion was asked: the staging object may
+    /// exist.
     completed: bool,
 }
 
@@ -492,8 +501,10 @@ impl S3Writer {
             }
             return Ok(());
         }
-        staging.upload.complete().await.map_err(|e| store_err(e, None))?;
+        // Marked first: if this is cancelled after the server completed the
+        // upload, the object is deleted rather than the upload aborted.
         staging.completed = true;
+        staging.upload.complete().await.map_err(|e| store_err(e, None))?;
         self.inner.store.copy(&staging.path, key).await.map_err(|e| store_err(e, None))?;
         let path = staging.path.clone();
         self.staging = None;
@@ -579,7 +590,8 @@ impl BlobEngine for S3Engine {
             e => store_err(e, None),
         })?;
         let mut removed = 0;
-        for meta in staged {
+        // Only names this engine gives: another program's `tmp/` is its own.
+        for meta in staged.into_iter().filter(|m| m.location.filename().is_some_and(is_staging_name)) {
             if SystemTime::from(meta.last_modified) <= cutoff {
                 match store.delete(&meta.location).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
@@ -851,15 +863,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn stale_staging_objects_are_removed_at_connect_and_fresh_ones_kept() {
         let (engine, bucket) = engine(DEFAULT_PART).await;
-        let staged = Path::from(format!("{STAGING}/left-by-a-crash"));
-        engine.inner.store.put(&staged, PutPayload::from_static(b"partial")).await.unwrap();
+        let staged = Path::from(format!("{STAGING}/{}", "0f".repeat(16)));
+        let foreign = Path::from(format!("{STAGING}/export.csv"));
+        for path in [&staged, &foreign] {
+            engine.inner.store.put(path, PutPayload::from_static(b"partial")).await.unwrap();
+        }
         let url = endpoint();
         // Another node may be finishing this upload right now.
         S3Engine::connect(Some(&url), &config(&bucket)).await.unwrap();
-        assert_eq!(keys(&engine, STAGING).await, vec![staged.to_string()]);
+        assert_eq!(keys(&engine, STAGING).await.len(), 2);
         let tuning = Tuning { stale_after: Duration::ZERO, ..Tuning::default() };
         S3Engine::connect_tuned(Some(&url), &config(&bucket), tuning).await.unwrap();
-        assert!(keys(&engine, STAGING).await.is_empty());
+        assert_eq!(keys(&engine, STAGING).await, [foreign.to_string()], "another program's object is its own");
     }
 
     /// A TCP proxy to the test server that counts the bytes the server sends.
