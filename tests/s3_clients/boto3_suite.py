@@ -2236,6 +2236,18 @@ def area_checksums(s3, buckets):
         MultipartUpload={"Parts": [completed_part(i + 1, d) for i, d in enumerate(done)]},
     )
     expect(body_of(s3.get_object(Bucket=bucket, Key="trailer-mp")) == b"".join(parts), "... and the completed object")
+    # A document in aws-chunked, whose checksum the framing would hide, is
+    # refused whole, as boto3 never sends one.
+    document = b"<Delete><Object><Key>trailer</Key></Object></Delete>"
+    framed = f"{len(document):x}\r\n".encode() + document + b"\r\n0\r\n\r\n"
+    headers = {"content-encoding": "aws-chunked", "x-amz-decoded-content-length": str(len(document))}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    *_, headers = signed_put(
+        f"/{bucket}", None, "STREAMING-UNSIGNED-PAYLOAD-TRAILER", now, headers, method="POST", query="delete="
+    )
+    status, answer = send_put(f"/{bucket}", framed, headers, method="POST", query="delete=")
+    expect(status == 400 and b"InvalidRequest" in answer, f"an aws-chunked DeleteObjects is refused: {status} {answer}")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="trailer")) == body, "... and deletes nothing")
     multipart_checksums(s3, bucket)
 
     lying = client()

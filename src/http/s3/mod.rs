@@ -348,6 +348,15 @@ async fn prepare(req: Request, anonymous: bool) -> S3Result<(http::Request<s3s::
     let document = parts.method == http::Method::POST && (delete || query.iter().any(|(n, _)| n == "uploadId"));
     let payload = parts.headers.get("x-amz-content-sha256").map(http::HeaderValue::as_bytes).unwrap_or_default();
     if payload.starts_with(b"STREAMING-") {
+        // Its Content-MD5 and checksums are checked against the document
+        // whole, which the chunks' framing would hide: with unsigned
+        // chunks nothing else would stand for the keys it names.
+        if document {
+            return Err(s3_error!(
+                InvalidRequest,
+                "send this document whole, not in aws-chunked encoding, so that its checksum can be checked"
+            ));
+        }
         let unsigned = payload == b"STREAMING-UNSIGNED-PAYLOAD-TRAILER";
         return Ok((
             http::Request::from_parts(parts, s3s::Body::http_body(framing::Checked::new(body, unsigned))),
