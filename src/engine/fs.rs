@@ -95,15 +95,42 @@ fn staging_prefix(host: &str) -> String {
 
 /// Whether the staging file `name` (`host-pid-token-n`) may have been left
 /// by a process of `host` (this one) that is gone: its pid is not running,
-/// or is this process's (an earlier run, or another container's pid 1).
-/// Other hosts' files are kept. Only a file nobody holds locked is
-/// actually abandoned (see [`remove_if_unlocked`]).
-fn abandoned_here(name: &str, host: &str) -> bool {
+/// or, `at_open`, is this process's (an earlier run, or another
+/// container's pid 1). Other hosts' files are kept. Only a file nobody
+/// holds locked is actually abandoned (see [`remove_if_unlocked`]).
+fn abandoned_here(name: &str, host: &str, at_open: bool) -> bool {
     let mut parts = name.rsplitn(4, '-');
     let (Some(_n), Some(_token), Some(pid), Some(h)) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
         return false;
     };
-    h == host && (pid == std::process::id().to_string() || !Path::new("/proc").join(pid).exists())
+    h == host && ((at_open && pid == std::process::id().to_string()) || !Path::new("/proc").join(pid).exists())
+}
+
+/// Removes the staging files in `tmp` older than [`STALE`], whoever wrote
+/// them, and those [`abandoned_here`]: at open, and by the collector, so
+/// that nodes sharing the directory that never restart get the space of
+/// one another's crashes back too.
+fn remove_abandoned(tmp: &Path, host: &str, at_open: bool) -> Result<()> {
+    for entry in fs::read_dir(tmp).map_err(|e| EngineError::io(NAME, e))? {
+        let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
+        let removed = if old {
+            fs::remove_file(entry.path())
+        } else if abandoned_here(&name, host, at_open) {
+            remove_if_unlocked(&entry.path())
+        } else {
+            Ok(())
+        };
+        // One gone meanwhile was removed by another node sharing the
+        // directory, or was a live writer's, finished since.
+        if let Err(e) = removed
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            return Err(EngineError::io(NAME, e));
+        }
+    }
+    Ok(())
 }
 
 /// Removes the staging file at `path` unless its writer still holds it
@@ -135,26 +162,7 @@ impl FsEngine {
             sync_dir(root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
         }
         let host = hostname();
-        for entry in fs::read_dir(&tmp).map_err(|e| EngineError::io(NAME, e))? {
-            let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let old =
-                entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
-            let removed = if old {
-                fs::remove_file(entry.path())
-            } else if abandoned_here(&name, &host) {
-                remove_if_unlocked(&entry.path())
-            } else {
-                Ok(())
-            };
-            // One gone meanwhile was removed by another node sharing the
-            // directory, or was a live writer's, finished since.
-            if let Err(e) = removed
-                && e.kind() != io::ErrorKind::NotFound
-            {
-                return Err(EngineError::io(NAME, e));
-            }
-        }
+        remove_abandoned(&tmp, &host, true)?;
         Ok(FsEngine {
             inner: Arc::new(Inner {
                 blobs,
@@ -188,6 +196,7 @@ impl FsEngine {
             written: 0,
             direct: Direct::Untried,
             pending: None,
+            failed: false,
         })
     }
 
@@ -262,6 +271,9 @@ struct FsWriter {
     /// (receiving and hashing overlap with the write system call); it hands
     /// the piece back to be filled again.
     pending: Option<tokio::task::JoinHandle<Result<Written>>>,
+    /// A piece's write failed, or the wait for it was cancelled: the file
+    /// may have a hole, and the writer takes nothing more.
+    failed: bool,
 }
 
 /// What a piece's write hands back.
@@ -363,8 +375,16 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
 impl FsWriter {
     /// Waits for the last piece's write; the piece, to fill again.
     async fn settle(&mut self) -> Result<Option<Piece>> {
+        if self.failed {
+            return Err(EngineError::other(
+                NAME,
+                "a piece of this blob was not written: its write failed or was cancelled",
+            ));
+        }
         let Some(write) = self.pending.take() else { return Ok(None) };
+        self.failed = true;
         let written = write.await.map_err(task_failed)??;
+        self.failed = false;
         if !written.direct {
             self.direct = Direct::Off;
         }
@@ -490,6 +510,11 @@ impl BlobEngine for FsEngine {
 
     async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
         Ok(Box::new(self.staging_writer().await?))
+    }
+
+    async fn remove_abandoned(&self) -> Result<()> {
+        let tmp = self.inner.tmp.clone();
+        blocking(move || remove_abandoned(&tmp, &hostname(), false)).await
     }
 
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
@@ -699,6 +724,34 @@ mod tests {
         FsEngine::open(dir.path()).unwrap();
         let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().map(|e| e.unwrap().path()).collect();
         assert_eq!(left, vec![other_host], "only this host's abandoned staging files go");
+    }
+
+    /// While running, the collector's sweep removes staging files of this
+    /// host's dead processes and stale ones of any host, and leaves this
+    /// process's uploads in flight alone.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_collector_removes_staging_files_dead_writers_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FsEngine::open(dir.path()).unwrap();
+        let mut live = engine.writer(None).await.unwrap();
+        live.write(conformance::pattern(5000, 3)).await.unwrap();
+        let tmp = dir.path().join("tmp");
+        let dead = tmp.join(format!("{}-999999999-0000abcd-1", hostname()));
+        let stale = tmp.join("some-other-host-1-0000abcd-1");
+        for path in [&dead, &stale] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        let old = std::time::SystemTime::now() - STALE - std::time::Duration::from_secs(60);
+        File::options().write(true).open(&stale).unwrap().set_modified(old).unwrap();
+        let in_flight = tmp.join("another-host-1-0000abcd-2");
+        std::fs::write(&in_flight, b"in flight").unwrap();
+        engine.remove_abandoned().await.unwrap();
+        let mut left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().path()).collect();
+        left.sort();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left.contains(&in_flight) && !left.contains(&dead) && !left.contains(&stale), "{left:?}");
+        let digest = Digest(crate::engine::sha2_digest(&conformance::pattern(5000, 3)));
+        live.finish(digest).await.unwrap();
     }
 
     /// Two engines on one directory in one process look like two

@@ -183,6 +183,12 @@ impl BlobEngine for HybridEngine {
         self.small.sync().await
     }
 
+    /// The file tier's: RocksDB's are removed when it opens, as only this
+    /// process writes there.
+    async fn remove_abandoned(&self) -> Result<()> {
+        self.large.remove_abandoned().await
+    }
+
     async fn read(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         if let Some(bytes) = in_locator(blob) {
             if range.end > blob.size {

@@ -356,9 +356,22 @@ struct RocksWriter {
 }
 
 impl RocksWriter {
+    fn check_written(&self) -> Result<()> {
+        if self.failed {
+            return Err(EngineError::other(
+                NAME,
+                "a chunk of this blob was not written: its write failed or was cancelled",
+            ));
+        }
+        Ok(())
+    }
+
     /// Writes the full buffered chunk; the first one also marks the blob as
     /// in progress so a crash cannot strand its chunks.
     async fn spill(&mut self) -> Result<()> {
+        // Once failed, failed for good: a later chunk written whole would
+        // otherwise clear the flag over the hole.
+        self.check_written()?;
         let chunk = self.buf.split_to(CHUNK).freeze();
         let (inner, id, n, abandoned) = (self.inner.clone(), self.id, self.written, self.abandoned.clone());
         // Counted before the write, so a writer dropped while it is in
@@ -409,12 +422,7 @@ impl BlobWriter for RocksWriter {
     }
 
     async fn finish_unsynced(mut self: Box<Self>, digest: Digest) -> Result<BlobRef> {
-        if self.failed {
-            return Err(EngineError::other(
-                NAME,
-                "a chunk of this blob was not written: its write failed or was cancelled",
-            ));
-        }
+        self.check_written()?;
         let last = self.buf.split().freeze();
         let (inner, id, written) = (self.inner.clone(), self.id, self.written);
         self.written = 0; // from here on, finish owns the chunks
@@ -729,7 +737,10 @@ mod tests {
                     after_the_write().await.unwrap();
                     assert_eq!(chunk_count(&engine), 2);
                     // Its write cancelled, the writer cannot tell what it
-                    // holds: it refuses to finish, and goes.
+                    // holds: it takes no more (a chunk written whole after
+                    // it would hide the hole), refuses to finish, and goes.
+                    let more = writer.write(conformance::pattern(CHUNK, 3)).await;
+                    assert!(more.is_err_and(|e| e.to_string().contains("was not written")));
                     let refused = writer.finish(Digest([0; 32])).await;
                     assert!(refused.is_err_and(|e| e.to_string().contains("was not written")));
                 } else {
