@@ -28,13 +28,17 @@
 //!
 //! Abandoned writes: `abort`, or dropping a writer (through a spawned task),
 //! deletes its chunks. What a crash leaves behind is deleted when any node
-//! connects, but only for pending rows older than [`STALE_AFTER`], because
-//! other nodes may be writing right now; a writer refreshes its row's age
-//! while it streams. A chunk insert takes a key-share lock on the writer's
-//! pending row and inserts nothing if the row is gone, so cleanup (which
-//! deletes the pending row first, then the chunks) can never leave a chunk
-//! behind that a late insert added. Cleanup goes in batches, and failing at
-//! connect it only warns: a later one finishes it.
+//! connects, and by the collector, but only for pending rows older than
+//! [`STALE_AFTER`], because other nodes may be writing right now; a writer
+//! refreshes its row's age while it streams. Chunks are deleted
+//! [`DELETE_CHUNKS`] per transaction, each holding the pending row, which
+//! goes with the last of them: a blob of gigabytes, in one statement, took
+//! longer than an answer's wait. A deleted blob's chunks, and a second
+//! copy's, become a pending write's and go the same way. A chunk insert
+//! takes a key-share lock on the writer's pending row and inserts nothing
+//! if the row is gone, so cleanup can never leave a chunk behind that a
+//! late insert added. Failing at connect, cleanup only warns: a later one
+//! finishes it.
 //!
 //! Reading a range fetches only the chunks that cover it, one query per
 //! chunk with the next one fetched while the consumer takes the current one,
@@ -87,13 +91,13 @@ const CHUNK_LIMITS: std::ops::RangeInclusive<usize> = 1024..=256 * 1024 * 1024;
 const POOL_SIZE: usize = 16;
 /// Longest wait for a scan of a whole table (listing blobs, measuring).
 const LISTING_WITHIN: Duration = Duration::from_secs(600);
-/// Longest wait for a cleanup's batch of abandoned uploads: each deleted
-/// chunk's TOAST is read and marked too, so gigabytes cold on disk take
-/// longer than an answer's usual wait, and a batch cut short is rolled
-/// back and started again from nothing. Cleanup runs in the background.
-const DELETING_WITHIN: Duration = Duration::from_secs(600);
-/// Abandoned uploads whose chunks one cleanup transaction removes.
+/// Abandoned uploads one cleanup pass looks up at a time.
 const REMOVAL_BATCH: i64 = 100;
+/// Chunks one transaction of a removal deletes (64 MiB with the default
+/// chunk). Each deleted row's TOAST is read and marked too: a blob of
+/// gigabytes cold on disk, deleted in one statement, took longer than an
+/// answer's wait, and was rolled back and started again from nothing.
+const DELETE_CHUNKS: i64 = 64;
 /// Age after which a pending write is taken for abandoned by a crash.
 pub const STALE_AFTER: Duration = Duration::from_secs(3600);
 /// How often a writer refreshes the age of its pending row; far below
@@ -285,22 +289,50 @@ impl Inner {
 
     /// Removes what an unfinished writer staged under `id`.
     async fn discard(&self, id: i64) -> Result<()> {
+        self.remove_pending(id, None).await.map(drop)
+    }
+
+    /// Deletes the chunks of the pending write `id`, [`DELETE_CHUNKS`] per
+    /// transaction, and its pending row with the last of them; with
+    /// `older_than` (seconds), only while the row is that old (a live
+    /// writer refreshes it). Returns whether it removed them.
+    async fn remove_pending(&self, id: i64, older_than: Option<f64>) -> Result<bool> {
         let pool = &self.pool;
-        pg::retry(pool, "removing an abandoned upload", || async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            // The pending row first: this waits for a chunk insert still
-            // holding it, whose chunk the next statement then sees. No
-            // pending row: the chunks are gone already, or belong to a blob
-            // whose finishing committed after all (its reply lost).
-            if tx.execute("DELETE FROM depot_engine_pending WHERE id = $1", &[&id]).await? == 1 {
-                tx.execute("DELETE FROM depot_engine_chunks WHERE id = $1", &[&id]).await?;
+        loop {
+            let step = pg::retry(pool, "removing an abandoned upload", || async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                // The pending row held first: a chunk insert waits for this
+                // transaction, as does a finish. No pending row: the chunks
+                // are gone already, or belong to a blob whose finish
+                // committed after all (its reply lost).
+                let held = "SELECT 1 FROM depot_engine_pending WHERE id = $1 \
+                            AND ($2::float8 IS NULL OR since <= now() - make_interval(secs => $2)) FOR UPDATE";
+                if tx.query_opt(held, &[&id, &older_than]).await?.is_none() {
+                    return Ok(None);
+                }
+                let deleted = tx
+                    .execute(
+                        "DELETE FROM depot_engine_chunks WHERE id = $1 AND n IN \
+                         (SELECT n FROM depot_engine_chunks WHERE id = $1 ORDER BY n LIMIT $2)",
+                        &[&id, &DELETE_CHUNKS],
+                    )
+                    .await?;
+                let last = deleted < DELETE_CHUNKS as u64;
+                if last {
+                    tx.execute("DELETE FROM depot_engine_pending WHERE id = $1", &[&id]).await?;
+                }
+                tx.commit().await?;
+                Ok(Some(last))
+            })
+            .await
+            .map_err(pg_err)?;
+            match step {
+                None => return Ok(false),
+                Some(true) => return Ok(true),
+                Some(false) => {}
             }
-            tx.commit().await?;
-            Ok(())
-        })
-        .await
-        .map_err(pg_err)
+        }
     }
 }
 
@@ -457,7 +489,10 @@ impl PgWriter {
                 .await?;
             let (kept, size): (i64, i64) = (col(&row, 0)?, col(&row, 1)?);
             if kept != id {
-                tx.execute("DELETE FROM depot_engine_chunks WHERE id = $1", &[&id]).await?;
+                // Stored before: these chunks are removed as a discard's.
+                tx.execute("INSERT INTO depot_engine_pending (id, since) VALUES ($1, now())", &[&id]).await?;
+                tx.commit().await?;
+                return Ok(Finished::StoredBefore(size));
             }
             tx.commit().await?;
             Ok(Finished::Stored(size))
@@ -466,6 +501,10 @@ impl PgWriter {
         .map_err(pg_err)?;
         match finished {
             Finished::Stored(size) => Ok(size as u64),
+            Finished::StoredBefore(size) => {
+                super::discard_staged(self.inner.discard(id)).await;
+                Ok(size as u64)
+            }
             Finished::Reclaimed => Err(reclaimed()),
             Finished::ChunksLost(found) => Err(EngineError::other(
                 NAME,
@@ -479,6 +518,9 @@ impl PgWriter {
 enum Finished {
     /// The blob is stored, with this size.
     Stored(i64),
+    /// The blob was stored already, with this size: the upload's chunks are
+    /// pending again, to be removed.
+    StoredBefore(i64),
     /// The pending row was gone, and no blob of the digest is stored.
     Reclaimed,
     /// Fewer chunks than were written are stored; nothing was committed.
@@ -545,43 +587,34 @@ impl BlobEngine for PostgresEngine {
         let pool = &self.inner.pool;
         let age = self.inner.stale_after.as_secs_f64();
         let mut removed = 0;
-        // A batch per transaction, each within its time, however
-        // many uploads a crash loop left; what is removed stays removed.
-        let outcome = loop {
-            let batch = pg::retry_within(pool, "removing abandoned uploads", DELETING_WITHIN, || async move {
-                let mut client = pool.get().await?;
-                let tx = client.transaction().await?;
-                // The age again outside the subquery: it is checked anew on
-                // a row a writer refreshed while this waited for its lock.
-                let ids = tx
+        // A few chunks per transaction, however many uploads a crash loop
+        // left and however large: what is removed stays removed.
+        let outcome = 'passes: loop {
+            let ids = pg::retry(pool, "finding abandoned uploads", || async move {
+                let client = pool.get().await?;
+                let rows = client
                     .query(
-                        "DELETE FROM depot_engine_pending WHERE since <= now() - make_interval(secs => $1) \
-                         AND id IN (SELECT id FROM depot_engine_pending \
-                             WHERE since <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2) \
-                         RETURNING id",
+                        "SELECT id FROM depot_engine_pending WHERE since <= now() - make_interval(secs => $1) \
+                         ORDER BY id LIMIT $2",
                         &[&age, &REMOVAL_BATCH],
                     )
-                    .await?
-                    .iter()
-                    .map(|r| col::<i64>(r, 0))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if !ids.is_empty() {
-                    // A separate statement: it sees chunks that inserts waiting
-                    // on the pending rows' locks committed meanwhile.
-                    tx.execute("DELETE FROM depot_engine_chunks WHERE id = ANY($1)", &[&ids]).await?;
-                }
-                tx.commit().await?;
-                Ok(ids.len())
+                    .await?;
+                rows.iter().map(|r| col::<i64>(r, 0)).collect::<Result<Vec<_>, _>>()
             })
             .await;
-            match batch {
-                Ok(n) => {
-                    removed += n;
-                    if n < REMOVAL_BATCH as usize {
-                        break Ok(());
-                    }
-                }
+            let ids = match ids {
+                Ok(ids) => ids,
                 Err(e) => break Err(pg_err(e)),
+            };
+            for id in &ids {
+                // The age again: a writer may have refreshed its row since.
+                match self.inner.remove_pending(*id, Some(age)).await {
+                    Ok(gone) => removed += usize::from(gone),
+                    Err(e) => break 'passes Err(e),
+                }
+            }
+            if ids.len() < REMOVAL_BATCH as usize {
+                break Ok(());
             }
         };
         if removed > 0 {
@@ -645,19 +678,24 @@ impl BlobEngine for PostgresEngine {
     async fn delete(&self, blob: &BlobRef) -> Result<()> {
         let pool = &self.inner.pool;
         let key = &blob.digest.0[..];
-        pg::retry(pool, "deleting a blob", || async move {
+        // The blob's row goes, and its chunks become a pending write's,
+        // removed a few at a time (or by a later cleanup, if this stops).
+        let id = pg::retry(pool, "deleting a blob", || async move {
             let client = pool.get().await?;
             let stmt = client
                 .prepare_cached(
                     "WITH blob AS (DELETE FROM depot_engine_blobs WHERE digest = $1 RETURNING id) \
-                     DELETE FROM depot_engine_chunks WHERE id IN (SELECT id FROM blob)",
+                     INSERT INTO depot_engine_pending (id, since) SELECT id, now() FROM blob RETURNING id",
                 )
                 .await?;
-            client.execute(&stmt, &[&key]).await?;
-            Ok(())
+            client.query_opt(&stmt, &[&key]).await?.map(|r| col::<i64>(&r, 0)).transpose()
         })
         .await
-        .map_err(pg_err)
+        .map_err(pg_err)?;
+        match id {
+            Some(id) => self.inner.remove_pending(id, None).await.map(drop),
+            None => Ok(()),
+        }
     }
 
     async fn stat(&self, blob: &BlobRef) -> Result<Option<u64>> {
@@ -813,6 +851,23 @@ mod tests {
         PostgresEngine::connect(&url, 64 * 1024).await.unwrap();
         assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_pending").await, 1);
         assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_chunks").await, 1);
+    }
+
+    /// Chunks go a few per transaction, to the last: those of a deleted
+    /// blob, and those of a second copy of content stored already.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn blobs_of_many_chunks_are_removed_to_the_last() {
+        let (engine, _) = engine(1024).await;
+        let data = conformance::pattern(200 * 1024 + 5, 4);
+        let blob = engine.put_bytes(data.clone()).await.unwrap();
+        let chunks = "SELECT count(*) FROM depot_engine_chunks";
+        assert_eq!(count(&engine, chunks).await, 201);
+        engine.put_bytes(data.clone()).await.unwrap();
+        assert_eq!(count(&engine, chunks).await, 201, "the second copy's chunks stay, or the first's go");
+        assert!(engine.read_to_vec(&blob, ByteRange::full(data.len() as u64)).await.unwrap() == data);
+        engine.delete(&blob).await.unwrap();
+        assert_eq!(count(&engine, chunks).await, 0);
+        assert_eq!(count(&engine, "SELECT count(*) FROM depot_engine_pending").await, 0);
     }
 
     #[tokio::test(flavor = "multi_thread")]
