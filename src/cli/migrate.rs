@@ -701,6 +701,10 @@ async fn copy(
                 // worth stopping for. Their record goes instead.
                 Err(e @ EngineError::NotFound(_)) if blob.refs == 0 => {
                     let removed = catalog.remove_dead_blob(&blob.digest, None).await?;
+                    if removed {
+                        // Its delete mark, which writers of the content wait on.
+                        catalog.end_delete(&blob.digest).await?;
+                    }
                     failed += u64::from(!removed);
                     progress.suspend(|| match removed {
                         true => eprintln!("blob {}: gone, and nothing referred to it: its record removed", blob.digest),

@@ -84,7 +84,14 @@ impl HybridEngine {
 }
 
 fn unknown_tier(blob: &BlobRef) -> EngineError {
-    EngineError::other(NAME, format!("unknown tier {:?}", blob.locator.first()))
+    match blob.locator.split_first() {
+        // Damage to this blob's record, not trouble of the engine's: the
+        // rest of a `verify` goes on.
+        Some((&IN_LOCATOR_TAG, bytes)) => {
+            EngineError::damaged(NAME, format!("its record holds {} bytes of it, not {}", bytes.len(), blob.size))
+        }
+        _ => EngineError::other(NAME, format!("unknown tier {:?}", blob.locator.first())),
+    }
 }
 
 /// The bytes of a blob carried in its locator.
@@ -269,6 +276,20 @@ mod tests {
     async fn conformance() {
         let dir = tempfile::tempdir().unwrap();
         conformance::run_all(&HybridEngine::open(dir.path(), DEFAULT_THRESHOLD).unwrap()).await;
+    }
+
+    /// Bytes kept in a record that are not the blob's length are damage
+    /// to that blob (which `verify` names and goes on), not an error of
+    /// the engine.
+    #[tokio::test]
+    async fn bytes_in_a_record_of_the_wrong_length_are_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = HybridEngine::open(dir.path(), DEFAULT_THRESHOLD).unwrap();
+        let mut blob = engine.put_bytes(conformance::pattern(100, 1)).await.unwrap();
+        assert_eq!(blob.locator.first(), Some(&IN_LOCATOR_TAG));
+        blob.locator.truncate(50);
+        let e = engine.read_to_vec(&blob, ByteRange::full(100)).await.unwrap_err();
+        assert!(matches!(e, EngineError::Damaged { .. }), "{e}");
     }
 
     #[test]

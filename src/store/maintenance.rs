@@ -614,7 +614,9 @@ impl Store {
                     // is held off; a blob nothing refers to may already
                     // have gone before the checkpoint.
                     Err(EngineError::NotFound(_)) if blob.refs == 0 => {
-                        copy.remove_dead_blob(&blob.digest, None).await?;
+                        if copy.remove_dead_blob(&blob.digest, None).await? {
+                            copy.end_delete(&blob.digest).await?;
+                        }
                     }
                     Err(e) => return Err(naming_blob("copying", &blob.digest, e)),
                 }

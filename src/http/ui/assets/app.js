@@ -137,8 +137,8 @@
     return `attachment; filename="${ascii}"; filename*=UTF-8''${uri(name, true)}`;
   }
   /** A URL for an object that works without headers: downloads, players, copied links. */
-  function objectUrl(key, { download = false, expires = 3600 } = {}) {
-    const p = path(S.bucket, key), name = key.split('/').pop();
+  function objectUrl(it, { download = false, expires = 3600 } = {}) {
+    const p = path(it.bucket, it.key), name = it.key.split('/').pop();
     if (mode() === 'signed') return presign('GET', p, download ? { 'response-content-disposition': contentDisposition(name) } : {}, {}, expires);
     if (mode() === 'anon') return download ? `${p}?response-content-disposition=${uri(contentDisposition(name), true)}` : p;
     return download ? p + '?download' : p;
@@ -263,6 +263,9 @@
       if (canWrite()) acts.append(el('button', { type: 'button', class: 'danger', 'aria-label': `Delete bucket ${it.name}`, onclick: () => removeBucket(it.name) }, 'Delete'));
     } else if (it.kind === 'dir') {
       name = navLink(path(S.bucket, it.key), it.name, { class: 'dir' });
+    } else if (dot(it.key)) {
+      // Browsers drop such a segment from any URL: no request can name it.
+      name = el('span', { class: 'file', title: 'A key of only dots: use an S3 client to read or delete it' }, it.name);
     } else {
       name = el('button', { type: 'button', class: 'link file', 'aria-label': `Preview ${it.name}`, onclick: () => preview(it) }, it.name);
       acts.append(...fileActions(it));
@@ -272,7 +275,7 @@
   }
 
   function fileActions(it) {
-    const href = () => objectUrl(it.key, { download: true });
+    const href = () => objectUrl(it, { download: true });
     const dl = el('a', { href: href(), download: it.name.split('/').pop(), 'aria-label': `Download ${it.name}` }, 'Download');
     // A presigned link expires: it is signed again as it is used (a click
     // or Enter, a middle click, the context menu's "copy link"), not only
@@ -293,13 +296,16 @@
     const seq = ++S.seq;
     if (changed) stats();
     crumbs();
-    const inBucket = S.bucket !== null;
+    const inBucket = S.bucket !== null, bucket = S.bucket;
     $('new-bucket').hidden = inBucket || !canWrite();
     $('new-folder').hidden = $('pick').hidden = !inBucket || !canWrite();
     $('search').disabled = !inBucket;
     try {
       const { items, next } = inBucket ? await listObjects(S.cursors[S.cursors.length - 1]) : await listBuckets();
       if (seq !== S.seq) return;
+      // Each file acts on its own bucket, whatever the page shows later
+      // (the Back button under an open preview).
+      for (const it of items) it.bucket = bucket;
       S.items = items;
       S.next = next;
       S.failed = false;
@@ -378,9 +384,9 @@
   }
 
   async function removeObject(it) {
-    if (!(await ask('Delete file', `Delete “${it.key}” from ${S.bucket}? This cannot be undone.`, [], 'Delete'))) return;
+    if (!(await ask('Delete file', `Delete “${it.key}” from ${it.bucket}? This cannot be undone.`, [], 'Delete'))) return;
     try {
-      await call('DELETE', path(S.bucket, it.key));
+      await call('DELETE', path(it.bucket, it.key));
       if ($('preview').open) $('preview').close();
       say(`Deleted ${it.name}.`);
       load(true);
@@ -413,7 +419,7 @@
     } catch (e) { say(`Could not create folder ${name}: ${e.message}`, true); }
   }
   async function copyLink(it) {
-    const url = new URL(objectUrl(it.key, { expires: 7 * 24 * 3600 }), location.href).href;
+    const url = new URL(objectUrl(it, { expires: 7 * 24 * 3600 }), location.href).href;
     let ok = false;
     try { await navigator.clipboard.writeText(url); ok = true; } catch {
       const t = el('textarea', { class: 'offscreen' }, url);
@@ -438,7 +444,7 @@
     meta.replaceChildren();
     $('pv-actions').replaceChildren(...fileActions(it));
     d.showModal();
-    const p = path(S.bucket, it.key);
+    const p = path(it.bucket, it.key);
     let h;
     try { h = (await call('HEAD', p, { accept: '*/*' })).headers; } catch (e) {
       if (!stale()) body.replaceChildren(el('p', { class: 'err' }, `Could not read ${it.name}: ${e.message}`));
@@ -449,7 +455,7 @@
     const pairs = [['Size', `${human(size)} (${size} bytes)`], ['Content type', type], ['ETag', (h.get('etag') || '').replace(/"/g, '')],
       ['SHA-256', h.get('x-depot-sha256') || '—'], ['Modified', when(h.get('last-modified'))]];
     meta.replaceChildren(...pairs.flatMap(([k, v]) => [el('dt', {}, k), el('dd', { 'data-meta': k }, v)]));
-    const src = objectUrl(it.key);
+    const src = objectUrl(it);
     let view;
     if (type.startsWith('image/')) view = el('img', { src, alt: it.name });
     else if (type.startsWith('video/')) view = el('video', { src, controls: true, preload: 'metadata' });
@@ -565,14 +571,26 @@
       const a = e.target.closest('a[data-nav]');
       if (a && !e.ctrlKey && !e.metaKey && !e.shiftKey && e.button === 0) { e.preventDefault(); go(a.getAttribute('href')); }
     });
-    window.addEventListener('popstate', () => { fromLocation(); load(); });
+    window.addEventListener('popstate', () => {
+      if ($('preview').open) $('preview').close();
+      fromLocation();
+      load();
+    });
     document.querySelectorAll('button[data-sort]').forEach((b) => b.addEventListener('click', () => {
       const key = b.dataset.sort;
       S.sort = { key, dir: S.sort.key === key ? -S.sort.dir : 1 };
       render();
     }));
     $('prev').onclick = () => { S.cursors.pop(); load(); };
-    $('next').onclick = () => { if (S.next) { S.cursors.push(S.next); load(); } };
+    // Cleared at once: a second click before the page comes would push the
+    // same cursor again.
+    $('next').onclick = () => {
+      if (!S.next) return;
+      S.cursors.push(S.next);
+      S.next = null;
+      $('next').disabled = true;
+      load();
+    };
     let timer;
     $('search').addEventListener('input', () => {
       clearTimeout(timer);
