@@ -434,7 +434,9 @@ impl Place {
             }
             Place::S3 { endpoint, config } => {
                 let store = s3::builder(Some(endpoint), config).build().unwrap();
-                store.put(&object_store::path::Path::from("tmp/cut-short"), b"staged".to_vec().into()).await.unwrap();
+                // Named as the engine names them: it leaves others alone.
+                let staged = object_store::path::Path::from(format!("tmp/{}", "5a".repeat(16)));
+                store.put(&staged, b"staged".to_vec().into()).await.unwrap();
             }
         }
     }
@@ -517,6 +519,14 @@ async fn cancel_leaves_nothing_in(kind: EngineKind) {
         assert!(!out.status.success() && said.contains("give the --to-* settings it began with"), "{said}");
     }
     assert_eq!(target.list().await.unwrap().len(), 4, "a refused cancel deleted copies");
+    // Bytes of a content the store has no record of are another store's
+    // (one of the same name on another server): nothing is deleted.
+    let foreign = target.put_bytes(b"another store's".to_vec().into()).await.unwrap();
+    let out = migrate(&data, &[&strings(&to)[..], &["--cancel"]].concat());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("which this store has no record of"), "{said}");
+    assert_eq!(target.list().await.unwrap().len(), 5, "a refused cancel deleted copies");
+    target.delete(&foreign).await.unwrap();
     drop(target);
 
     let said = ok(&migrate(&data, &[&strings(&to)[..], &["--cancel"]].concat()));

@@ -419,7 +419,7 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     if args.cancel {
         return runtime(2)?.block_on(async {
             let catalog = open_catalog(&settings).await?;
-            alone(catalog.as_ref(), "cancelling a migration", cancel(&data, &settings, args)).await
+            alone(catalog.as_ref(), "cancelling a migration", cancel(catalog.as_ref(), &data, &settings, args)).await
         });
     }
     let (state, new) = match State::read(&data)? {
@@ -578,7 +578,7 @@ fn read_journal(path: &Path) -> anyhow::Result<HashMap<Digest, Locator>> {
 }
 
 /// Cancels a migration still copying: removes its copies and its state.
-async fn cancel(data: &Path, settings: &Settings, args: &MigrateArgs) -> anyhow::Result<()> {
+async fn cancel(catalog: &dyn Catalog, data: &Path, settings: &Settings, args: &MigrateArgs) -> anyhow::Result<()> {
     // Read under the lock: a run may have switched meanwhile.
     let Some(s) = State::read(data)? else { bail!("no migration is under way in {}", data.display()) };
     if s.phase != Phase::Copy {
@@ -605,8 +605,10 @@ async fn cancel(data: &Path, settings: &Settings, args: &MigrateArgs) -> anyhow:
             );
         }
         s.check_target(&config)?;
+        let journal = data.join(JOURNAL);
         let removed = async {
             let target = open_alone(s.to, &copies, &config).await?;
+            check_only_copies(catalog, &target, &journal).await?;
             let removed = delete_all(&target, "removing the copies").await?;
             target.remove_abandoned().await?;
             anyhow::Ok(removed)
@@ -873,6 +875,27 @@ async fn cleanup(source: &DynEngine) -> anyhow::Result<()> {
 }
 
 /// Deletes every blob an engine lists; returns how many.
+/// Refuses a target that holds bytes of a content neither the journal nor
+/// the catalog names: a copy is of a blob the store records, so those are
+/// another store's, in a database or bucket of the same name on another
+/// server (the marker names no server).
+async fn check_only_copies(catalog: &dyn Catalog, target: &DynEngine, journal: &Path) -> anyhow::Result<()> {
+    let copied = read_journal(journal)?;
+    let others: Vec<Digest> =
+        target.list().await?.into_iter().map(|b| b.digest).filter(|d| !copied.contains_key(d)).collect();
+    for page in others.chunks(1000) {
+        if let Some(at) = catalog.get_blobs(page).await?.iter().position(Option::is_none) {
+            bail!(
+                "the {} engine given holds {}, which this store has no record of: it holds more than this \
+                 migration's copies, and nothing is deleted (give the --to-* settings it began with)",
+                target.name(),
+                page[at]
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn delete_all(engine: &DynEngine, what: &str) -> anyhow::Result<u64> {
     let blobs = engine.list().await?;
     let count = blobs.len() as u64;
