@@ -161,8 +161,9 @@ pub struct ServeArgs {
     /// 408 [default: 60].
     #[arg(long, env = "DEPOT_BODY_TIMEOUT", value_name = "SECS")]
     pub body_timeout: Option<u64>,
-    /// Seconds an answer may wait for a client that reads none of it;
-    /// then the connection is closed [default: 60].
+    /// Seconds in which a client must take 500 bytes a second of an answer
+    /// it is sent (30,000 bytes at the default), or all it was given; then
+    /// the connection is closed [default: 60].
     #[arg(long, env = "DEPOT_SEND_TIMEOUT", value_name = "SECS")]
     pub send_timeout: Option<u64>,
     /// Settings file (default: ./depot.toml when present).
@@ -403,7 +404,7 @@ impl Settings {
             threads,
             gc_grace: period("gc-grace", args.gc_grace.or(file.gc_grace), 3600, true)?,
             gc_interval: period("gc-interval", args.gc_interval.or(file.gc_interval), 600, true)?,
-            upload_expiry: period("upload-expiry", args.upload_expiry.or(file.upload_expiry), 24 * 3600, true)?,
+            upload_expiry: period("upload-expiry", args.upload_expiry.or(file.upload_expiry), 24 * 3600, false)?,
             s3_domain: args.s3_domain.clone().or(file.s3_domain),
             allowed_hosts: host_names(match args.allowed_hosts.is_empty() {
                 true => file.allowed_hosts.unwrap_or_default(),
@@ -711,6 +712,12 @@ mod tests {
         assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--max-headers may be at most"));
         let huge = ServeArgs { max_uploads: Some(3 << 60), ..Default::default() };
         assert!(Settings::resolve(&huge).unwrap_err().to_string().contains("--max-uploads may be at most"));
+        // No expiry at all would abort every upload in progress at each
+        // collection.
+        let none = ServeArgs { upload_expiry: Some(0), ..Default::default() };
+        assert!(
+            Settings::resolve(&none).unwrap_err().to_string().contains("--upload-expiry must be at least 1 second")
+        );
         let fine = ServeArgs { gc_grace: Some(0), gc_interval: Some(0), threads: Some(1024), ..Default::default() };
         assert!(Settings::resolve(&fine).is_ok());
     }

@@ -245,6 +245,38 @@ fn made_up_methods_are_counted_as_one() {
     assert_unharmed(&mut s, RSS_MIB);
 }
 
+/// A connection that never sent a whole request head does not hold the
+/// server's stop until its header timeout: it is closed at once, as one
+/// idle between requests is.
+#[test]
+fn a_connection_that_never_asked_does_not_hold_the_stop() {
+    let mut s = Server::start(&[]);
+    let _silent = connect(&s);
+    let mut started_a_head = connect(&s);
+    started_a_head.write_all(b"GET /_/health HT").unwrap();
+    // Accepted, and given to a thread, before the stop.
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(get(&s, "/_/health", "").status(), 200);
+    let started = std::time::Instant::now();
+    assert!(s.stop().success());
+    assert!(started.elapsed() < Duration::from_secs(10), "stopped after {:?}", started.elapsed());
+}
+
+/// The bytes received are the bytes read: a length a client declares and
+/// never sends does not count (nor, past 2^63, turn the counter negative).
+#[test]
+fn received_bytes_count_what_came() {
+    let mut s = Server::start(&["--access-key", "app", "--secret-key", "a-long-random-secret"]);
+    let huge = "PUT /files/k HTTP/1.1\r\nHost: x\r\nContent-Length: 18446744073709551613\r\nConnection: close\r\n\r\n";
+    assert_eq!(exchange(&s, huge.as_bytes()).status(), 403);
+    let metrics =
+        String::from_utf8(get(&s, "/_/metrics", "Authorization: Bearer a-long-random-secret\r\n").body()).unwrap();
+    let line = metrics.lines().find(|l| l.starts_with("depot_http_received_bytes_total ")).expect(&metrics);
+    let received: i64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((0..1_000_000).contains(&received), "{line}");
+    assert_unharmed(&mut s, RSS_MIB);
+}
+
 #[test]
 fn oversized_or_too_many_headers_get_431_and_memory_stays_bounded() {
     let mut s = Server::start(&[]);

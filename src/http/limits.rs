@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,7 +26,8 @@ pub struct Limits {
     /// Time a request body has to bring each [`MIN_BODY_RATE`]'s worth of
     /// bytes (or its end).
     pub body_timeout: Duration,
-    /// Longest wait for a client to take more of an answer.
+    /// Time a client has to take each [`MIN_BODY_RATE`]'s worth of an
+    /// answer (or all it was given).
     pub send_timeout: Duration,
     /// Most ranges honoured in one Range header.
     pub max_ranges: usize,
@@ -92,16 +93,21 @@ pub(crate) fn too_slow(window: Duration) -> String {
 /// a 408 whatever the handler made of the failed read, and a refusal sent
 /// before the body ended closes the connection.
 #[derive(Clone, Default)]
-pub(crate) struct BodyState(Arc<[AtomicBool; 2]>);
+pub(crate) struct BodyState(Arc<([AtomicBool; 2], AtomicU64)>);
 
 impl BodyState {
     pub(crate) fn timed_out(&self) -> bool {
-        self.0[0].load(Ordering::Relaxed)
+        self.0.0[0].load(Ordering::Relaxed)
     }
 
     /// Whether the body was read to its end.
     pub(crate) fn ended(&self) -> bool {
-        self.0[1].load(Ordering::Relaxed)
+        self.0.0[1].load(Ordering::Relaxed)
+    }
+
+    /// The body's bytes read so far: what came, not what its head said.
+    pub(crate) fn read(&self) -> u64 {
+        self.0.1.load(Ordering::Relaxed)
     }
 }
 
@@ -135,12 +141,14 @@ impl Body for RequestBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.came += frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()).map_or(0, |d| d.len() as u64);
+            let came = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()).map_or(0, |d| d.len() as u64);
+            this.came += came;
+            this.state.0.1.fetch_add(came, Ordering::Relaxed);
             if this.came >= this.least {
                 (this.sleep, this.came) = (None, 0);
             }
             if frame.is_none() || this.inner.is_end_stream() {
-                this.state.0[1].store(true, Ordering::Relaxed);
+                this.state.0.0[1].store(true, Ordering::Relaxed);
             }
             return Poll::Ready(frame.map(|f| f.map_err(BodyError::from)));
         }
@@ -148,7 +156,7 @@ impl Body for RequestBody {
         let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(window)));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => {
-                this.state.0[0].store(true, Ordering::Relaxed);
+                this.state.0.0[0].store(true, Ordering::Relaxed);
                 Poll::Ready(Some(Err(BodyError::TooSlow(window))))
             }
             Poll::Pending => Poll::Pending,

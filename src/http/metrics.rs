@@ -87,7 +87,7 @@ impl Metrics {
             (
                 "depot_http_received_bytes_total",
                 "counter",
-                "Request body bytes declared by clients.",
+                "Request body bytes read.",
                 self.bytes_in.load(Ordering::Relaxed) as i64,
             ),
             (

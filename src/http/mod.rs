@@ -23,7 +23,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -287,7 +287,6 @@ impl App {
         let method = req.method().clone();
         let expects_continue =
             req.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        let bytes_in = content_length(req.headers()).unwrap_or(0);
         let linger = req.extensions().get::<Peer>().map(|p| p.linger.clone());
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
@@ -327,7 +326,7 @@ impl App {
         }
         // A HEAD answer's length is the object's; it sends none of it.
         let bytes_out = if method == http::Method::HEAD { 0 } else { content_length(response.headers()).unwrap_or(0) };
-        self.metrics.record(&method, response.status().as_u16(), started.elapsed(), bytes_in, bytes_out);
+        self.metrics.record(&method, response.status().as_u16(), started.elapsed(), body.read(), bytes_out);
         response
     }
 
@@ -797,6 +796,16 @@ fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Builder {
 /// How many headers hyper accepts when told no limit.
 const HYPER_MAX_HEADERS: usize = 100;
 
+/// A connection counted in a thread's `open` until its task ends, however
+/// it ends (a panic included).
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One thread's loop: serves the connections it is `given` on this thread
 /// (counting them in `open`) until the acceptor stops, then waits for them
 /// (at most `drain`).
@@ -808,6 +817,7 @@ async fn connections(
     drain: Duration,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     while let Some(Connection { stream, peer, slot }) = given.recv().await {
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(s) => s,
@@ -824,20 +834,39 @@ async fn connections(
         let linger = sendfile::Linger::default();
         let stream = sendfile::Socket::new(stream, linger.clone(), slot, app.limits.send_timeout);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-            req.extensions_mut().insert(Peer { addr: peer, local, linger: linger.clone() });
-            let app = app.clone();
-            async move { Ok::<_, Infallible>(app.handle(req).await) }
+        let asked = Arc::new(AtomicBool::new(false));
+        let service = hyper::service::service_fn({
+            let asked = asked.clone();
+            move |mut req: http::Request<Incoming>| {
+                asked.store(true, Ordering::Relaxed);
+                req.extensions_mut().insert(Peer { addr: peer, local, linger: linger.clone() });
+                let app = app.clone();
+                async move { Ok::<_, Infallible>(app.handle(req).await) }
+            }
         });
         let conn = graceful.watch(http1.serve_connection(TokioIo::new(stream), service));
-        let open = open.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "connection ended: {e}");
+        let (counted, mut stopping) = (Counted(open.clone()), stopping.clone());
+        // hyper's graceful shutdown closes a connection between requests,
+        // but one that never sent a request head (a browser's preconnect,
+        // a scanner) would hold the drain until its header timeout: it is
+        // dropped when the server stops, as no request of it was taken.
+        let never_asked = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            if asked.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
             }
-            open.fetch_sub(1, Ordering::Relaxed);
+        };
+        tokio::spawn(async move {
+            let _counted = counted;
+            tokio::select! {
+                ended = conn => if let Err(e) = ended {
+                    tracing::debug!(%peer, "connection ended: {e}");
+                },
+                () = never_asked => tracing::debug!(%peer, "closed unused as the server stops"),
+            }
         });
     }
+    let _ = stop.send(true);
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(drain) => tracing::warn!("requests still running after {drain:?}; stopping anyway"),

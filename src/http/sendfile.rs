@@ -22,6 +22,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+
+use super::limits::MIN_BODY_RATE;
 use tokio::time::{Instant, Sleep};
 
 use crate::engine::mapped;
@@ -61,6 +63,17 @@ struct Stall {
     since: Instant,
 }
 
+/// The bytes a client must take of an answer in each `timeout`.
+fn least_taken(timeout: Duration) -> usize {
+    (MIN_BODY_RATE * timeout.as_secs().max(1)) as usize
+}
+
+/// Whether a client whose socket held `before` bytes, and now `held`, took
+/// `least` of them, or all it was given.
+fn took_enough(before: usize, held: usize, least: usize) -> bool {
+    before.saturating_sub(held) >= least.min(before)
+}
+
 /// Looks per send timeout at whether a client whose socket takes no more
 /// has taken anything: one that takes nothing is cut off at most half the
 /// timeout late (the first look gives the first figure to compare with).
@@ -94,17 +107,21 @@ impl Socket {
     }
 
     /// What becomes of a write that the socket did not take: it waits on,
-    /// unless a whole send timeout has passed in which the client took none
-    /// of the bytes the socket holds. Timing the client's progress rather
-    /// than the write lets a slow but steady reader take an answer however
-    /// long a write waits for room: half of [`UNSENT`] takes a minute to go
-    /// to a client reading 2 KB a second, the default timeout.
+    /// unless a whole send timeout has passed in which the client took less
+    /// than [`MIN_BODY_RATE`]'s worth of the bytes the socket holds (or all
+    /// of them). Timing the client's progress rather than the write lets a
+    /// slow but steady reader take an answer however long a write waits
+    /// for room: half of [`UNSENT`] takes a minute to go to a client
+    /// reading 2 KB a second, the default timeout. A client taking a byte
+    /// now and then would otherwise hold its connection's slot (one of
+    /// `max_connections`) as long as it likes.
     fn stall(&mut self, written: Poll<io::Result<usize>>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if written.is_ready() {
             self.stalled = None;
             return written;
         }
         let (timeout, every) = (self.send_timeout, self.send_timeout / LOOKS);
+        let least = least_taken(timeout);
         // Most waits end within a look: they cost setting a timer, and no
         // system call.
         let stall = self.stalled.get_or_insert_with(|| Stall { held: None, since: Instant::now() });
@@ -120,13 +137,13 @@ impl Socket {
             let now = Instant::now();
             let held = queued(self.stream.as_raw_fd());
             match stall.held {
-                Some(before) if held >= before && now - stall.since >= timeout => {
+                Some(before) if !took_enough(before, held, least) && now - stall.since >= timeout => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        "the client took nothing of the answer within the send timeout",
+                        format!("the client took less than {least} bytes of the answer within the send timeout"),
                     )));
                 }
-                Some(before) if held >= before => {}
+                Some(before) if !took_enough(before, held, least) => {}
                 _ => (stall.held, stall.since) = (Some(held), now),
             }
             look.as_mut().reset(now + every);
@@ -277,5 +294,21 @@ impl Drop for Socket {
             };
             let _ = tokio::time::timeout(LINGER_FOR, read).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_takes_a_rate_of_the_answer_or_all_it_was_given() {
+        let least = least_taken(Duration::from_secs(60));
+        assert_eq!(least, 30_000);
+        assert!(took_enough(200_000, 170_000, least));
+        assert!(!took_enough(200_000, 199_999, least), "a byte now and then is not enough");
+        assert!(took_enough(1_000, 0, least), "all it was given is");
+        assert!(!took_enough(1_000, 10, least));
+        assert_eq!(least_taken(Duration::from_millis(500)), 500, "a timeout under a second counts as one");
     }
 }
