@@ -290,18 +290,19 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.data.display()
     );
     let node = node_name(addr);
+    let mut heartbeats = None;
     if matches!(settings.catalog, CatalogKind::Postgres(_)) {
         let sent = crate::store::lease_clock();
         app.store.catalog().node_seen(&node).await.context("noting this node in the catalog")?;
         refuse_to_join(app.store.catalog(), &node).await?;
         app.store.lease_writes(sent);
         let (app, node) = (app.clone(), node.clone());
-        tokio::spawn(async move {
+        heartbeats = Some(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(NODE_HEARTBEAT).await;
                 heartbeat(&app.store, &node).await;
             }
-        });
+        }));
     }
     let lister = app.clone();
     tokio::spawn(async move {
@@ -316,17 +317,27 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                match app.store.gc().await {
-                    Ok(r) if r.dead_blobs + r.orphans > 0 => {
+                // A pass of its own: one that panics is said, and the next
+                // still runs, rather than collection ending unsaid.
+                let app = app.clone();
+                match tokio::spawn(async move { app.store.gc().await }).await {
+                    Ok(Ok(r)) if r.dead_blobs + r.orphans > 0 => {
                         tracing::info!(?r, "garbage collected")
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("garbage collection failed: {e}"),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!("garbage collection failed: {e}"),
+                    Err(e) => tracing::error!("garbage collection failed: {e}"),
                 }
             }
         });
     }
     http::serve(listener, app.clone(), settings.threads, shutdown_signal(), Duration::from_secs(30)).await?;
+    // Stopped first: a heartbeat landing after the note below would note
+    // this node live again, and hold maintenance off until it lapsed.
+    if let Some(heartbeats) = heartbeats {
+        heartbeats.abort();
+        let _ = heartbeats.await;
+    }
     // Bounded: a catalog that is down must not hold the exit up; the note
     // then lapses by itself.
     match tokio::time::timeout(Duration::from_secs(2), app.store.catalog().node_gone(&node)).await {

@@ -646,8 +646,9 @@ pub async fn serve(
     drain: Duration,
 ) -> io::Result<()> {
     let http1 = http1_builder(&app.limits);
+    let drained = Arc::new(tokio::sync::Barrier::new(threads.max(1)));
     let workers = (0..threads.max(1))
-        .map(|i| Worker::start(i, app.clone(), http1.clone(), drain))
+        .map(|i| Worker::start(i, app.clone(), http1.clone(), drain, drained.clone()))
         .collect::<io::Result<Vec<_>>>()?;
     tokio::pin!(shutdown);
     // A slot per open connection: at the limit, new ones wait in the
@@ -746,6 +747,7 @@ impl Worker {
         app: Arc<App>,
         http1: hyper::server::conn::http1::Builder,
         drain: Duration,
+        drained: Arc<tokio::sync::Barrier>,
     ) -> io::Result<Worker> {
         let (give, given) = tokio::sync::mpsc::unbounded_channel();
         let open = Arc::new(AtomicUsize::new(0));
@@ -753,7 +755,13 @@ impl Worker {
         let (done, finished) = tokio::sync::oneshot::channel();
         let counted = open.clone();
         std::thread::Builder::new().name(format!("depot-http-{i}")).spawn(move || {
-            runtime.block_on(connections(given, counted, app, http1, drain));
+            runtime.block_on(async {
+                connections(given, counted, app, http1, drain).await;
+                // Driven on until every thread has drained (or could have):
+                // the connections to a catalog's or an engine's server that
+                // a pool made on this thread serve the others' requests too.
+                let _ = tokio::time::timeout(drain + Duration::from_secs(1), drained.wait()).await;
+            });
             // The tasks of connections still open after the drain go with
             // the runtime, and with them what they hold of the store: it
             // closes before the server is told this thread is done, not
