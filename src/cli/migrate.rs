@@ -476,12 +476,21 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             }
             // No server holds the store now (the catalog is open, and no node
             // is live), so neither engine has a writer but this run.
-            // Once switched, an embedded engine's directory is only
-            // removed, and not opened: a run killed while removing it may
-            // have left one that no longer opens.
-            let source = match state.phase == Phase::Cleanup && from.is_embedded() {
-                true => None,
-                false => Some(open_alone(from, &engine_root(&data, from), &settings.engine_config).await?),
+            // A switch whose blobs all have their copies needs only those:
+            // the old engine is opened for its cleanup after it, so that one
+            // whose server has gone does not stop a switch under way (nor
+            // the store, which no server opens until it ends). Once
+            // switched, an embedded engine's directory is only removed, and
+            // not opened: a run killed while removing it may have left one
+            // that no longer opens.
+            let journal = data.join(JOURNAL);
+            let source_root = engine_root(&data, from);
+            let open_source = || open_alone(from, &source_root, &settings.engine_config);
+            let source = match state.phase {
+                Phase::Copy => Some(open_source().await?),
+                Phase::Switch if uncopied(&*catalog, &read_journal(&journal)?).await? > 0 => Some(open_source().await?),
+                Phase::Cleanup if !from.is_embedded() => Some(open_source().await?),
+                _ => None,
             };
             // A new migration's target may yet turn out to be another store's,
             // whose writers may be at work: it is opened as any node would.
@@ -507,7 +516,6 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
             }
             let mut state = state;
             if let Some(source) = source.as_ref().filter(|_| state.phase != Phase::Cleanup) {
-                let journal = data.join(JOURNAL);
                 let interrupt = Interrupt::watch()?;
                 // A run that stopped while switching had checked every copy
                 // before it began, and the catalog points at some of them
@@ -522,6 +530,8 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 }
                 state.phase = Phase::Switch;
                 state.write(&data)?;
+            }
+            if state.phase == Phase::Switch {
                 switch(&*catalog, &target, &journal).await?;
                 let moved = engine::marker(to, &to_config);
                 write_durably(&data, ENGINE_MARKER, &moved)?;
@@ -537,8 +547,12 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 // RocksDB's tables until compaction).
                 drop(source);
                 std::fs::remove_dir_all(engine_root(&data, from)).or_else(ignore_missing)?;
-            } else if let Some(source) = &source {
-                cleanup(source).await?;
+            } else {
+                let source = match source {
+                    Some(source) => source,
+                    None => open_source().await?,
+                };
+                cleanup(&source).await?;
             }
             std::fs::remove_file(data.join(JOURNAL)).or_else(ignore_missing)?;
             std::fs::remove_file(data.join(STATE))?;
@@ -840,14 +854,7 @@ async fn switch(catalog: &dyn Catalog, target: &DynEngine, journal: &Path) -> an
     let journaled = read_journal(journal)?;
     // Every blob the catalog knows must have its copy: one without would
     // keep pointing into the old engine, which the cleanup empties.
-    let mut after = None;
-    let mut missing = 0u64;
-    loop {
-        let page = catalog.list_blobs(after, 1000).await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.digest);
-        missing += page.iter().filter(|b| !journaled.contains_key(&b.digest)).count() as u64;
-    }
+    let missing = uncopied(catalog, &journaled).await?;
     if missing > 0 {
         bail!("{missing} blobs have no copy in the journal; nothing was switched. Run the same command again");
     }
@@ -862,6 +869,19 @@ async fn switch(catalog: &dyn Catalog, target: &DynEngine, journal: &Path) -> an
         }
     }
     Ok(())
+}
+
+/// How many blobs the catalog knows that have no copy in `journaled`.
+async fn uncopied(catalog: &dyn Catalog, journaled: &HashMap<Digest, Locator>) -> anyhow::Result<u64> {
+    let mut after = None;
+    let mut missing = 0u64;
+    loop {
+        let page = catalog.list_blobs(after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.digest);
+        missing += page.iter().filter(|b| !journaled.contains_key(&b.digest)).count() as u64;
+    }
+    Ok(missing)
 }
 
 /// Deletes everything the old engine holds, opened by [`open_alone`]: its
