@@ -684,60 +684,87 @@ async fn copy(
     let budget = args.max_blobs.unwrap_or(u64::MAX);
     let mut after = None;
     interrupt.copying.store(true, Ordering::SeqCst);
-    while !interrupt.requested() {
-        let page = catalog.list_blobs(after, 1000).await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.digest);
-        let (finished, todo): (Vec<BlobRecord>, Vec<BlobRecord>) =
-            page.into_iter().partition(|b| done.contains_key(&b.digest));
-        progress.inc(finished.iter().map(|b| b.size).sum());
-        let room = budget.saturating_sub(copied + failed) as usize;
-        left += todo.len().saturating_sub(room) as u64;
-        let mut results = futures::stream::iter(todo.into_iter().take(room))
-            .take_while(|_| futures::future::ready(!interrupt.requested()))
-            .map(|blob| {
-                let progress = &progress;
-                async move {
-                    let moved = copy_blob(source.as_ref(), target, &blob.blob_ref(), progress).await;
-                    (blob, moved)
-                }
-            })
-            .buffer_unordered(args.jobs.max(1));
-        while let Some((blob, moved)) = results.next().await {
-            match moved {
-                Ok(locator) => {
-                    // One write a line: a run killed mid-line tears one
-                    // line at most.
-                    out.write_all(format!("{} {}\n", blob.digest.to_hex(), hex::encode(&locator)).as_bytes())?;
-                    copied += 1;
-                    copied_bytes += blob.size;
-                }
-                // As a backup does: bytes nothing refers to any more,
-                // gone before the collector removed their record, are not
-                // worth stopping for. Their record goes instead.
-                Err(e @ EngineError::NotFound(_)) if blob.refs == 0 => {
-                    let removed = catalog.remove_dead_blob(&blob.digest, None).await?;
-                    if removed {
-                        // Its delete mark, which writers of the content wait on.
-                        catalog.end_delete(&blob.digest).await?;
+    // Set by the first error: no copy starts after it, and those under way
+    // are journaled as they end, so that the next run need not make them
+    // again.
+    let halted = std::cell::Cell::new(false);
+    let outcome: anyhow::Result<()> = async {
+        while !interrupt.requested() {
+            let page = catalog.list_blobs(after, 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.digest);
+            let (finished, todo): (Vec<BlobRecord>, Vec<BlobRecord>) =
+                page.into_iter().partition(|b| done.contains_key(&b.digest));
+            progress.inc(finished.iter().map(|b| b.size).sum());
+            let room = budget.saturating_sub(copied + failed) as usize;
+            left += todo.len().saturating_sub(room) as u64;
+            let mut results = futures::stream::iter(todo.into_iter().take(room))
+                .take_while(|_| futures::future::ready(!interrupt.requested() && !halted.get()))
+                .map(|blob| {
+                    let progress = &progress;
+                    async move {
+                        let moved = copy_blob(source.as_ref(), target, &blob.blob_ref(), progress).await;
+                        (blob, moved)
                     }
-                    failed += u64::from(!removed);
-                    progress.suspend(|| match removed {
-                        true => eprintln!("blob {}: gone, and nothing referred to it: its record removed", blob.digest),
-                        false => eprintln!("blob {}: {e:#}", blob.digest),
-                    });
+                })
+                .buffer_unordered(args.jobs.max(1));
+            let mut first_error = None;
+            while let Some((blob, moved)) = results.next().await {
+                let step: anyhow::Result<()> = async {
+                    match moved {
+                        Ok(locator) => {
+                            // One write a line: a run killed mid-line tears one
+                            // line at most.
+                            out.write_all(format!("{} {}\n", blob.digest.to_hex(), hex::encode(&locator)).as_bytes())?;
+                            copied += 1;
+                            copied_bytes += blob.size;
+                        }
+                        // As a backup does: bytes nothing refers to any more,
+                        // gone before the collector removed their record, are
+                        // not worth stopping for. Their record goes instead.
+                        Err(e @ EngineError::NotFound(_)) if blob.refs == 0 => {
+                            let removed = catalog.remove_dead_blob(&blob.digest, None).await?;
+                            if removed {
+                                // Its delete mark, which writers of the content wait on.
+                                catalog.end_delete(&blob.digest).await?;
+                            }
+                            failed += u64::from(!removed);
+                            progress.suspend(|| match removed {
+                                true => {
+                                    eprintln!(
+                                        "blob {}: gone, and nothing referred to it: its record removed",
+                                        blob.digest
+                                    )
+                                }
+                                false => eprintln!("blob {}: {e:#}", blob.digest),
+                            });
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            progress.suspend(|| eprintln!("blob {}: {e:#}", blob.digest));
+                        }
+                    }
+                    Ok(())
                 }
-                Err(e) => {
-                    failed += 1;
-                    progress.suspend(|| eprintln!("blob {}: {e:#}", blob.digest));
+                .await;
+                if let Err(e) = step {
+                    halted.set(true);
+                    first_error.get_or_insert(e);
                 }
+                progress.set_message(format!("{} blobs", done.len() as u64 + copied));
             }
-            progress.set_message(format!("{} blobs", done.len() as u64 + copied));
+            if let Some(e) = first_error {
+                return Err(e);
+            }
         }
+        Ok(())
     }
+    .await;
+    // Whatever the outcome: the copies journaled so far count.
     out.sync_all()?;
     interrupt.copying.store(false, Ordering::SeqCst);
     progress.finish_and_clear();
+    outcome?;
     say!(
         "copied {copied} blobs ({}) to the {} engine; {} were there already",
         HumanBytes(copied_bytes),
