@@ -726,3 +726,30 @@ async fn a_batch_of_ten_thousand_entries_commits_on_a_shared_catalog() {
     assert_eq!(http.get(a.object_url("files", "k0")).send().await.unwrap().status(), 404);
     assert_eq!(metric(&a, "depot_objects").await, 0);
 }
+
+/// A migration stopped while it switched a shared catalog over leaves the
+/// catalog saying so: no node starts on it, not only the one whose data
+/// directory holds the migration's journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_node_starts_on_a_catalog_a_migration_is_switching() {
+    let url = depot::pg::fresh_test_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--catalog", url.as_str(), "--engine", "postgres", "--engine-url", url.as_str()];
+    let mut a = Server::start_in(&dir.path().join("a"), &args);
+    let r = client().put(a.object_url("files", "k")).body("kept").send().await.unwrap();
+    assert!(r.status().is_success());
+    a.stop();
+    let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let switching = "UPDATE depot_catalog_settings SET value = 'switching to' || chr(10) || value WHERE name = 'engine'";
+    assert_eq!(db.execute(switching, &[]).await.unwrap(), 1);
+
+    let refused = std::process::Command::new(common::BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("b"))
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("stopped while it switched the catalog over"), "{said}");
+}

@@ -39,7 +39,7 @@ use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::HumanBytes;
 
-use super::serve::{alone, open_catalog, record_engine, runtime};
+use super::serve::{alone, open_catalog, record_engine, refuse_catalog_switching, runtime};
 use super::{BYTES_BAR, progress_bar};
 use crate::catalog::{BlobRecord, Catalog};
 use crate::config::{ServeArgs, Settings};
@@ -465,6 +465,9 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
         alone(catalog.as_ref(), "migrating", async {
             // A shared catalog names the engine for every node.
             let claimed = catalog.engine_marker().await?;
+            if new {
+                refuse_catalog_switching(claimed.as_deref())?;
+            }
             if let Some(claimed) = &claimed
                 && new
                 && engine::marker_mismatch(&data, claimed, &engine::marker(from, &settings.engine_config)).is_some()
@@ -532,12 +535,16 @@ pub fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
                 state.write(&data)?;
             }
             if state.phase == Phase::Switch {
-                switch(&*catalog, &target, &journal).await?;
                 let moved = engine::marker(to, &to_config);
-                write_durably(&data, ENGINE_MARKER, &moved)?;
-                if claimed.as_ref() != Some(&moved) {
-                    record_engine(catalog.as_ref(), claimed.as_deref(), &moved).await?;
+                // Named in the catalog first: while its records point into
+                // both engines, no node sharing it starts.
+                let switching = engine::switching_marker(&moved);
+                if claimed.as_ref() != Some(&switching) {
+                    record_engine(catalog.as_ref(), claimed.as_deref(), &switching).await?;
                 }
+                switch(&*catalog, &target, &journal).await?;
+                write_durably(&data, ENGINE_MARKER, &moved)?;
+                record_engine(catalog.as_ref(), Some(&switching), &moved).await?;
                 state.phase = Phase::Cleanup;
                 state.write(&data)?;
             }

@@ -61,6 +61,20 @@ async fn check_engine_unclaimed(engine: &DynEngine, catalog: Option<&dyn Catalog
     Ok(())
 }
 
+/// Refuses a catalog a migration is switching over (its engine marker, see
+/// [`engine::switching_marker`]): only the node that began it holds its
+/// journal, and can finish it.
+pub(crate) fn refuse_catalog_switching(claimed: Option<&str>) -> anyhow::Result<()> {
+    if let Some(to) = claimed.and_then(engine::switching_to) {
+        bail!(
+            "a migration to {} stopped while it switched the catalog over: run `depot migrate` again on the node \
+             that began it, whose data directory holds its journal",
+            engine::describe_marker(to)
+        );
+    }
+    Ok(())
+}
+
 /// Records in a shared catalog the engine its nodes must open, in place of
 /// `claimed`, what it was found to say.
 pub(crate) async fn record_engine(catalog: &dyn Catalog, claimed: Option<&str>, marker: &str) -> anyhow::Result<()> {
@@ -115,6 +129,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         Some(catalog) => catalog.engine_marker().await?,
         None => None,
     };
+    refuse_catalog_switching(claimed.as_deref())?;
     // Checked before the engine opens, which would make its directory.
     let tie_engine = match (&claimed, &found) {
         (None, None) => true,

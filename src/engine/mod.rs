@@ -509,6 +509,21 @@ pub fn marker_mismatch(data: &std::path::Path, found: &str, wanted: &str) -> Opt
     }
 }
 
+/// What a catalog names as its engine while a migration switches its
+/// records over to the engine of marker `to`: no node serves it meanwhile,
+/// as its records point into both engines. The migration's own data
+/// directory says so too, but only to that node.
+pub fn switching_marker(to: &str) -> String {
+    format!("{SWITCHING}{to}")
+}
+
+/// The marker a catalog's [`switching_marker`] names, if it is one.
+pub fn switching_to(marker: &str) -> Option<&str> {
+    marker.strip_prefix(SWITCHING)
+}
+
+const SWITCHING: &str = "switching to\n";
+
 /// A [`marker`] in words: "the s3 engine's bucket photos".
 pub fn describe_marker(marker: &str) -> String {
     let mut lines = marker.lines();
