@@ -648,8 +648,12 @@ async fn multipart_ranges(
     let tail = format!("\r\n--{boundary}--\r\n");
     total += tail.len() as u64;
     pieces.push(Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(tail)) })));
-    let body: crate::engine::ByteStream =
-        if head_only { Box::pin(futures::stream::empty()) } else { Box::pin(futures::stream::iter(pieces).flatten()) };
+    let body: crate::engine::ByteStream = match head_only {
+        true => Box::pin(futures::stream::empty()),
+        // Held whole: a later range is read long after the first, maybe
+        // past the collector's grace for an object deleted meanwhile.
+        false => app.store.holding_blobs_of(record, Box::pin(futures::stream::iter(pieces).flatten())).await,
+    };
     let mut r = streamed(StatusCode::PARTIAL_CONTENT, total, body);
     object_headers(r.headers_mut(), record, req);
     r.headers_mut().remove(header::CONTENT_ENCODING);

@@ -1175,6 +1175,17 @@ impl Store {
         Ok(holding(stream, held))
     }
 
+    /// `stream`, holding the collector off every blob of `record` until it
+    /// goes: for an answer that reads the object range by range, each range
+    /// holding only its own blobs while it is read.
+    pub async fn holding_blobs_of(&self, record: &ObjectRecord, stream: ByteStream) -> ByteStream {
+        let mut held = Vec::new();
+        for digest in distinct(&record.parts) {
+            held.push(self.guards.reading(digest).await);
+        }
+        holding(stream, held)
+    }
+
     async fn read_blob_range(&self, blob: &BlobRef, range: ByteRange) -> Result<ByteStream> {
         self.engine.read(blob, range).await.map_err(missing_bytes)
     }

@@ -1167,6 +1167,32 @@ mod tests {
         assert!(s.engine().list().await.unwrap().is_empty(), "collected once the read is over");
     }
 
+    /// An answer in several ranges holds every blob of its object, not
+    /// only the one its current range reads: a range of the first part
+    /// read while the object is deleted and collected leaves the second
+    /// part's bytes for the range after it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_answer_in_ranges_holds_every_blob_of_its_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let config = StoreConfig { gc_grace: std::time::Duration::ZERO, ..StoreConfig::default() };
+        let s = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let (first, second) = (vec![1u8; MIN_PART_SIZE as usize], vec![2u8; 300_000]);
+        let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, second.clone()).await];
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
+        let record = s.head("files", "k").await.unwrap();
+        let answer = s.holding_blobs_of(&record, Box::pin(futures::stream::empty())).await;
+        s.delete("files", "k", &Precondition::default()).await.unwrap();
+        s.gc().await.unwrap();
+        let later = ByteRange { start: MIN_PART_SIZE, end: record.size };
+        let rest: Vec<Bytes> = s.read(&record, later).await.unwrap().try_collect().await.unwrap();
+        assert!(rest.concat() == second, "the later range, after the delete and a collection");
+        drop(answer);
+        s.gc().await.unwrap();
+        assert!(s.engine().list().await.unwrap().is_empty(), "collected once the answer is over");
+    }
+
     /// Complete and Abort racing on one upload: exactly one succeeds, and
     /// the object exists exactly when Complete did.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
