@@ -133,7 +133,7 @@ pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
         };
         // No ratio rows when the peer could not run.
         if !data.series.is_empty() {
-            let heading = format!("{}: depot beside {}, pair by pair", e.name, ratio.metric.trim_start_matches("× "));
+            let heading = format!("{}: each beside {}, pair by pair", e.name, ratio.metric.trim_start_matches("× "));
             files.extend(draw_one(out, &format!("{}-ratio", e.name), &heading, &data)?);
         }
     }
@@ -330,7 +330,7 @@ mod tests {
         let files = draw(dir.path(), &paired(true)).unwrap();
         assert_eq!(files, ["x.svg", "x.png", "x-ratio.svg", "x-ratio.png"]);
         let svg = std::fs::read_to_string(dir.path().join("x-ratio.svg")).unwrap();
-        assert!(svg.contains("depot beside peer") && svg.contains("1.25"), "{svg}");
+        assert!(svg.contains("each beside peer") && svg.contains("1.25"), "{svg}");
         assert!(!svg.contains("900"), "the ratio chart shows ratios only");
         assert!(dashes(&svg) >= 10, "no dashed line at 1×: {svg}");
         let rates = std::fs::read_to_string(dir.path().join("x.svg")).unwrap();

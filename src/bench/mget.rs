@@ -199,7 +199,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
              through depot and through the floor (some kernels page out file pages left untouched for a \
              minute, free memory or not; without the pass, warm requests would find part of the data on \
              disk). rocksdb multi_get: the same keys and values in a fresh RocksDB with default options, \
-             read in-process (no HTTP), the floor for any server over it. Each timed \
+             read in-process (no HTTP) in one call on one thread; depot's catalog is tuned for point \
+             lookups (uncompressed tables read through a memory map) and looks a batch up in windows on \
+             every core, which this floor is not. Each timed \
              request to depot is followed by the floor's of the same keys (warm, or cold after the same \
              steps); × multi_get: depot's time over the floor's beside it, median and spread."
                 .into(),
