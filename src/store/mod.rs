@@ -1318,6 +1318,14 @@ impl Store {
     /// delete bytes that the restarted catalog still refers to.
     pub async fn gc(&self) -> Result<GcReport> {
         self.check_writable()?;
+        // A sync the pass saw fail refuses every later write, as one a
+        // request saw does: a later pass would otherwise act on the state
+        // in memory.
+        let r = self.collect_garbage().await;
+        self.note(r)
+    }
+
+    async fn collect_garbage(&self) -> Result<GcReport> {
         let _maintenance = self.maintenance.lock().await;
         // Staged parts of writes that died with their server connection
         // (their cleanup could not reach it) go once they are old enough.
@@ -1410,7 +1418,22 @@ impl PutBatch<'_> {
             self.renew_claims().await?;
         }
         let expected = Expected { len: Some(len), ..Expected::default() };
-        let staged = self.store.note(self.store.stage_blob(body, expected).await)?;
+        // Renewed while the body streams too, however long it takes: a claim
+        // that lapsed meanwhile would fail the whole batch at its commit.
+        let (store, claims) = (self.store, self.claims());
+        let renewing = async {
+            if claims.is_empty() {
+                return std::future::pending::<Result<()>>().await;
+            }
+            loop {
+                tokio::time::sleep(RENEW_CLAIMS).await;
+                store.catalog.renew_claims(&claims).await?;
+            }
+        };
+        let staged = tokio::select! {
+            staged = store.stage_blob(body, expected) => store.note(staged)?,
+            Err(e) = renewing => return Err(e),
+        };
         self.staged.push((key.to_string(), staged));
         self.staged_bytes += len;
         if self.staged.len() >= SETTLE_ENTRIES || self.staged_bytes >= SETTLE_BYTES {
@@ -1509,6 +1532,9 @@ impl PutBatch<'_> {
         self.settle().await?;
         self.store.check_writable()?;
         self.store.note(self.store.engine.sync().await.map_err(Into::into))?;
+        if self.renewed.elapsed() >= RENEW_CLAIMS {
+            self.renew_claims().await?;
+        }
         let puts = std::mem::take(&mut self.puts);
         self.store.commit(puts, &self.claims()).await
     }
