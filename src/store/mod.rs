@@ -1019,7 +1019,7 @@ impl Store {
         if !self.catalog.remove_dead_blob(&blob.digest, grace).await? {
             return Ok(false);
         }
-        self.delete_bytes(&blob.blob_ref(), hold).await?;
+        self.delete_bytes(&blob.blob_ref(), hold, false).await?;
         Ok(true)
     }
 
@@ -1030,17 +1030,16 @@ impl Store {
         let Some(hold) = self.guards.collecting(blob.digest) else {
             return Ok(false);
         };
-        if !self.catalog.begin_delete(blob).await? {
-            return Ok(false);
-        }
-        self.delete_bytes(blob, hold).await?;
-        Ok(true)
+        // Begun in the delete's own task: a caller cancelled between the
+        // catalog's mark and its end (its client gone) would leave the mark
+        // to lapse, every node's writers of the content waiting on it.
+        self.delete_bytes(blob, hold, true).await
     }
 
-    /// Deletes bytes the catalog gave up ([`Catalog::begin_delete`],
-    /// [`Catalog::remove_dead_blob`]) while `hold` keeps this node's
-    /// writers and readers of the digest waiting, then lets writers on other
-    /// nodes go on.
+    /// Deletes bytes the catalog gave up ([`Catalog::remove_dead_blob`], or
+    /// [`Catalog::begin_delete`], asked here first with `begin`) while
+    /// `hold` keeps this node's writers and readers of the digest waiting,
+    /// then lets writers on other nodes go on; returns whether they went.
     ///
     /// The delete runs to its end whoever waits for it, and the hold lasts
     /// until it has: an engine's delete can land after its caller stopped
@@ -1050,16 +1049,20 @@ impl Store {
     /// wait on (see [`Store::hold`]), and other nodes' writers wait for the
     /// catalog's mark, which ends when the delete does, or lapses (an end
     /// after that removes no mark another node made since).
-    async fn delete_bytes(&self, blob: &BlobRef, hold: guards::Guard) -> Result<()> {
+    async fn delete_bytes(&self, blob: &BlobRef, hold: guards::Guard, begin: bool) -> Result<bool> {
         let (engine, catalog, blob) = (self.engine.clone(), self.catalog.clone(), blob.clone());
         let digest = blob.digest;
         let delete = tokio::spawn(
             async move {
+                if begin && !catalog.begin_delete(&blob).await? {
+                    return Ok(false);
+                }
                 let deleted = engine.delete(&blob).await;
                 let ended = catalog.end_delete(&blob.digest).await;
                 drop(hold);
                 ended?;
-                Ok::<_, StoreError>(deleted?)
+                deleted?;
+                Ok::<_, StoreError>(true)
             }
             .in_current_span(),
         );
@@ -1656,7 +1659,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!upload.is_finished(), "the upload went on while another node deleted its bytes");
-        b.delete_bytes(&dead.blob_ref(), b.guards.collecting(digest).unwrap()).await.unwrap();
+        b.delete_bytes(&dead.blob_ref(), b.guards.collecting(digest).unwrap(), false).await.unwrap();
         let put = tokio::time::timeout(Duration::from_secs(10), upload).await.unwrap().unwrap().unwrap();
         assert!(!put.deduplicated);
         assert_eq!(read_all(&b, "shared", "new").await, b"the same bytes, twice");
@@ -1713,7 +1716,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!copy.is_finished(), "the copy went on while its blob was being collected");
         assert!(s.catalog.remove_dead_blob(&source.sha256, None).await.unwrap());
-        s.delete_bytes(&blob, collecting).await.unwrap();
+        s.delete_bytes(&blob, collecting, false).await.unwrap();
         let copied = copy.await.unwrap();
         assert!(matches!(copied, Err(StoreError::NoSuchKey(_))), "{copied:?}");
         assert!(matches!(s.head("files", "copy").await, Err(StoreError::NoSuchKey(_))));
