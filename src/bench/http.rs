@@ -165,11 +165,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         }),
         Err(e) => skip_all(&mut rows, "nginx", &format!("{e:#}")),
     }
-    for ((name, _), (label, _, seed_disk, seed_gridfs)) in files.iter().zip(FILES) {
+    for ((name, _), (label, size, seed_disk, seed_gridfs)) in files.iter().zip(FILES) {
         let case = get_case(label);
         let outcomes = measure(&targets, &case, plan, &progress, |target, _| {
             let (addr, path) = (target.addr, format!("{}{name}", target.get_prefix));
-            Arc::new(move |_, _| load::request(Method::GET, addr, &path, Bytes::new()))
+            Arc::new(move |_, _| load::expecting(load::request(Method::GET, addr, &path, Bytes::new()), size))
         })
         .await;
         for (target, outcome) in targets.iter().zip(&outcomes) {

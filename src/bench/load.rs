@@ -36,6 +36,18 @@ pub fn request(method: http::Method, addr: SocketAddr, path: &str, body: Bytes) 
     req
 }
 
+/// The length a request's answer must have, set on the request as an
+/// extension: a 2xx of another length counts as a failure, not as a
+/// request served.
+#[derive(Clone, Copy, Debug)]
+pub struct Expect(pub usize);
+
+/// `req`, whose answer must be `len` bytes long.
+pub fn expecting(mut req: Request, len: usize) -> Request {
+    req.extensions_mut().insert(Expect(len));
+    req
+}
+
 /// A new HTTP/1.1 connection to `addr` for bodies of type `B`, driven by
 /// a task of its own.
 pub async fn handshake<B>(addr: SocketAddr) -> anyhow::Result<SendRequest<B>>
@@ -254,11 +266,16 @@ async fn worker(addr: SocketAddr, plan: Plan, start: Instant, w: usize, make: Ma
             },
         };
         let req = make(w, seq);
+        let expect = req.extensions().get::<Expect>().copied();
         seq += 1;
         let sent = Instant::now();
         let result = c.send(req).await;
         let done = Instant::now();
         match result {
+            Ok((status, body)) if status.is_success() && expect.is_some_and(|e| body.len() != e.0) => {
+                let wanted = expect.map_or(0, |e| e.0);
+                fail(&mut tally, format!("{status} with {} bytes where {wanted} were asked for", body.len()))
+            }
             Ok((status, _)) if status.is_success() => {
                 tally.ok_total += 1;
                 if done >= measured_from && done < end {
@@ -327,6 +344,23 @@ mod tests {
         assert!(format!("{err:#}").contains("404 Not Found: no such thing"), "{err:#}");
         assert_eq!(c.expect_ok(request(http::Method::GET, addr, "/big", Bytes::new())).await.unwrap().len(), BIG);
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// An answer of another length than the one asked for is a failure of
+    /// the run, not a request served.
+    #[tokio::test]
+    async fn an_answer_of_the_wrong_length_fails_the_run() {
+        let (addr, _) = server().await;
+        let plan = Plan { concurrency: 2, warmup: Duration::ZERO, rounds: 1, round: Duration::from_millis(200) };
+        let make = |len: usize| -> MakeRequest {
+            Arc::new(move |_, _| expecting(request(http::Method::GET, addr, "/big", Bytes::new()), len))
+        };
+        assert!(run(addr, plan, make(BIG)).await.unwrap().ok_total > 0);
+        let e = run(addr, plan, make(BIG - 1)).await.unwrap_err();
+        assert!(
+            format!("{e:#}").contains(&format!("200 OK with {BIG} bytes where {} were asked for", BIG - 1)),
+            "{e:#}"
+        );
     }
 
     #[tokio::test]

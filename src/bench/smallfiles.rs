@@ -70,10 +70,19 @@ fn name(i: usize) -> String {
 /// The content of file `i`: 1 to 30 KB of random bytes, the same on every
 /// run.
 fn content(i: usize) -> Vec<u8> {
-    let mut rng = SmallRng::seed_from_u64(mix(i as u64 ^ 0x736d_616c_6c00));
+    let mut rng = rng_of(i);
     let mut bytes = vec![0u8; rng.random_range(MIN_SIZE..=MAX_SIZE)];
     rng.fill(&mut bytes[..]);
     bytes
+}
+
+/// The length of file `i`, as [`content`] makes it, without making it.
+fn size(i: usize) -> usize {
+    rng_of(i).random_range(MIN_SIZE..=MAX_SIZE)
+}
+
+fn rng_of(i: usize) -> SmallRng {
+    SmallRng::seed_from_u64(mix(i as u64 ^ 0x736d_616c_6c00))
 }
 
 fn logical_bytes(files: usize) -> u64 {
@@ -255,7 +264,10 @@ async fn measure_depot(
     let files = scale.files as u64;
     let make: load::MakeRequest = Arc::new(move |w, seq| {
         let i = (mix((w as u64) << 40 ^ seq) % files) as usize;
-        load::request(Method::GET, addr, &format!("/{BUCKET}/{PREFIX}{}", name(i)), Bytes::new())
+        load::expecting(
+            load::request(Method::GET, addr, &format!("/{BUCKET}/{PREFIX}{}", name(i)), Bytes::new()),
+            size(i),
+        )
     });
     let outcome = load::run(addr, scale.reads, make).await?;
     let reads = outcome.rate().context("no read rounds")?;
