@@ -741,7 +741,8 @@ async fn no_node_starts_on_a_catalog_a_migration_is_switching() {
     a.stop();
     let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
-    let switching = "UPDATE depot_catalog_settings SET value = 'switching to' || chr(10) || value WHERE name = 'engine'";
+    let switching =
+        "UPDATE depot_catalog_settings SET value = 'switching to' || chr(10) || value WHERE name = 'engine'";
     assert_eq!(db.execute(switching, &[]).await.unwrap(), 1);
 
     let refused = std::process::Command::new(common::BIN)
