@@ -1141,10 +1141,9 @@ mod tests {
         assert_eq!(sizes, [Some(whole.clone()), None, Some(whole.clone()), Some((4, vec![4])), Some(whole)]);
     }
 
-    /// A download that outlives its object still gets every byte: the
-    /// collector leaves the parts alone until the stream is dropped.
-    #[tokio::test(flavor = "multi_thread")]
-    async fn a_read_in_progress_keeps_its_blobs_from_the_collector() {
+    /// A store whose collector takes blobs as soon as nothing refers to them,
+    /// with files/k of two parts: the record, and each part's bytes.
+    async fn two_parts_collected_at_once() -> (Store, tempfile::TempDir, ObjectRecord, Vec<u8>, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
         let config = StoreConfig { gc_grace: std::time::Duration::ZERO, ..StoreConfig::default() };
@@ -1154,6 +1153,14 @@ mod tests {
         let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, second.clone()).await];
         s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
         let record = s.head("files", "k").await.unwrap();
+        (s, dir, record, first, second)
+    }
+
+    /// A download that outlives its object still gets every byte: the
+    /// collector leaves the parts alone until the stream is dropped.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_in_progress_keeps_its_blobs_from_the_collector() {
+        let (s, _dir, record, first, second) = two_parts_collected_at_once().await;
         let mut stream = s.read(&record, ByteRange::full(record.size)).await.unwrap();
         let mut got = stream.try_next().await.unwrap().unwrap().to_vec();
         s.delete("files", "k", &Precondition::default()).await.unwrap();
@@ -1173,15 +1180,7 @@ mod tests {
     /// part's bytes for the range after it.
     #[tokio::test(flavor = "multi_thread")]
     async fn an_answer_in_ranges_holds_every_blob_of_its_object() {
-        let dir = tempfile::tempdir().unwrap();
-        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
-        let config = StoreConfig { gc_grace: std::time::Duration::ZERO, ..StoreConfig::default() };
-        let s = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
-        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
-        let (first, second) = (vec![1u8; MIN_PART_SIZE as usize], vec![2u8; 300_000]);
-        let parts = vec![part(&s, &id, 1, first.clone()).await, part(&s, &id, 2, second.clone()).await];
-        s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
-        let record = s.head("files", "k").await.unwrap();
+        let (s, _dir, record, _, second) = two_parts_collected_at_once().await;
         let answer = s.holding_blobs_of(&record, Box::pin(futures::stream::empty())).await;
         s.delete("files", "k", &Precondition::default()).await.unwrap();
         s.gc().await.unwrap();
