@@ -20,7 +20,15 @@ pub(super) fn blob(n: u8, size: u64) -> BlobRef {
     BlobRef { digest: digest(n), size, locator: vec![n] }
 }
 
+/// A record of `blobs`; a small one-part record carries its body, so that
+/// every check below also sees bodies kept and read back.
 fn record(key: &str, blobs: &[BlobRef]) -> ObjectRecord {
+    let body = match blobs {
+        [only] if only.size <= super::BODY_IN_RECORD => {
+            Some(bytes::Bytes::from(vec![only.digest.0[0]; only.size as usize]))
+        }
+        _ => None,
+    };
     ObjectRecord {
         key: key.to_string(),
         size: blobs.iter().map(|b| b.size).sum(),
@@ -31,6 +39,7 @@ fn record(key: &str, blobs: &[BlobRef]) -> ObjectRecord {
         modified: now_millis(),
         metadata: vec![("a".into(), "b".into())],
         headers: vec![("cache-control".into(), format!("max-age={}", key.len()))],
+        body,
     }
 }
 

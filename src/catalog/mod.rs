@@ -95,7 +95,7 @@ pub struct Part {
 
 /// What the catalog knows of one object. Stored as postcard bytes (see
 /// [`ObjectRecord::encode`]): the fields up to `metadata`, then `headers`
-/// when there are any.
+/// when there are any, then `body` when there is one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRecord {
     #[serde(skip)]
@@ -117,7 +117,22 @@ pub struct ObjectRecord {
     /// `x-amz-checksum-*`: see [`ObjectRecord::checksum`]).
     #[serde(skip)]
     pub headers: Vec<(String, String)>,
+    /// The whole body, when it is at most [`BODY_IN_RECORD`] bytes and the
+    /// record's one part: a copy of that blob's bytes, so a read needs no
+    /// lookup beyond this record's. The blob is kept, counted and
+    /// collected as any other; a record without the copy is read through
+    /// its blob as ever.
+    #[serde(skip)]
+    pub body: Option<bytes::Bytes>,
 }
+
+/// Largest body an object record carries (see [`ObjectRecord::body`]): no
+/// more than the two hashes it keeps of every body anyway (the ETag's MD5
+/// in hex, 32 bytes, and the SHA-256, 32), so the copy at most doubles
+/// what a record spends on naming its body. A batch of such values (the
+/// seeds' key-value store kept 50-byte values) then costs one lookup a
+/// key rather than two.
+pub const BODY_IN_RECORD: u64 = 64;
 
 /// The headers an upload may set for its downloads, as S3 stores them.
 pub const STORED_HEADERS: [&str; 5] =
@@ -136,13 +151,18 @@ impl ObjectRecord {
         self.modified.min(now_millis())
     }
 
-    /// The record's stored form. Records without headers end after the
-    /// metadata, as every record did before headers were kept, so a store
-    /// written earlier reads the same and needs no migration.
+    /// The record's stored form. Records without headers or a body end
+    /// after the metadata, as every record did before headers were kept,
+    /// so a store written earlier reads the same and needs no migration;
+    /// a body follows the headers (an empty list when there are none),
+    /// where a reader that predates it stops.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut bytes = postcard::to_stdvec(self).expect("records always serialise");
-        if !self.headers.is_empty() {
+        if !self.headers.is_empty() || self.body.is_some() {
             bytes = postcard::to_extend(&self.headers, bytes).expect("records always serialise");
+        }
+        if let Some(body) = &self.body {
+            bytes = postcard::to_extend(serde_bytes::Bytes::new(body), bytes).expect("records always serialise");
         }
         bytes
     }
@@ -150,8 +170,23 @@ impl ObjectRecord {
     /// Reads [`ObjectRecord::encode`]'s bytes; the key is not in them.
     pub(crate) fn decode(bytes: &[u8], key: String) -> Result<ObjectRecord> {
         let (record, rest) = postcard::take_from_bytes::<ObjectRecord>(bytes).map_err(corrupt)?;
-        let headers = if rest.is_empty() { Vec::new() } else { postcard::from_bytes(rest).map_err(corrupt)? };
-        Ok(ObjectRecord { key, headers, ..record })
+        let (headers, rest) =
+            if rest.is_empty() { (Vec::new(), rest) } else { postcard::take_from_bytes(rest).map_err(corrupt)? };
+        let body = if rest.is_empty() {
+            None
+        } else {
+            let body: &serde_bytes::Bytes = postcard::from_bytes(rest).map_err(corrupt)?;
+            if body.len() as u64 != record.size || record.parts.len() != 1 {
+                return Err(CatalogError::Internal(format!(
+                    "corrupt record: a body of {} bytes in a record of {} bytes in {} parts",
+                    body.len(),
+                    record.size,
+                    record.parts.len()
+                )));
+            }
+            Some(bytes::Bytes::copy_from_slice(body))
+        };
+        Ok(ObjectRecord { key, headers, body, ..record })
     }
 
     /// The stored header `name` (lower-case), if the object has it.
@@ -649,6 +684,7 @@ mod tests {
             modified: 7,
             metadata: vec![("m".into(), "v".into())],
             headers,
+            body: None,
         }
     }
 
@@ -690,5 +726,22 @@ mod tests {
         assert_eq!(r.header("expires"), Some("0"));
         assert!(ObjectRecord::decode(&bytes[..bytes.len() - 1], "k".into()).is_err(), "a cut header list");
         assert!(ObjectRecord::decode(&bytes[..5], "k".into()).is_err(), "a cut record");
+    }
+
+    #[test]
+    fn object_records_keep_their_bodies_after_their_headers() {
+        for headers in [Vec::new(), vec![("expires".into(), "0".into())]] {
+            let r = ObjectRecord { body: Some(bytes::Bytes::from_static(b"abc")), ..record(headers.clone()) };
+            let bytes = r.encode();
+            assert_eq!(ObjectRecord::decode(&bytes, "k".into()).unwrap(), r);
+            // What a reader that knows no bodies reads: the rest, headers
+            // and all.
+            let (_, rest) = postcard::take_from_bytes::<ObjectRecord>(&bytes).unwrap();
+            assert_eq!(postcard::from_bytes::<Vec<(String, String)>>(rest).unwrap(), headers);
+            assert!(ObjectRecord::decode(&bytes[..bytes.len() - 1], "k".into()).is_err(), "a cut body");
+        }
+        // A body that is not the whole of a one-part record is damage.
+        let wrong = ObjectRecord { body: Some(bytes::Bytes::from_static(b"ab")), ..record(Vec::new()) };
+        assert!(ObjectRecord::decode(&wrong.encode(), "k".into()).is_err());
     }
 }

@@ -221,7 +221,8 @@ impl quick_cache::Weighter<Vec<u8>, Arc<ObjectRecord>> for RecordWeight {
     fn weight(&self, id: &Vec<u8>, r: &Arc<ObjectRecord>) -> u64 {
         let strings: usize = r.metadata.iter().chain(&r.headers).map(|(n, v)| n.len() + v.len() + 48).sum();
         let parts = r.parts.len() * std::mem::size_of::<super::Part>();
-        (2 * id.len() + r.etag.len() + r.content_type.len() + parts + strings + 256) as u64
+        let body = r.body.as_ref().map_or(0, |b| b.len());
+        (2 * id.len() + r.etag.len() + r.content_type.len() + parts + strings + body + 256) as u64
     }
 }
 

@@ -176,6 +176,9 @@ async fn answer_gets(
                 continue;
             };
             writeln!(out, "{}", record.size).map_err(|e| StoreError::Internal(e.to_string()))?;
+            if let Some(body) = &record.body {
+                out.extend_from_slice(body);
+            }
             for blob in blobs {
                 if record.size <= SMALL {
                     if small.len() == 0 {

@@ -247,6 +247,7 @@ mod tests {
             modified: NOW * 1000 + 500,
             metadata: Vec::new(),
             headers: Vec::new(),
+            body: None,
         };
         let holds = |pairs: &[(&str, &str)]| write_precondition(&headers(pairs)).check(Some(&record));
         assert!(!holds(&[("if-none-match", "\"abc\"")]));

@@ -360,6 +360,7 @@ async fn get_blob(app: &Arc<App>, req: &Request, hex: &str) -> Result<Response, 
         modified: 0,
         metadata: Vec::new(),
         headers: Vec::new(),
+        body: None,
     };
     serve(app, req, &record).await
 }

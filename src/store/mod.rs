@@ -22,13 +22,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt, TryStreamExt};
 use tracing::Instrument;
 
 use crate::catalog::{
-    BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_TIMEOUT, ListPage,
-    ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
+    BODY_IN_RECORD, BlobRecord, BucketRecord, Catalog, CatalogError, CatalogExt, CatalogStats, ClaimId, DELETE_TIMEOUT,
+    ListPage, ListQuery, Millis, ObjectPut, ObjectRecord, Part, Precondition, now_millis, to_millis,
 };
 use crate::engine::{
     BlobEngine, BlobRef, BlobWriter, ByteRange, ByteStream, Digest, DynEngine, EngineConfig, EngineError, EngineKind,
@@ -264,12 +264,16 @@ struct Staged {
     writer: Box<dyn BlobWriter>,
     digest: Digest,
     md5: [u8; 16],
+    /// The bytes, when an object record keeps them (see
+    /// [`ObjectRecord::body`]).
+    body: Option<Bytes>,
 }
 
 /// A blob written and durable, not yet in the catalog.
 struct Written {
     blob: BlobRef,
     md5: [u8; 16],
+    body: Option<Bytes>,
     /// Keeps this node's collector away from the digest until the catalog
     /// has the reference, and `claim` other nodes' (the commit that records
     /// the reference ends it; [`Store::forget`] when there is none).
@@ -290,6 +294,7 @@ impl Written {
             modified: now_millis(),
             metadata: about.metadata,
             headers: about.headers,
+            body: self.body.clone(),
         }
     }
 }
@@ -926,6 +931,7 @@ impl Store {
         let mut writer = self.engine.writer(expected.len).await?;
         let mut hashes = hashes::BodyHashes::new();
         let mut read = 0;
+        let mut small = BytesMut::new();
         let failure = loop {
             match body.next().await {
                 None => break None,
@@ -946,6 +952,9 @@ impl Store {
                         )));
                     }
                     hashes.update(&chunk).await;
+                    if read <= BODY_IN_RECORD {
+                        small.extend_from_slice(&chunk);
+                    }
                     if let Err(e) = writer.write(chunk).await {
                         break Some(e.into());
                     }
@@ -971,7 +980,8 @@ impl Store {
             writer.abort().await;
             return Err(e);
         }
-        Ok(Staged { writer, digest, md5 })
+        let body = (size <= BODY_IN_RECORD).then(|| small.freeze());
+        Ok(Staged { writer, digest, md5, body })
     }
 
     /// Makes a staged blob durable under its digest (`synced` false: at
@@ -984,13 +994,13 @@ impl Store {
         claim: Option<ClaimId>,
         synced: bool,
     ) -> Result<Written> {
-        let Staged { writer, digest, md5 } = staged;
+        let Staged { writer, digest, md5, body } = staged;
         let finished = if synced { writer.finish(digest).await } else { writer.finish_unsynced(digest).await };
         // The engine may have put these bytes in place of damaged ones a
         // read kept.
         self.hot.forget(&digest);
         match finished {
-            Ok(blob) => Ok(Written { blob, md5, guard, claim }),
+            Ok(blob) => Ok(Written { blob, md5, body, guard, claim }),
             Err(e) => {
                 self.release(claim.as_slice()).await;
                 Err(e.into())
@@ -1122,6 +1132,9 @@ impl Store {
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
         }
+        if let Some(body) = &record.body {
+            return Ok(slice_of(body.clone(), range));
+        }
         let mut pieces = Vec::new();
         let mut at = 0u64;
         for part in &record.parts {
@@ -1213,8 +1226,9 @@ impl Store {
 
     // ----- batches -----
 
-    /// The records of many keys at once, and of their blobs. A key or a
-    /// content named more than once is looked up and held once.
+    /// The records of many keys at once, and of their blobs (but for
+    /// records that carry their bodies). A key or a content named more than
+    /// once is looked up and held once.
     pub async fn get_many(&self, bucket: &str, keys: &[String]) -> Result<Found> {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
         let mut first = HashMap::with_capacity(keys.len());
@@ -1239,7 +1253,9 @@ impl Store {
             .into_iter()
             .map(|record| {
                 record.map(|r| {
-                    let blobs = (r.parts.iter())
+                    // A record with its body needs no blob's.
+                    let parts = if r.body.is_some() { &[][..] } else { &r.parts[..] };
+                    let blobs = (parts.iter())
                         .map(|p| {
                             *at.entry(p.digest).or_insert_with(|| {
                                 digests.push(p.digest);
@@ -1591,8 +1607,9 @@ pub struct Found {
 }
 
 impl Found {
-    /// Each key's object and its blobs' records, in the keys' order;
-    /// `None` for a key not stored.
+    /// Each key's object and its blobs' records, in the keys' order (no
+    /// blobs for a record with its [body](ObjectRecord::body)); `None` for
+    /// a key not stored.
     pub fn entries(&self) -> impl Iterator<Item = Option<(&ObjectRecord, impl Iterator<Item = &BlobRecord>)>> {
         self.entries.iter().map(|&at| {
             let (record, blobs) = self.objects[at].as_ref()?;
@@ -1839,6 +1856,47 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(read_all(&s, "files", "new").await, b"deleted, then stored again");
         assert!(s.verify(false, &indicatif::ProgressBar::hidden()).await.unwrap().problems.is_empty());
+    }
+
+    /// A body of up to [`BODY_IN_RECORD`] bytes is read from its object's
+    /// record, whole, in ranges and in batches: the engine is not asked.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn small_bodies_are_read_from_their_records() {
+        const SMALL: &[u8] = &[b's'; BODY_IN_RECORD as usize];
+        const LARGER: &[u8] = &[b'l'; BODY_IN_RECORD as usize + 1];
+        let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
+        let (store, _dir) = store_over(faulty.clone()).await;
+        for (key, bytes) in [("small", SMALL), ("larger", LARGER), ("empty", &b""[..])] {
+            store.put("files", key, body(bytes), PutOptions::default()).await.unwrap();
+            let record = store.head("files", key).await.unwrap();
+            assert_eq!(record.body.as_deref(), (bytes.len() as u64 <= BODY_IN_RECORD).then_some(bytes), "{key}");
+        }
+        let source = store.head("files", "small").await.unwrap();
+        let copy = store.copy(&source, "files", "copy", None, Precondition::default()).await.unwrap().record;
+        assert_eq!(copy.body.as_deref(), Some(SMALL), "a copy keeps the body");
+
+        faulty.faults.reads.set(Trigger::Always);
+        assert_eq!(read_all(&store, "files", "small").await, SMALL);
+        let record = store.head("files", "small").await.unwrap();
+        let range: Vec<Bytes> =
+            store.read(&record, ByteRange { start: 10, end: 20 }).await.unwrap().try_collect().await.unwrap();
+        assert_eq!(range.concat(), &SMALL[10..20]);
+        let found = store.get_many("files", &["small".into(), "copy".into(), "small".into()]).await.unwrap();
+        for entry in found.entries() {
+            let (record, mut blobs) = entry.unwrap();
+            assert_eq!((record.body.as_deref(), blobs.next()), (Some(SMALL), None));
+        }
+        // A larger body is read through its blob, from the failing engine.
+        let record = store.head("files", "larger").await.unwrap();
+        let read = async {
+            store
+                .read(&record, ByteRange::full(record.size))
+                .await?
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(StoreError::from)
+        };
+        assert!(read.await.is_err(), "the engine was not asked");
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -2105,7 +2163,8 @@ mod tests {
     async fn a_read_failure_is_an_error_not_a_panic() {
         let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
         let (store, _dir) = store_over(faulty.clone()).await;
-        store.put("files", "k", body(b"bytes"), PutOptions::default()).await.unwrap();
+        // Longer than a record keeps, so the engine is asked.
+        store.put("files", "k", body(&[7; BODY_IN_RECORD as usize + 1]), PutOptions::default()).await.unwrap();
         faulty.faults.reads.set(Trigger::Always);
         let record = store.head("files", "k").await.unwrap();
         assert!(matches!(store.read(&record, ByteRange::full(5)).await, Err(StoreError::Internal(_))));
@@ -2116,17 +2175,20 @@ mod tests {
         let faulty = Arc::new(FaultyEngine::new(Arc::new(MemoryEngine::new()), 0));
         let (store, _dir) = store_over(faulty.clone()).await;
         let big: &'static [u8] = Box::leak(vec![7; hot::LARGEST as usize + 1].into_boxed_slice());
-        for (key, bytes) in [("hot", &b"hot bytes"[..]), ("unread", b"never read"), ("big", big)] {
+        // Both longer than a record keeps, so only the engine has them.
+        const HOT: &[u8] = &[b'h'; BODY_IN_RECORD as usize + 1];
+        const UNREAD: &[u8] = &[b'u'; BODY_IN_RECORD as usize + 1];
+        for (key, bytes) in [("hot", HOT), ("unread", UNREAD), ("big", big)] {
             store.put("files", key, body(bytes), PutOptions::default()).await.unwrap();
         }
-        assert_eq!(read_all(&store, "files", "hot").await, b"hot bytes");
+        assert_eq!(read_all(&store, "files", "hot").await, HOT);
         assert_eq!(read_all(&store, "files", "big").await, big);
         faulty.faults.reads.set(Trigger::Always);
-        assert_eq!(read_all(&store, "files", "hot").await, b"hot bytes");
+        assert_eq!(read_all(&store, "files", "hot").await, HOT);
         let record = store.head("files", "hot").await.unwrap();
         let part: Vec<Bytes> =
             store.read(&record, ByteRange { start: 4, end: 9 }).await.unwrap().try_collect().await.unwrap();
-        assert_eq!(part.concat(), b"bytes");
+        assert_eq!(part.concat(), &HOT[4..9]);
         // Never read, or too large to keep: the engine is asked, and fails.
         for key in ["unread", "big"] {
             let record = store.head("files", key).await.unwrap();

@@ -196,6 +196,7 @@ fn bare_record(key: String) -> ObjectRecord {
         modified: now_millis(),
         metadata: Vec::new(),
         headers: Vec::new(),
+        body: None,
     }
 }
 
@@ -640,6 +641,7 @@ impl Store {
             // checked; the object's checksum is made below.
             headers: upload.headers.iter().filter(|(n, _)| !n.starts_with(CHECKSUM_HEADER_PREFIX)).cloned().collect(),
             parts: body_parts,
+            body: None,
         };
         object.sha256 = self.sha256_of(&object, checksum.as_deref_mut()).await?;
         if let Some(header) = checksum.map(|mut c| c.finish()).transpose()?.flatten() {
@@ -660,6 +662,7 @@ impl Store {
             content_type: bucket.to_string(),
             metadata: vec![(TARGET.to_string(), key.to_string())],
             headers: object.headers.iter().filter(|(n, _)| n.starts_with(CHECKSUM_HEADER_PREFIX)).cloned().collect(),
+            body: None,
             ..object.clone()
         };
         // The upload must still be there when the object is written: an
@@ -772,6 +775,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::BODY_IN_RECORD;
     use crate::catalog::rocks::RocksCatalog;
     use crate::engine::memory::MemoryEngine;
     use crate::store::StoreConfig;
@@ -1127,9 +1131,11 @@ mod tests {
         for n in 1..=3 {
             parts.push(part(&s, &id, n, same.clone()).await);
         }
-        parts.push(part(&s, &id, 4, b"tail".to_vec()).await);
+        // Longer than a record keeps: "other" is read through its blob too.
+        let tail = vec![4u8; BODY_IN_RECORD as usize + 1];
+        parts.push(part(&s, &id, 4, tail.clone()).await);
         s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
-        s.put("files", "other", body(b"tail".to_vec()), PutOptions::default()).await.unwrap();
+        s.put("files", "other", body(tail), PutOptions::default()).await.unwrap();
 
         let keys: Vec<String> = ["k", "missing", "k", "other", "k"].map(String::from).into();
         let found = s.get_many("files", &keys).await.unwrap();
@@ -1137,8 +1143,9 @@ mod tests {
         assert_eq!(found.blobs.len(), 2, "the repeated part and the tail, once each");
         let sizes: Vec<Option<(u64, Vec<u64>)>> =
             found.entries().map(|e| e.map(|(r, blobs)| (r.size, blobs.map(|b| b.size).collect()))).collect();
-        let whole = (3 * MIN_PART_SIZE + 4, vec![MIN_PART_SIZE, MIN_PART_SIZE, MIN_PART_SIZE, 4]);
-        assert_eq!(sizes, [Some(whole.clone()), None, Some(whole.clone()), Some((4, vec![4])), Some(whole)]);
+        let t = BODY_IN_RECORD + 1;
+        let whole = (3 * MIN_PART_SIZE + t, vec![MIN_PART_SIZE, MIN_PART_SIZE, MIN_PART_SIZE, t]);
+        assert_eq!(sizes, [Some(whole.clone()), None, Some(whole.clone()), Some((t, vec![t])), Some(whole)]);
     }
 
     /// A store whose collector takes blobs as soon as nothing refers to them,

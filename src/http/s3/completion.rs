@@ -326,6 +326,7 @@ mod tests {
             modified: 0,
             metadata: Vec::new(),
             headers,
+            body: None,
         }
     }
 
