@@ -120,8 +120,9 @@ pub struct ObjectRecord {
     /// The whole body, when it is at most [`BODY_IN_RECORD`] bytes and the
     /// record's one part: a copy of that blob's bytes, so a read needs no
     /// lookup beyond this record's. The blob is kept, counted and
-    /// collected as any other; a record without the copy is read through
-    /// its blob as ever.
+    /// collected as any other; a record without the copy, or with one
+    /// that does not fit it (see [`ObjectRecord::kept_body`]), is read
+    /// through its blob as ever.
     #[serde(skip)]
     pub body: Option<bytes::Bytes>,
 }
@@ -176,17 +177,18 @@ impl ObjectRecord {
             None
         } else {
             let body: &serde_bytes::Bytes = postcard::from_bytes(rest).map_err(corrupt)?;
-            if body.len() as u64 != record.size || record.parts.len() != 1 {
-                return Err(CatalogError::Internal(format!(
-                    "corrupt record: a body of {} bytes in a record of {} bytes in {} parts",
-                    body.len(),
-                    record.size,
-                    record.parts.len()
-                )));
-            }
             Some(bytes::Bytes::copy_from_slice(body))
         };
         Ok(ObjectRecord { key, headers, body, ..record })
+    }
+
+    /// The record's copy of its body (see [`ObjectRecord::body`]) when it
+    /// fits the record, the whole of its one part; one that does not is
+    /// left unread, and the body read through its blob, as `depot verify`
+    /// reports it. A record stays readable, listable and deletable
+    /// whatever its copy.
+    pub fn kept_body(&self) -> Option<&bytes::Bytes> {
+        self.body.as_ref().filter(|b| b.len() as u64 == self.size && self.parts.len() == 1)
     }
 
     /// The stored header `name` (lower-case), if the object has it.
@@ -740,8 +742,16 @@ mod tests {
             assert_eq!(postcard::from_bytes::<Vec<(String, String)>>(rest).unwrap(), headers);
             assert!(ObjectRecord::decode(&bytes[..bytes.len() - 1], "k".into()).is_err(), "a cut body");
         }
-        // A body that is not the whole of a one-part record is damage.
-        let wrong = ObjectRecord { body: Some(bytes::Bytes::from_static(b"ab")), ..record(Vec::new()) };
-        assert!(ObjectRecord::decode(&wrong.encode(), "k".into()).is_err());
+        // A copy that is not the whole of a one-part record is read back,
+        // and not used.
+        let r = record(Vec::new());
+        let fits = ObjectRecord { body: Some(bytes::Bytes::from_static(b"abc")), ..r.clone() };
+        assert!(fits.kept_body().is_some());
+        let short = ObjectRecord { body: Some(bytes::Bytes::from_static(b"ab")), ..r.clone() };
+        assert_eq!(ObjectRecord::decode(&short.encode(), "k".into()).unwrap(), short);
+        assert_eq!(short.kept_body(), None);
+        let parts = vec![r.parts[0], r.parts[0]];
+        let two_parts = ObjectRecord { size: 6, parts, body: Some(bytes::Bytes::from_static(b"abcabc")), ..r };
+        assert_eq!(two_parts.kept_body(), None);
     }
 }

@@ -176,7 +176,7 @@ async fn answer_gets(
                 continue;
             };
             writeln!(out, "{}", record.size).map_err(|e| StoreError::Internal(e.to_string()))?;
-            if let Some(body) = &record.body {
+            if let Some(body) = record.kept_body() {
                 out.extend_from_slice(body);
             }
             for blob in blobs {

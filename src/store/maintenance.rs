@@ -39,7 +39,8 @@ pub enum Problem {
     WrongDigest { bucket: String, key: String },
     /// An object record's copy of its body (see
     /// [`ObjectRecord::body`](crate::catalog::ObjectRecord::body)) is not
-    /// its blob's content. Uploading the object again replaces it.
+    /// its blob's content, or not the whole of its one part; reads go to
+    /// the blob instead. Uploading the object again replaces it.
     WrongBody { bucket: String, key: String },
     /// A blob's bytes are gone from the engine.
     MissingBytes { digest: Digest },
@@ -408,6 +409,9 @@ impl Store {
                     totals.objects += 1;
                     totals.logical_bytes += object.size as i64;
                 }
+                let wrong_body = object.body.is_some()
+                    && (object.kept_body())
+                        .is_none_or(|b| <[u8; 32]>::from(sha2::Sha256::digest(b)) != object.parts[0].digest.0);
                 let (bucket, key) = (bucket.clone(), object.key);
                 let mut sizes_agree = object.parts.iter().map(|p| p.size).sum::<u64>() == object.size;
                 for part in &object.parts {
@@ -424,9 +428,7 @@ impl Store {
                 if !sizes_agree {
                     report.problems.push(Problem::WrongSize { bucket: bucket.clone(), key: key.clone() });
                 }
-                if let (Some(body), [only]) = (&object.body, object.parts.as_slice())
-                    && <[u8; 32]>::from(sha2::Sha256::digest(body)) != only.digest.0
-                {
+                if wrong_body {
                     report.problems.push(Problem::WrongBody { bucket: bucket.clone(), key: key.clone() });
                 }
                 if let [only] = object.parts.as_slice()
@@ -813,19 +815,29 @@ mod tests {
     #[tokio::test]
     async fn a_record_whose_copy_of_its_body_is_wrong_is_reported() {
         let (store, _dir) = store_over(Arc::new(MemoryEngine::new())).await;
-        let stored = store.put("files", "a", body(b"alpha"), PutOptions::default()).await.unwrap().record;
-        assert_eq!(stored.body.as_deref(), Some(&b"alpha"[..]));
-        let blob = store.catalog.get_blob(&stored.sha256).await.unwrap().unwrap().blob_ref();
-        let wrong = ObjectRecord { body: Some(bytes::Bytes::from_static(b"omega")), ..stored };
-        let planted =
-            ObjectPut { bucket: "files".into(), record: wrong, blobs: vec![blob], precondition: Default::default() };
-        store.catalog.put_objects(vec![planted]).await.unwrap();
+        // Bytes of the right length but another content, and a copy that
+        // is not the whole body, which reads leave aside.
+        for (key, copy) in [("a", &b"omega"[..]), ("b", b"alp")] {
+            let stored = store.put("files", key, body(b"alpha"), PutOptions::default()).await.unwrap().record;
+            assert_eq!(stored.body.as_deref(), Some(&b"alpha"[..]));
+            let blob = store.catalog.get_blob(&stored.sha256).await.unwrap().unwrap().blob_ref();
+            let wrong = ObjectRecord { body: Some(bytes::Bytes::from_static(copy)), ..stored };
+            let planted = ObjectPut {
+                bucket: "files".into(),
+                record: wrong,
+                blobs: vec![blob],
+                precondition: Default::default(),
+            };
+            store.catalog.put_objects(vec![planted]).await.unwrap();
+        }
+        assert_eq!(read_all(&store, "files", "b").await, b"alpha");
 
         let report = store.verify(true, &hidden()).await.unwrap();
-        let wrong = Problem::WrongBody { bucket: "files".into(), key: "a".into() };
-        assert_eq!(report.problems, vec![wrong]);
-        assert_eq!(report.unresolved(), 1);
+        let wrong = |key: &str| Problem::WrongBody { bucket: "files".into(), key: key.into() };
+        assert_eq!(report.problems, vec![wrong("a"), wrong("b")]);
+        assert_eq!(report.unresolved(), 2);
         put(&store, "a", b"alpha").await;
+        put(&store, "b", b"alpha").await;
         assert_eq!(store.verify(false, &hidden()).await.unwrap().problems, vec![]);
         assert_eq!(read_all(&store, "files", "a").await, b"alpha");
     }

@@ -1132,7 +1132,7 @@ impl Store {
         if range.is_empty() {
             return Ok(Box::pin(futures::stream::empty()));
         }
-        if let Some(body) = &record.body {
+        if let Some(body) = record.kept_body() {
             return Ok(slice_of(body.clone(), range));
         }
         let mut pieces = Vec::new();
@@ -1196,7 +1196,9 @@ impl Store {
     /// holding only its own blobs while it is read.
     pub async fn holding_blobs_of(&self, record: &ObjectRecord, stream: ByteStream) -> ByteStream {
         let mut held = Vec::new();
-        for digest in distinct(&record.parts) {
+        // A record's own copy of its body needs no blob.
+        let parts = if record.kept_body().is_some() { &[][..] } else { &record.parts[..] };
+        for digest in distinct(parts) {
             held.push(self.guards.reading(digest).await);
         }
         holding(stream, held)
@@ -1254,7 +1256,7 @@ impl Store {
             .map(|record| {
                 record.map(|r| {
                     // A record with its body needs no blob's.
-                    let parts = if r.body.is_some() { &[][..] } else { &r.parts[..] };
+                    let parts = if r.kept_body().is_some() { &[][..] } else { &r.parts[..] };
                     let blobs = (parts.iter())
                         .map(|p| {
                             *at.entry(p.digest).or_insert_with(|| {
