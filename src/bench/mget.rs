@@ -201,7 +201,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
              disk). rocksdb multi_get: the same keys and values in a fresh RocksDB with default options, \
              read in-process (no HTTP) in one call on one thread; depot's catalog is tuned for point \
              lookups (uncompressed tables read through a memory map) and looks a batch up in windows on \
-             every core, which this floor is not. Each timed \
+             every core, which this floor is not; like the floor, it makes one lookup a key, values of 64 \
+             bytes or less being kept in their object records. Each timed \
              request to depot is followed by the floor's of the same keys (warm, or cold after the same \
              steps); × multi_get: depot's time over the floor's beside it, median and spread."
                 .into(),
