@@ -191,6 +191,12 @@ impl ObjectRecord {
         self.body.as_ref().filter(|b| b.len() as u64 == self.size && self.parts.len() == 1)
     }
 
+    /// The parts whose blobs a read of the body needs: none when the
+    /// record keeps the body itself.
+    pub fn parts_to_read(&self) -> &[Part] {
+        if self.kept_body().is_some() { &[] } else { &self.parts }
+    }
+
     /// The stored header `name` (lower-case), if the object has it.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())

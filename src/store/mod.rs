@@ -1196,9 +1196,7 @@ impl Store {
     /// holding only its own blobs while it is read.
     pub async fn holding_blobs_of(&self, record: &ObjectRecord, stream: ByteStream) -> ByteStream {
         let mut held = Vec::new();
-        // A record's own copy of its body needs no blob.
-        let parts = if record.kept_body().is_some() { &[][..] } else { &record.parts[..] };
-        for digest in distinct(parts) {
+        for digest in distinct(record.parts_to_read()) {
             held.push(self.guards.reading(digest).await);
         }
         holding(stream, held)
@@ -1255,9 +1253,7 @@ impl Store {
             .into_iter()
             .map(|record| {
                 record.map(|r| {
-                    // A record with its body needs no blob's.
-                    let parts = if r.kept_body().is_some() { &[][..] } else { &r.parts[..] };
-                    let blobs = (parts.iter())
+                    let blobs = (r.parts_to_read().iter())
                         .map(|p| {
                             *at.entry(p.digest).or_insert_with(|| {
                                 digests.push(p.digest);
