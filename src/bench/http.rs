@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection, Plan};
 use super::nginx::Nginx;
+use super::rss;
 use super::stats::Summary;
 use super::{
     DataDir, DepotServer, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, find_program,
@@ -34,6 +35,8 @@ const PUT_SIZE: usize = 1024;
 const PUT_CASE: &str = "PUT 1 KB, new keys";
 const MS: &str = "ms/request";
 const RATIO: &str = "× nginx";
+const SERVER_CPU: &str = "server CPU µs/request";
+const CLIENT_CPU: &str = "load generator CPU µs/request";
 
 /// The files served: label, size, and the seed's ms/request for nginx from
 /// disk and for nginx-gridfs.
@@ -62,6 +65,8 @@ fn plan(settings: &Settings) -> Plan {
 struct Target {
     subject: String,
     addr: SocketAddr,
+    /// The server's process (nginx's master, whose workers count with it).
+    pid: u32,
     /// Prefix of the URLs of the published files.
     get_prefix: &'static str,
     /// Prefix of the URLs new keys are PUT to.
@@ -125,7 +130,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 continue;
             }
         };
-        let addr = server.addr;
+        let (addr, pid) = (server.addr, server.pid());
         let published = async {
             let mut c = Connection::open(addr).await?;
             for (name, bytes) in &files {
@@ -141,6 +146,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         targets.push(Target {
             subject,
             addr,
+            pid,
             get_prefix: "/files/bench/",
             put_prefix: "/files/bench/put/",
             written: data.path().to_path_buf(),
@@ -157,6 +163,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         Ok(nginx) => targets.push(Target {
             subject: "nginx".into(),
             addr: nginx.addr,
+            pid: nginx.pid(),
             get_prefix: "/",
             put_prefix: "/dav/",
             written: nginx.dav.clone(),
@@ -167,7 +174,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     }
     for ((name, _), (label, size, seed_disk, seed_gridfs)) in files.iter().zip(FILES) {
         let case = get_case(label);
-        let outcomes = measure(&targets, &case, plan, &progress, |target, _| {
+        let (outcomes, cpu) = measure(&targets, &case, plan, &progress, |target, _| {
             let (addr, path) = (target.addr, format!("{}{name}", target.get_prefix));
             Arc::new(move |_, _| load::expecting(load::request(Method::GET, addr, &path, Bytes::new()), size))
         })
@@ -177,6 +184,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             rows.extend(rate_rows(&case, &target.subject, outcome, Some(seed)));
         }
         rows.extend(ratio_rows(&case, &targets, &outcomes));
+        rows.extend(cpu_rows(&case, &targets, &cpu));
         if let Some(wrk) = &wrk {
             let secs = (plan.round * plan.rounds as u32).as_secs().max(1);
             let metric = "req/s (wrk)";
@@ -194,7 +202,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     for target in &targets {
         before.push(occupied(target).await);
     }
-    let outcomes = measure(&targets, PUT_CASE, plan, &progress, |target, round| {
+    let (outcomes, cpu) = measure(&targets, PUT_CASE, plan, &progress, |target, round| {
         let (addr, prefix) = (target.addr, target.put_prefix);
         Arc::new(move |w, seq| {
             // Random content per request: no write is a dedup hit, and no
@@ -223,6 +231,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         }
     }
     rows.extend(ratio_rows(PUT_CASE, &targets, &outcomes));
+    rows.extend(cpu_rows(PUT_CASE, &targets, &cpu));
     let uneven = nginx_outcome(&targets, &outcomes).and_then(|o| uneven_rounds(&o.per_round));
     progress.done(targets.len() as u64);
     drop(servers);
@@ -256,6 +265,10 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                  server reports it occupies, for server engines) / bytes written.",
                 settings.threads, settings.threads
             ),
+            "CPU µs/request: CPU time (user and system, from /proc) over a round and its warm-up, divided by \
+             the requests answered in it; the server's (nginx: master and workers), and the load generator's \
+             (this process), which shares the machine's cores with the server."
+                .into(),
         ]
         .into_iter()
         .chain(uneven.map(|(slowest, fastest)| {
@@ -288,6 +301,14 @@ fn rewarm(plan: Plan) -> Duration {
     plan.warmup.min(Duration::from_millis(500))
 }
 
+/// CPU time per request answered in each round, in microseconds: the
+/// server's and the load generator's.
+#[derive(Default)]
+struct CpuPerRequest {
+    server: Vec<f64>,
+    client: Vec<f64>,
+}
+
 /// Runs one case against every target, their rounds taking turns; `make`
 /// builds the requests of a target's round.
 async fn measure(
@@ -296,24 +317,50 @@ async fn measure(
     plan: Plan,
     progress: &Progress,
     make: impl Fn(&Target, usize) -> load::MakeRequest,
-) -> Vec<Result<load::Outcome, String>> {
+) -> (Vec<Result<load::Outcome, String>>, Vec<CpuPerRequest>) {
     let mut outcomes: Vec<Result<Option<load::Outcome>, String>> = targets.iter().map(|_| Ok(None)).collect();
+    let mut cpu: Vec<CpuPerRequest> = targets.iter().map(|_| CpuPerRequest::default()).collect();
+    let client = std::process::id();
     for round in 0..plan.rounds {
         let warmup = if round == 0 { plan.warmup } else { rewarm(plan) };
         let one = Plan { rounds: 1, warmup, ..plan };
-        for (target, outcome) in targets.iter().zip(&mut outcomes) {
+        for ((target, outcome), cpu) in targets.iter().zip(&mut outcomes).zip(&mut cpu) {
             let Ok(so_far) = outcome else { continue };
             progress.doing(&format!("{}: {case}, round {} of {}", target.subject, round + 1, plan.rounds));
+            let before = (rss::tree_cpu_seconds(target.pid), rss::cpu_seconds(client));
             match load::run(target.addr, one, make(target, round)).await {
-                Ok(o) => match so_far {
-                    Some(all) => all.extend(o),
-                    None => *so_far = Some(o),
-                },
+                Ok(o) => {
+                    let after = (rss::tree_cpu_seconds(target.pid), rss::cpu_seconds(client));
+                    let per_request = |b: Option<f64>, a: Option<f64>| {
+                        Some((a? - b?) * 1e6 / o.ok_total as f64).filter(|us| us.is_finite())
+                    };
+                    cpu.server.extend(per_request(before.0, after.0));
+                    cpu.client.extend(per_request(before.1, after.1));
+                    match so_far {
+                        Some(all) => all.extend(o),
+                        None => *so_far = Some(o),
+                    }
+                }
                 Err(e) => *outcome = Err(format!("failed: {e:#}")),
             }
         }
     }
-    outcomes.into_iter().map(|o| o.and_then(|o| o.ok_or_else(|| "no round ran".to_string()))).collect()
+    let outcomes = outcomes.into_iter().map(|o| o.and_then(|o| o.ok_or_else(|| "no round ran".to_string()))).collect();
+    (outcomes, cpu)
+}
+
+/// Each target's CPU time per request, server and load generator, over
+/// the rounds it ran.
+fn cpu_rows(case: &str, targets: &[Target], cpu: &[CpuPerRequest]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (target, cpu) in targets.iter().zip(cpu) {
+        for (metric, values) in [(SERVER_CPU, &cpu.server), (CLIENT_CPU, &cpu.client)] {
+            if let Some(s) = Summary::of(values) {
+                rows.push(Row::measured(NAME, case, &target.subject, metric, s));
+            }
+        }
+    }
+    rows
 }
 
 /// nginx's rounds of a case, when it ran them.
@@ -420,6 +467,7 @@ mod tests {
         let target = |subject: &str| Target {
             subject: subject.into(),
             addr: "127.0.0.1:1".parse().unwrap(),
+            pid: 0,
             get_prefix: "",
             put_prefix: "",
             written: PathBuf::new(),

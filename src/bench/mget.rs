@@ -4,10 +4,11 @@
 //! request at a time over a keep-alive connection. Each batch size is timed
 //! warm (right after every key has been read once, and one untimed request)
 //! and cold (page cache dropped and the server restarted before each
-//! request; needs root). The floor is RocksDB's own in-process `multi_get`
-//! of the same keys in a fresh database, warm and cold the same way, each
-//! right after depot's request for the same keys. Every answer is checked
-//! to hold every key asked for.
+//! request; needs root). The floors are RocksDB's own in-process
+//! `multi_get` of the same keys in a fresh database, one with RocksDB's
+//! default options and one with those of depot's catalog, warm and cold the
+//! same way, each right after depot's request for the same keys. Every
+//! answer is checked to hold every key asked for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,20 +109,26 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let scale = scale(settings);
     let sets = KeySets::new(scale);
     let steps_per_subject = 1 + 2 * sets.sizes.len() as u64;
-    let progress = Progress::new(NAME, (settings.engines.len() as u64 + 1) * steps_per_subject);
+    let progress = Progress::new(NAME, (settings.engines.len() + FLOORS.len()) as u64 * steps_per_subject);
     let cold_possible = drop_caches();
     let mut rows = Vec::new();
     let load_case = format!("load {} keys", thousands(scale.keys as u64));
-    // The floor's steps: its loading first, the rest last.
-    progress.part(1);
-    progress.doing("rocksdb multi_get: loading");
-    let floor_dir = DataDir::new(settings.scratch.join("mget-rocksdb"));
-    let dir = floor_dir.path().to_path_buf();
-    let floor = tokio::task::spawn_blocking(move || Floor::load(&dir, scale)).await?.map(Arc::new);
-    progress.done(1);
-    // Each timed request to depot is followed by the floor's of the same
-    // keys, so both see the machine in the same state.
-    let mut floor_times = Timings::empty(sets.sizes.len());
+    // The floors' steps: their loading first, the rest last.
+    let mut floors = Vec::new();
+    let mut floor_dirs = Vec::new();
+    for (i, kind) in FLOORS.iter().enumerate() {
+        progress.part(1);
+        progress.doing(&format!("{}: loading", kind.subject));
+        let floor_dir = DataDir::new(settings.scratch.join(format!("mget-rocksdb-{i}")));
+        let dir = floor_dir.path().to_path_buf();
+        floors.push(tokio::task::spawn_blocking(move || Floor::load(kind, &dir, scale)).await?.map(Arc::new));
+        floor_dirs.push(floor_dir);
+        progress.done(1);
+    }
+    let ready: Vec<&Arc<Floor>> = floors.iter().filter_map(|f| f.as_ref().ok()).collect();
+    // Each timed request to depot is followed by each floor's of the same
+    // keys, so all see the machine in the same state.
+    let mut floor_times: Vec<Timings> = ready.iter().map(|_| Timings::empty(sets.sizes.len())).collect();
     let mut paired = false;
     for (i, engine) in settings.engines.iter().enumerate() {
         progress.part(steps_per_subject);
@@ -129,7 +136,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         progress.doing(&format!("{subject}: starting"));
         let measured = match skip_reason(engine, settings) {
             Some(why) => Err(why),
-            None => measure_depot(engine, i, &sets, &cold_possible, floor.as_ref().ok(), settings, &progress)
+            None => measure_depot(engine, i, &sets, &cold_possible, &ready, settings, &progress)
                 .await
                 .map_err(|e| format!("{e:#}")),
         };
@@ -137,20 +144,21 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             Ok((rate, timings, beside)) => {
                 rows.push(Row::single(NAME, &load_case, &subject, "keys/s", rate));
                 rows.extend(timing_rows(&subject, &sets, &timings, true));
-                match beside {
-                    Some(Ok(beside)) => {
-                        rows.extend(ratio_rows(&subject, &sets, &timings, &beside));
-                        floor_times.add(&beside);
-                        paired = true;
-                    }
-                    Some(Err(why)) => {
-                        let why = format!("the RocksDB floor failed beside this engine: {why}");
-                        for (n, _) in &sets.sizes {
-                            rows.push(Row::skipped(NAME, &case(*n), &subject, RATIO, &why));
+                for ((floor, beside), times) in ready.iter().zip(beside).zip(&mut floor_times) {
+                    match beside {
+                        Ok(beside) => {
+                            rows.extend(ratio_rows(&subject, &sets, &timings, &beside, floor.kind.ratio));
+                            times.add(&beside);
+                        }
+                        Err(why) => {
+                            let why = format!("{} failed beside this engine: {why}", floor.kind.subject);
+                            for (n, _) in &sets.sizes {
+                                rows.push(Row::skipped(NAME, &case(*n), &subject, floor.kind.ratio, &why));
+                            }
                         }
                     }
-                    None => {}
                 }
+                paired = true;
             }
             Err(why) => {
                 rows.push(Row::skipped(NAME, &load_case, &subject, "keys/s", &why));
@@ -160,26 +168,29 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         }
     }
-    progress.part(steps_per_subject - 1);
-    let subject = "rocksdb multi_get";
-    let floor_times = match floor {
-        Ok(_) if paired => Ok(floor_times),
-        Ok(floor) => {
-            // No engine ran: the floor alone.
-            progress.doing(subject);
-            let (sets, cold) = (sets.clone(), cold_possible.clone());
-            tokio::task::spawn_blocking(move || floor.alone(&sets, cold)).await?
-        }
-        Err(e) => Err(e),
-    };
-    match floor_times {
-        Ok(timings) => rows.extend(timing_rows(subject, &sets, &timings, false)),
-        Err(e) => {
-            for (n, _) in &sets.sizes {
-                rows.push(Row::skipped(NAME, &case(*n), subject, MS, &format!("{e:#}")));
+    let mut paired_times = floor_times.into_iter();
+    for (kind, floor) in FLOORS.iter().zip(floors) {
+        progress.part(steps_per_subject - 1);
+        let floor_times = match floor {
+            Ok(_) if paired => paired_times.next().map(Ok).context("the times of each floor")?,
+            Ok(floor) => {
+                // No engine ran: the floor alone.
+                progress.doing(kind.subject);
+                let (sets, cold) = (sets.clone(), cold_possible.clone());
+                tokio::task::spawn_blocking(move || floor.alone(&sets, cold)).await?
+            }
+            Err(e) => Err(e),
+        };
+        match floor_times {
+            Ok(timings) => rows.extend(timing_rows(kind.subject, &sets, &timings, false)),
+            Err(e) => {
+                for (n, _) in &sets.sizes {
+                    rows.push(Row::skipped(NAME, &case(*n), kind.subject, MS, &format!("{e:#}")));
+                }
             }
         }
     }
+    drop(floor_dirs);
     progress.finish();
     Ok(ExperimentReport {
         name: NAME.into(),
@@ -196,15 +207,17 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             ),
             "cold: dirty pages synced, page cache dropped and the server restarted before each timed request; \
              warm: the server kept running, and right before each batch size every key was read once, \
-             through depot and through the floor (some kernels page out file pages left untouched for a \
+             through depot and through each floor (some kernels page out file pages left untouched for a \
              minute, free memory or not; without the pass, warm requests would find part of the data on \
              disk). rocksdb multi_get: the same keys and values in a fresh RocksDB with default options, \
-             read in-process (no HTTP) in one call on one thread; depot's catalog is tuned for point \
-             lookups (uncompressed tables read through a memory map) and looks a batch up in windows on \
-             every core, which this floor is not; like the floor, it makes one lookup a key, values of 64 \
-             bytes or less being kept in their object records. Each timed \
-             request to depot is followed by the floor's of the same keys (warm, or cold after the same \
-             steps); × multi_get: depot's time over the floor's beside it, median and spread."
+             read in-process (no HTTP) in one call on one thread. rocksdb multi_get, depot's options: the \
+             same with the options of depot's catalog (uncompressed tables read through a memory map, a \
+             hash index in each block, bloom filters), still one call on one thread, where depot looks a \
+             batch up in windows on every core. Like the floors, depot makes one lookup a key, values of \
+             64 bytes or less being kept in their object records. Each timed request to depot is followed \
+             by each floor's of the same keys (warm, or cold after the same steps); × multi_get: depot's \
+             time over the default floor's beside it (the target's ratio), median and spread; × multi_get, \
+             depot's options: over the other floor's."
                 .into(),
             "The seed column is RocksServer's figure on SSD, caches cleared by a reboot, 1,000,000 keys; its \
              client was a PHP driver."
@@ -254,17 +267,17 @@ fn timing_rows(subject: &str, sets: &KeySets, t: &Timings, seeded: bool) -> Vec<
 }
 
 /// Loads the keys into a depot with `engine` and times every batch size;
-/// returns the load rate (keys/s), the timings, and the floor's timings
+/// returns the load rate (keys/s), the timings, and each floor's timings
 /// beside them or its failure (depot's timings are kept either way).
 async fn measure_depot(
     engine: &EngineChoice,
     index: usize,
     sets: &KeySets,
     cold_possible: &Result<(), String>,
-    floor: Option<&Arc<Floor>>,
+    floors: &[&Arc<Floor>],
     settings: &Settings,
     progress: &Progress,
-) -> anyhow::Result<(f64, Timings, Option<Result<Timings, String>>)> {
+) -> anyhow::Result<(f64, Timings, Vec<Result<Timings, String>>)> {
     let subject = engine.subject();
     let flags = engine.serve_flags.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
     let data = DataDir::new(settings.scratch.join(format!("mget-{index}-{}", engine.name)));
@@ -291,26 +304,33 @@ async fn measure_depot(
     let mut conn = Connection::open(server.addr).await?;
     progress.done(1);
     let mut depot = Timings::empty(sets.sizes.len());
-    let mut beside = Beside::new(floor, sets.sizes.len());
+    let mut beside: Vec<Beside> = floors.iter().map(|f| Beside::new(f, sets.sizes.len())).collect();
     for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
         progress.doing(&format!("{subject}: {} warm", case(*n)));
         for keys in sets.all_in_batches() {
             timed_get(&mut conn, server.addr, &keys).await?;
-            beside.get(keys, false).await;
+            for b in &mut beside {
+                b.get(keys.clone(), false).await;
+            }
         }
         for (r, keys) in rounds.iter().enumerate() {
             let ms = timed_get(&mut conn, server.addr, keys).await?;
-            let floor_ms = beside.get(keys.clone(), false).await;
             // The first request of a size warms up.
             if r > 0 {
                 depot.warm[size].push(ms);
-                beside.timings.warm[size].extend(floor_ms);
+            }
+            for b in &mut beside {
+                let floor_ms = b.get(keys.clone(), false).await;
+                if r > 0 {
+                    b.timings.warm[size].extend(floor_ms);
+                }
             }
         }
         progress.done(1);
     }
     if let Err(why) = cold_possible {
-        (depot.cold, beside.timings.cold) = (Err(why.clone()), Err(why.clone()));
+        depot.cold = Err(why.clone());
+        beside.iter_mut().for_each(|b| b.timings.cold = Err(why.clone()));
     }
     for (size, ((n, _), rounds)) in sets.sizes.iter().zip(&sets.sets).enumerate() {
         let Ok(cold) = &mut depot.cold else { break };
@@ -319,35 +339,38 @@ async fn measure_depot(
             server.restart_cold()?;
             let mut conn = Connection::open(server.addr).await?;
             cold[size].push(timed_get(&mut conn, server.addr, keys).await?);
-            if let Some(ms) = beside.get(keys.clone(), true).await
-                && let Ok(floor_cold) = &mut beside.timings.cold
-            {
-                floor_cold[size].push(ms);
+            for b in &mut beside {
+                if let Some(ms) = b.get(keys.clone(), true).await
+                    && let Ok(floor_cold) = &mut b.timings.cold
+                {
+                    floor_cold[size].push(ms);
+                }
             }
         }
         progress.done(1);
     }
-    Ok((rate, depot, beside.finish()))
+    Ok((rate, depot, beside.into_iter().map(Beside::finish).collect()))
 }
 
-/// The floor's requests beside one engine's: its timings, until it fails;
-/// then depot's requests go on alone, and the pair is dropped.
+/// A floor's requests beside one engine's: its timings, until it fails;
+/// then depot's requests go on without it, and the pair is dropped.
 struct Beside<'a> {
-    floor: Option<&'a Arc<Floor>>,
+    floor: &'a Arc<Floor>,
     timings: Timings,
     failed: Option<String>,
 }
 
 impl<'a> Beside<'a> {
-    fn new(floor: Option<&'a Arc<Floor>>, sizes: usize) -> Beside<'a> {
+    fn new(floor: &'a Arc<Floor>, sizes: usize) -> Beside<'a> {
         Beside { floor, timings: Timings::empty(sizes), failed: None }
     }
 
-    /// The floor's time for `keys`, unless it has failed (now or before)
-    /// or there is no floor.
+    /// The floor's time for `keys`, unless it has failed (now or before).
     async fn get(&mut self, keys: Vec<usize>, cold: bool) -> Option<f64> {
-        let floor = self.floor.filter(|_| self.failed.is_none())?;
-        match floor.get_blocking(keys, cold).await {
+        if self.failed.is_some() {
+            return None;
+        }
+        match self.floor.get_blocking(keys, cold).await {
             Ok(ms) => Some(ms),
             Err(e) => {
                 self.failed = Some(format!("{e:#}"));
@@ -356,25 +379,25 @@ impl<'a> Beside<'a> {
         }
     }
 
-    /// The floor's timings, or why it failed; `None` without a floor.
-    fn finish(self) -> Option<Result<Timings, String>> {
-        self.floor?;
-        Some(self.failed.map_or(Ok(self.timings), Err))
+    /// The floor's timings, or why it failed.
+    fn finish(self) -> Result<Timings, String> {
+        self.failed.map_or(Ok(self.timings), Err)
     }
 }
 
-/// Depot's times as multiples of the floor's beside them, request by request.
-fn ratio_rows(subject: &str, sets: &KeySets, depot: &Timings, floor: &Timings) -> Vec<Row> {
+/// Depot's times as multiples of a floor's beside them, request by request,
+/// under `metric`.
+fn ratio_rows(subject: &str, sets: &KeySets, depot: &Timings, floor: &Timings, metric: &str) -> Vec<Row> {
     let ratios = |d: &[f64], f: &[f64]| d.iter().zip(f).map(|(d, f)| d / f).collect::<Vec<_>>();
     let mut rows = Vec::new();
     for (i, (n, _)) in sets.sizes.iter().enumerate() {
         if let Some(s) = Summary::of(&ratios(&depot.warm[i], &floor.warm[i])) {
-            rows.push(Row::measured(NAME, &case(*n), &format!("{subject} (warm)"), RATIO, s));
+            rows.push(Row::measured(NAME, &case(*n), &format!("{subject} (warm)"), metric, s));
         }
         if let (Ok(d), Ok(f)) = (&depot.cold, &floor.cold)
             && let Some(s) = Summary::of(&ratios(&d[i], &f[i]))
         {
-            rows.push(Row::measured(NAME, &case(*n), &format!("{subject} (cold)"), RATIO, s));
+            rows.push(Row::measured(NAME, &case(*n), &format!("{subject} (cold)"), metric, s));
         }
     }
     rows
@@ -425,18 +448,43 @@ fn batch_lengths(mut body: &[u8]) -> anyhow::Result<Vec<Option<usize>>> {
     Ok(out)
 }
 
-/// RocksDB's in-process `multi_get` of the same keys, in a database of its
-/// own: the floor.
+/// A floor: RocksDB's in-process `multi_get` of the same keys, in a
+/// database of its own opened with some options.
+struct FloorKind {
+    subject: &'static str,
+    /// The metric of depot's times over this floor's.
+    ratio: &'static str,
+    options: fn() -> rocksdb::Options,
+}
+
+/// RocksDB with its default options, which the target names, and with the
+/// options of depot's catalog.
+const FLOORS: [FloorKind; 2] = [
+    FloorKind { subject: "rocksdb multi_get", ratio: RATIO, options: default_options },
+    FloorKind {
+        subject: "rocksdb multi_get, depot's options",
+        ratio: "× multi_get, depot's options",
+        options: crate::catalog::rocks::lookup_options,
+    },
+];
+
+fn default_options() -> rocksdb::Options {
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts
+}
+
 struct Floor {
+    kind: &'static FloorKind,
     dir: std::path::PathBuf,
     db: std::sync::Mutex<Option<rocksdb::DB>>,
 }
 
 impl Floor {
     /// Loads every key into a fresh database at `dir`.
-    fn load(dir: &std::path::Path, scale: Scale) -> anyhow::Result<Floor> {
+    fn load(kind: &'static FloorKind, dir: &std::path::Path, scale: Scale) -> anyhow::Result<Floor> {
         let _ = std::fs::remove_dir_all(dir);
-        let db = rocksdb::DB::open_default(dir).context("opening the RocksDB floor")?;
+        let db = kind.open(dir)?;
         for first in (0..scale.keys).step_by(LOAD_BATCH) {
             let mut batch = rocksdb::WriteBatch::default();
             for i in first..(first + LOAD_BATCH).min(scale.keys) {
@@ -445,7 +493,7 @@ impl Floor {
             db.write(batch)?;
         }
         db.flush()?;
-        Ok(Floor { dir: dir.to_path_buf(), db: std::sync::Mutex::new(Some(db)) })
+        Ok(Floor { kind, dir: dir.to_path_buf(), db: std::sync::Mutex::new(Some(db)) })
     }
 
     /// Times one `multi_get` of `keys` in milliseconds, checking every
@@ -458,7 +506,7 @@ impl Floor {
             if cold {
                 drop_caches().map_err(anyhow::Error::msg)?;
             }
-            *db = Some(rocksdb::DB::open_default(&self.dir).context("opening the RocksDB floor")?);
+            *db = Some(self.kind.open(&self.dir)?);
         }
         let db = db.as_ref().context("the floor is open")?;
         let names: Vec<String> = keys.iter().map(|i| key(*i)).collect();
@@ -467,7 +515,7 @@ impl Floor {
         let elapsed = started.elapsed();
         for (i, v) in keys.iter().zip(values) {
             if v?.map(|v| v.len()) != Some(value(*i).len()) {
-                bail!("RocksDB lost {}", key(*i));
+                bail!("{} lost {}", self.kind.subject, key(*i));
             }
         }
         Ok(ms(elapsed))
@@ -504,6 +552,12 @@ impl Floor {
                 .map_err(|e| format!("{e:#}")),
         };
         Ok(Timings { warm, cold })
+    }
+}
+
+impl FloorKind {
+    fn open(&self, dir: &std::path::Path) -> anyhow::Result<rocksdb::DB> {
+        rocksdb::DB::open(&(self.options)(), dir).with_context(|| format!("opening the database of {}", self.subject))
     }
 }
 
@@ -562,16 +616,36 @@ mod tests {
     #[tokio::test]
     async fn a_failing_floor_drops_the_pair_and_is_asked_no_more() {
         let dir = tempfile::tempdir().unwrap();
-        let floor = Arc::new(Floor::load(dir.path(), Scale { keys: 10, largest_batch: 10, rounds: 1 }).unwrap());
-        let mut beside = Beside::new(Some(&floor), 1);
+        let floor =
+            Arc::new(Floor::load(&FLOORS[0], dir.path(), Scale { keys: 10, largest_batch: 10, rounds: 1 }).unwrap());
+        let mut beside = Beside::new(&floor, 1);
         assert!(beside.get(vec![1, 2], false).await.is_some());
         assert!(beside.get(vec![10], false).await.is_none(), "a key never stored");
         assert!(beside.get(vec![1], false).await.is_none(), "asked again after failing");
         match beside.finish() {
-            Some(Err(why)) => assert!(why.contains("lost"), "{why}"),
-            _ => panic!("the floor's failure is not reported"),
+            Err(why) => assert!(why.contains("lost"), "{why}"),
+            Ok(_) => panic!("the floor's failure is not reported"),
         }
-        assert!(Beside::new(None, 1).finish().is_none());
+    }
+
+    /// Both floors hold every key, and the second is opened with the
+    /// catalog's options (RocksDB records them in the database's options
+    /// file).
+    #[test]
+    fn each_floor_answers_with_its_own_options() {
+        let scale = Scale { keys: 100, largest_batch: 100, rounds: 1 };
+        for (kind, mapped) in FLOORS.iter().zip([false, true]) {
+            let dir = tempfile::tempdir().unwrap();
+            let floor = Floor::load(kind, dir.path(), scale).unwrap();
+            assert!(floor.get(&(0..100).collect::<Vec<_>>(), false).is_ok(), "{}", kind.subject);
+            let options: String = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
+                .map(|p| std::fs::read_to_string(p).unwrap())
+                .collect();
+            assert!(options.contains(&format!("allow_mmap_reads={mapped}")), "{}: {options}", kind.subject);
+        }
     }
 
     #[test]

@@ -113,6 +113,11 @@ impl Nginx {
         Ok(Nginx { child, addr, root, dav })
     }
 
+    /// The master process, whose children are the workers.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Puts a file where nginx serves it as `/name`.
     pub fn publish(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
         Ok(std::fs::write(self.root.join(name), bytes)?)

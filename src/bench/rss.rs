@@ -38,6 +38,13 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmHWM")
 }
 
+/// Starts a process's high-water mark of resident memory over from what it
+/// holds now (`clear_refs` 5), so that [`peak_rss`] then gives the peak of
+/// what follows, however brief: sampling can miss a peak between samples.
+pub fn reset_peak_rss(pid: u32) -> std::io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+}
+
 /// Of a process's resident memory, the part that maps files (`RssFile`:
 /// pages of the page cache, shared with it and reclaimable, such as the
 /// catalog's tables read through a memory map).
@@ -58,6 +65,14 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) as f64 / USER_HZ)
+}
+
+/// CPU time a process and its descendants have used so far (nginx's master
+/// and its workers), in seconds; `None` when the process is gone.
+pub fn tree_cpu_seconds(pid: u32) -> Option<f64> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let own = cpu_seconds(pid)?;
+    Some(own + children.split_whitespace().filter_map(|c| tree_cpu_seconds(c.parse().ok()?)).sum::<f64>())
 }
 
 /// The port of a server URL (`postgres://u:p@127.0.0.1:5432/db`,
@@ -155,7 +170,8 @@ pub fn listener_pid(port: u16) -> Option<u32> {
 }
 
 /// Samples a process tree's resident memory every 50 ms on a thread of its
-/// own until stopped, keeping the peak.
+/// own until stopped, keeping the peak: for a tree of processes, whose
+/// high-water marks are each their own.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     peak: Arc<AtomicU64>,
@@ -246,6 +262,36 @@ mod tests {
         assert!((SHARED..SHARED * 3 / 2).contains(&total), "{total} bytes for {SHARED} shared and two interpreters");
     }
 
+    /// A peak of 64 MiB held for a moment and freed is in the high-water
+    /// mark until it is reset, and out of it after.
+    #[test]
+    fn the_peak_starts_over_when_reset() {
+        const HELD: u64 = 64 << 20;
+        let script = format!(
+            "import sys\n\
+             b = bytearray({HELD}); b[::4096] = b'x' * ({HELD} // 4096); del b\n\
+             print('freed', flush=True)\n\
+             sys.stdin.readline()\n"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut freed = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut freed).unwrap();
+        assert_eq!(freed.trim(), "freed");
+        let pid = child.id();
+        let before = peak_rss(pid).unwrap();
+        reset_peak_rss(pid).unwrap();
+        let after = peak_rss(pid).unwrap();
+        drop(child.stdin.take());
+        let _ = child.wait();
+        assert!(before >= HELD, "the peak holds what was touched: {before}");
+        assert!(after + HELD / 2 < before, "and starts over when reset: {before} -> {after}");
+    }
+
     #[test]
     fn cpu_time_grows_with_work() {
         let before = cpu_seconds(std::process::id()).unwrap();
@@ -256,6 +302,35 @@ mod tests {
         }
         let after = cpu_seconds(std::process::id()).unwrap();
         assert!(after - before >= 0.1, "{before} -> {after}");
+    }
+
+    /// A parent at rest whose child worked: the tree's CPU time is the
+    /// child's, which the parent's own does not count while it runs.
+    #[test]
+    fn cpu_time_of_a_tree_counts_the_children() {
+        let script = "import os, sys, time\n\
+             r, w = os.pipe()\n\
+             if os.fork() == 0:\n    t = time.process_time()\n    while time.process_time() - t < 0.4: pass\n    \
+             os.write(w, b'.'); time.sleep(60); os._exit(0)\n\
+             os.read(r, 1)\n\
+             print('worked', flush=True)\n\
+             sys.stdin.readline()\n";
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut worked = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut worked).unwrap();
+        assert_eq!(worked.trim(), "worked");
+        let pid = child.id();
+        let (own, tree) = (cpu_seconds(pid).unwrap(), tree_cpu_seconds(pid).unwrap());
+        let grandchild = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+        let _ = std::process::Command::new("kill").arg(grandchild.trim()).status();
+        drop(child.stdin.take());
+        let _ = child.wait();
+        assert!(tree - own >= 0.3, "the child's 0.4 s: own {own} s, tree {tree} s");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use hyper::body::Frame;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::rss::{self, Sampler};
+use super::rss;
 use super::stats::Summary;
 use super::{DepotServer, ExperimentReport, NO_SETTINGS_FILE, Progress, Row, Settings, drop_caches, load, thousands};
 use crate::store::StoreError;
@@ -88,7 +88,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         method: vec![
             format!(
                 "The default engine ({ENGINE}), {} server threads. RSS: the server's resident memory \
-                 (/proc/PID/status), sampled every 50 ms for peaks.",
+                 (/proc/PID/status); a peak is its high-water mark (VmHWM), started over before each stream.",
                 settings.threads
             ),
             format!(
@@ -136,21 +136,27 @@ async fn measure(
 
     let gb = format!("{} GB", scale.stream_bytes as f64 / 1e9);
     progress.doing(&format!("uploading {gb}"));
-    let sampler = Sampler::start(server.pid());
+    // The server's high-water mark, started over before each stream, is
+    // the peak of that stream alone.
+    let start_peak = |what: &str| {
+        rss::reset_peak_rss(server.pid()).with_context(|| format!("starting the server's peak RSS over for {what}"))
+    };
+    let peak = || server.peak_rss().context("reading the server's peak RSS");
+    start_peak("the upload")?;
     let started = Instant::now();
     stream_up(server.addr, "/files/scale/stream", scale.stream_bytes).await?;
     let up_rate = scale.stream_bytes as f64 / MB / started.elapsed().as_secs_f64();
-    let up_peak = sampler.finish();
+    let up_peak = peak()?;
     rows.push(Row::single(NAME, &format!("upload {gb}"), subject, "MB", mb(up_peak)));
     rows.push(Row::single(NAME, &format!("upload {gb}"), subject, "MB/s", up_rate));
     progress.done(1);
 
     progress.doing(&format!("downloading {gb}"));
-    let sampler = Sampler::start(server.pid());
+    start_peak("the download")?;
     let started = Instant::now();
     let got = stream_down(server.addr, "/files/scale/stream").await?;
     let down_rate = got as f64 / MB / started.elapsed().as_secs_f64();
-    let down_peak = sampler.finish();
+    let down_peak = peak()?;
     if got != scale.stream_bytes {
         bail!("the download gave {got} bytes of {}", scale.stream_bytes);
     }

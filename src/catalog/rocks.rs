@@ -293,30 +293,36 @@ struct Inner {
     buckets: RwLock<HashMap<String, BucketRecord>>,
 }
 
+/// The options of the catalog's records, for reads.
+///
+/// Most requests are point lookups of small records (an object record,
+/// then its blob record), and a batch makes thousands. Read through
+/// RocksDB's block cache, each lookup copied a block out of the page cache
+/// with `pread`, checksummed and decompressed it, and inserted it into the
+/// cache, evicting another: most of a 100,000-key batch's time.
+/// Uncompressed tables read through a memory map are searched in place,
+/// and the page cache is their only cache; a hash index in each block
+/// finds the key without a binary search. (An I/O error under a map ends
+/// the process rather than the request: see RELIABILITY.md.)
+pub(crate) fn lookup_options() -> rocksdb::Options {
+    let mut opts = crate::engine::rocks::base_options();
+    opts.set_compression_type(rocksdb::DBCompressionType::None);
+    opts.set_allow_mmap_reads(true);
+    let mut table = crate::engine::rocks::table_options();
+    table.set_data_block_index_type(rocksdb::DataBlockIndexType::BinaryAndHash);
+    table.disable_cache();
+    opts.set_block_based_table_factory(&table);
+    opts
+}
+
 impl RocksCatalog {
     /// Opens (creating if needed) the catalog at `path`.
     pub fn open(path: &Path) -> Result<RocksCatalog> {
-        let mut opts = crate::engine::rocks::base_options();
+        let mut opts = lookup_options();
         // Every write is made durable by the group's sync (`transact`), so
         // the log is written there too, once per group, rather than by a
         // `write` call per transaction on the server's threads.
         opts.set_manual_wal_flush(true);
-        // Most requests are point lookups of small records (an object
-        // record, then its blob record), and a batch makes thousands. Read
-        // through RocksDB's block cache, each lookup copied a block out of
-        // the page cache with `pread`, checksummed and decompressed it, and
-        // inserted it into the cache, evicting another: most of a
-        // 100,000-key batch's time. Uncompressed tables read through a
-        // memory map are searched in place, and the page cache is their
-        // only cache; a hash index in each block finds the key without a
-        // binary search. (An I/O error under a map ends the process rather
-        // than the request: see RELIABILITY.md.)
-        opts.set_compression_type(rocksdb::DBCompressionType::None);
-        opts.set_allow_mmap_reads(true);
-        let mut table = crate::engine::rocks::table_options();
-        table.set_data_block_index_type(rocksdb::DataBlockIndexType::BinaryAndHash);
-        table.disable_cache();
-        opts.set_block_based_table_factory(&table);
         let mut meta = crate::engine::rocks::base_options();
         meta.set_merge_operator_associative("stats", merge_stats);
         let cfs = || {
