@@ -119,12 +119,14 @@ fn collect(e: &ExperimentReport, metric: &str) -> Data {
     Data { metric: metric.to_string(), reading: reading(metric), parity: false, cases, series }
 }
 
-/// Draws `e` into `out` as `<name>.svg` and `<name>.png`, and its ratios,
-/// when a peer was measured beside it, as `<name>-ratio.svg` and `.png`;
-/// returns the file names.
-pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
+/// Draws `e` into `out` as `<name>.svg` and `<name>.png`; its ratios, when
+/// a peer was measured beside it, as `<name>-ratio.svg` and `.png`; and
+/// each metric it also charts, when measured, as `<name>-<stem>.*`.
+/// Returns the files drawn, each with its metric.
+pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<(String, String)>> {
     font().map_err(anyhow::Error::msg)?;
-    let mut files = draw_one(out, &e.name, &format!("{}: {}", e.name, e.title), &collect(e, &e.chart_metric))?;
+    let heading = format!("{}: {}", e.name, e.title);
+    let mut files = draw_one(out, &e.name, &heading, &e.chart_metric, &collect(e, &e.chart_metric))?;
     if let Some(ratio) = &e.ratio {
         let data = Data {
             reading: if ratio.of_rates { "taller is faster" } else { "shorter is faster" },
@@ -134,13 +136,19 @@ pub fn draw(out: &Path, e: &ExperimentReport) -> anyhow::Result<Vec<String>> {
         // No ratio rows when the peer could not run.
         if !data.series.is_empty() {
             let heading = format!("{}: each beside {}, pair by pair", e.name, ratio.metric.trim_start_matches("× "));
-            files.extend(draw_one(out, &format!("{}-ratio", e.name), &heading, &data)?);
+            files.extend(draw_one(out, &format!("{}-ratio", e.name), &heading, &ratio.metric, &data)?);
+        }
+    }
+    for (stem, metric) in &e.also_charted {
+        let data = collect(e, metric);
+        if !data.series.is_empty() {
+            files.extend(draw_one(out, &format!("{}-{stem}", e.name), &heading, metric, &data)?);
         }
     }
     Ok(files)
 }
 
-fn draw_one(out: &Path, stem: &str, heading: &str, data: &Data) -> anyhow::Result<Vec<String>> {
+fn draw_one(out: &Path, stem: &str, heading: &str, metric: &str, data: &Data) -> anyhow::Result<Vec<(String, String)>> {
     let columns = data.cases.len().clamp(1, COLUMNS);
     let panel_rows = data.cases.len().div_ceil(columns).max(1);
     let legend_rows = data.series.len().div_ceil(COLUMNS).max(1) as u32;
@@ -153,16 +161,18 @@ fn draw_one(out: &Path, stem: &str, heading: &str, data: &Data) -> anyhow::Resul
         .with_context(|| format!("drawing {svg}"))?;
     render(BitMapBackend::new(&out.join(&png), size).into_drawing_area(), &title, data, columns)
         .with_context(|| format!("drawing {png}"))?;
-    Ok(vec![svg, png])
+    Ok(vec![(svg, metric.to_string()), (png, metric.to_string())])
 }
 
 /// How to read the bars: rates (per second) grow with speed, times shrink,
-/// and memory is better small.
+/// and memory and CPU time are better small.
 fn reading(metric: &str) -> &'static str {
     if metric.contains("/s") {
         "taller is faster"
     } else if metric == "MB" {
         "shorter is leaner"
+    } else if metric.starts_with("CPU") {
+        "shorter costs less"
     } else {
         "shorter is faster"
     }
@@ -256,6 +266,7 @@ mod tests {
         assert_eq!(reading("files/s"), "taller is faster");
         assert_eq!(reading("write MB/s"), "taller is faster");
         assert_eq!(reading("MB"), "shorter is leaner");
+        assert_eq!(reading("CPU µs/request"), "shorter costs less");
     }
 
     #[test]
@@ -267,6 +278,7 @@ mod tests {
             method: vec![],
             chart_metric: "ms/request".into(),
             ratio: None,
+            also_charted: Vec::new(),
             rows: vec![
                 Row::measured("x", "a", "depot hybrid", "ms/request", s(1.0, 0.5, 2.0)).with_seed(Some((3.0, "old"))),
                 Row::measured("x", "a", "depot hybrid", "req/s", s(1000.0, 900.0, 1100.0)),
@@ -304,6 +316,7 @@ mod tests {
             method: vec![],
             chart_metric: "req/s".into(),
             ratio: Some(Ratio { metric: "× peer".into(), of_rates: true }),
+            also_charted: Vec::new(),
             rows,
         }
     }
@@ -321,13 +334,32 @@ mod tests {
             .count()
     }
 
+    /// A metric also charted gets a chart of its own, with only its rows,
+    /// and none when nothing measured it.
+    #[test]
+    fn metrics_also_charted_get_charts_of_their_own() {
+        let s = |m, lo, hi| Summary { median: m, min: lo, max: hi };
+        let cpu = "CPU µs/request";
+        let mut e = paired(true);
+        e.also_charted = vec![("cpu".into(), cpu.into()), ("absent".into(), "MB".into())];
+        e.rows.push(Row::measured("x", "a", "depot hybrid: server", cpu, s(23.25, 23.0, 23.5)));
+        let dir = tempfile::tempdir().unwrap();
+        let files = draw(dir.path(), &e).unwrap();
+        let cpu_files: Vec<&String> = files.iter().filter(|(_, m)| m == cpu).map(|(f, _)| f).collect();
+        assert_eq!(cpu_files, ["x-cpu.svg", "x-cpu.png"]);
+        assert!(!dir.path().join("x-absent.svg").exists(), "a chart of a metric with no rows");
+        let svg = std::fs::read_to_string(dir.path().join("x-cpu.svg")).unwrap();
+        assert!(svg.contains("23.25") && svg.contains("shorter costs less"), "{svg}");
+        assert!(!svg.contains("1,000") && !svg.contains("1.25"), "other metrics in the chart: {svg}");
+    }
+
     #[test]
     fn ratios_to_a_peer_get_a_chart_of_their_own_when_the_peer_ran() {
         if let Err(why) = font() {
             panic!("charts need their font: {why}");
         }
         let dir = tempfile::tempdir().unwrap();
-        let files = draw(dir.path(), &paired(true)).unwrap();
+        let files: Vec<String> = draw(dir.path(), &paired(true)).unwrap().into_iter().map(|(f, _)| f).collect();
         assert_eq!(files, ["x.svg", "x.png", "x-ratio.svg", "x-ratio.png"]);
         let svg = std::fs::read_to_string(dir.path().join("x-ratio.svg")).unwrap();
         assert!(svg.contains("each beside peer") && svg.contains("1.25"), "{svg}");
@@ -337,7 +369,8 @@ mod tests {
         assert_eq!(dashes(&rates), 0, "a line at 1× on a chart of rates");
 
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(draw(dir.path(), &paired(false)).unwrap(), ["x.svg", "x.png"]);
+        let files = draw(dir.path(), &paired(false)).unwrap();
+        assert_eq!(files, [("x.svg".to_string(), "req/s".to_string()), ("x.png".into(), "req/s".into())]);
         assert!(!dir.path().join("x-ratio.svg").exists());
     }
 }

@@ -172,6 +172,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         ],
         chart_metric: WRITE.into(),
         ratio: None,
+        also_charted: Vec::new(),
         rows,
     })
 }

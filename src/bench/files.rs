@@ -346,6 +346,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         ],
         chart_metric: MBS.into(),
         ratio: Some(Ratio { metric: RATIO.into(), of_rates: true }),
+        also_charted: Vec::new(),
         rows,
     })
 }

@@ -35,8 +35,7 @@ const PUT_SIZE: usize = 1024;
 const PUT_CASE: &str = "PUT 1 KB, new keys";
 const MS: &str = "ms/request";
 const RATIO: &str = "× nginx";
-const SERVER_CPU: &str = "server CPU µs/request";
-const CLIENT_CPU: &str = "load generator CPU µs/request";
+const CPU: &str = "CPU µs/request";
 
 /// The files served: label, size, and the seed's ms/request for nginx from
 /// disk and for nginx-gridfs.
@@ -266,8 +265,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 settings.threads, settings.threads
             ),
             "CPU µs/request: CPU time (user and system, from /proc) over a round and its warm-up, divided by \
-             the requests answered in it; the server's (nginx: master and workers), and the load generator's \
-             (this process), which shares the machine's cores with the server."
+             the requests answered in it; \"server\": the server's (nginx: master and workers), \"load \
+             generator\": this process's, which shares the machine's cores with the server."
                 .into(),
         ]
         .into_iter()
@@ -284,6 +283,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         .collect(),
         chart_metric: MS.into(),
         ratio: Some(Ratio { metric: RATIO.into(), of_rates: true }),
+        also_charted: vec![("cpu".into(), CPU.into())],
         rows,
     })
 }
@@ -354,9 +354,9 @@ async fn measure(
 fn cpu_rows(case: &str, targets: &[Target], cpu: &[CpuPerRequest]) -> Vec<Row> {
     let mut rows = Vec::new();
     for (target, cpu) in targets.iter().zip(cpu) {
-        for (metric, values) in [(SERVER_CPU, &cpu.server), (CLIENT_CPU, &cpu.client)] {
+        for (whose, values) in [("server", &cpu.server), ("load generator", &cpu.client)] {
             if let Some(s) = Summary::of(values) {
-                rows.push(Row::measured(NAME, case, &target.subject, metric, s));
+                rows.push(Row::measured(NAME, case, &format!("{}: {whose}", target.subject), CPU, s));
             }
         }
     }

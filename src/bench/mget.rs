@@ -225,6 +225,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         ],
         chart_metric: MS.into(),
         ratio: Some(Ratio { metric: RATIO.into(), of_rates: false }),
+        also_charted: Vec::new(),
         rows,
     })
 }

@@ -387,6 +387,9 @@ pub struct ExperimentReport {
     /// Depot's figures over those of a peer measured beside them, drawn in
     /// a chart of their own.
     pub ratio: Option<Ratio>,
+    /// Further metrics drawn each in a chart of its own,
+    /// `<name>-<stem>.svg`: (stem, metric).
+    pub also_charted: Vec<(String, String)>,
     pub rows: Vec<Row>,
 }
 

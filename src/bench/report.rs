@@ -2,7 +2,8 @@
 //! then per experiment how it was measured, one table and its charts),
 //! `results.json` and `results.csv` (every row, raw), and per experiment a
 //! chart as `<name>.svg` and `<name>.png` (and `<name>-ratio.*` for the
-//! ratios to a peer measured beside depot).
+//! ratios to a peer measured beside depot, `<name>-<stem>.*` for further
+//! metrics an experiment charts).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -111,7 +112,7 @@ fn markdown(
     generated: &str,
     machine: &Facts,
     experiments: &[ExperimentReport],
-    charts: &[Result<Vec<String>, String>],
+    charts: &[Result<Vec<(String, String)>, String>],
 ) -> String {
     let mut md = format!("# depot bench, {generated}\n\n## Machine\n\n| | |\n|---|---|\n");
     for (k, v) in machine {
@@ -125,11 +126,7 @@ fn markdown(
         md.push_str(&table(&e.rows));
         match chart {
             Ok(files) => {
-                for svg in files.iter().filter(|f| f.ends_with(".svg")) {
-                    let metric = match &e.ratio {
-                        Some(ratio) if svg.ends_with("-ratio.svg") => &ratio.metric,
-                        _ => &e.chart_metric,
-                    };
+                for (svg, metric) in files.iter().filter(|(f, _)| f.ends_with(".svg")) {
                     let _ = write!(md, "\n![{}: {metric}]({svg})\n", e.name);
                 }
             }
@@ -225,6 +222,7 @@ mod tests {
             method: vec![],
             chart_metric: "ms/request".into(),
             ratio: None,
+            also_charted: Vec::new(),
             rows: rows(),
         };
         let text = csv(&[e]);

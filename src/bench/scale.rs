@@ -113,6 +113,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         ],
         chart_metric: "MB".into(),
         ratio: None,
+        also_charted: Vec::new(),
         rows,
     })
 }

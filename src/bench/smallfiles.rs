@@ -158,6 +158,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         ],
         chart_metric: RATE.into(),
         ratio: None,
+        also_charted: Vec::new(),
         rows,
     })
 }
