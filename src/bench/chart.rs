@@ -338,6 +338,9 @@ mod tests {
     /// and none when nothing measured it.
     #[test]
     fn metrics_also_charted_get_charts_of_their_own() {
+        if let Err(why) = font() {
+            panic!("charts need their font: {why}");
+        }
         let s = |m, lo, hi| Summary { median: m, min: lo, max: hi };
         let cpu = "CPU µs/request";
         let mut e = paired(true);
@@ -350,7 +353,9 @@ mod tests {
         assert!(!dir.path().join("x-absent.svg").exists(), "a chart of a metric with no rows");
         let svg = std::fs::read_to_string(dir.path().join("x-cpu.svg")).unwrap();
         assert!(svg.contains("23.25") && svg.contains("shorter costs less"), "{svg}");
-        assert!(!svg.contains("1,000") && !svg.contains("1.25"), "other metrics in the chart: {svg}");
+        // Each text of the SVG is a line of its own.
+        assert!(svg.contains("\ndepot hybrid: server\n"), "its series in the legend: {svg}");
+        assert!(!svg.contains("\npeer\n") && !svg.contains("\ndepot hybrid\n"), "other metrics' series: {svg}");
     }
 
     #[test]

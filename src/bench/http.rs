@@ -64,8 +64,10 @@ fn plan(settings: &Settings) -> Plan {
 struct Target {
     subject: String,
     addr: SocketAddr,
-    /// The server's process (nginx's master, whose workers count with it).
-    pid: u32,
+    /// The processes that serve it, each with its descendants: depot and
+    /// the engine's own server when it runs on this machine, or nginx's
+    /// master and its workers.
+    pids: Vec<u32>,
     /// Prefix of the URLs of the published files.
     get_prefix: &'static str,
     /// Prefix of the URLs new keys are PUT to.
@@ -129,7 +131,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 continue;
             }
         };
-        let (addr, pid) = (server.addr, server.pid());
+        let addr = server.addr;
+        let pids = std::iter::once(server.pid()).chain(engine.backend_port.and_then(rss::listener_pid)).collect();
         let published = async {
             let mut c = Connection::open(addr).await?;
             for (name, bytes) in &files {
@@ -145,7 +148,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         targets.push(Target {
             subject,
             addr,
-            pid,
+            pids,
             get_prefix: "/files/bench/",
             put_prefix: "/files/bench/put/",
             written: data.path().to_path_buf(),
@@ -162,7 +165,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
         Ok(nginx) => targets.push(Target {
             subject: "nginx".into(),
             addr: nginx.addr,
-            pid: nginx.pid(),
+            pids: vec![nginx.pid()],
             get_prefix: "/",
             put_prefix: "/dav/",
             written: nginx.dav.clone(),
@@ -265,8 +268,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                 settings.threads, settings.threads
             ),
             "CPU µs/request: CPU time (user and system, from /proc) over a round and its warm-up, divided by \
-             the requests answered in it; \"server\": the server's (nginx: master and workers), \"load \
-             generator\": this process's, which shares the machine's cores with the server."
+             the requests answered in it; \"server\": the server's (nginx: master and workers; depot: with \
+             its engine's own server when that runs on this machine), \"load generator\": this process's, \
+             which shares the machine's cores with the server."
                 .into(),
         ]
         .into_iter()
@@ -327,26 +331,39 @@ async fn measure(
         for ((target, outcome), cpu) in targets.iter().zip(&mut outcomes).zip(&mut cpu) {
             let Ok(so_far) = outcome else { continue };
             progress.doing(&format!("{}: {case}, round {} of {}", target.subject, round + 1, plan.rounds));
-            let before = (rss::tree_cpu_seconds(target.pid), rss::cpu_seconds(client));
+            let before = (serving_cpu(&target.pids), rss::cpu_seconds(client));
             match load::run(target.addr, one, make(target, round)).await {
                 Ok(o) => {
-                    let after = (rss::tree_cpu_seconds(target.pid), rss::cpu_seconds(client));
-                    let per_request = |b: Option<f64>, a: Option<f64>| {
-                        Some((a? - b?) * 1e6 / o.ok_total as f64).filter(|us| us.is_finite())
-                    };
-                    cpu.server.extend(per_request(before.0, after.0));
-                    cpu.client.extend(per_request(before.1, after.1));
+                    let after = (serving_cpu(&target.pids), rss::cpu_seconds(client));
+                    cpu.server.extend(micros_per_request(before.0, after.0, o.ok_total));
+                    cpu.client.extend(micros_per_request(before.1, after.1, o.ok_total));
                     match so_far {
                         Some(all) => all.extend(o),
                         None => *so_far = Some(o),
                     }
                 }
-                Err(e) => *outcome = Err(format!("failed: {e:#}")),
+                Err(e) => {
+                    // A failed target's case is reported failed, CPU included.
+                    *cpu = CpuPerRequest::default();
+                    *outcome = Err(format!("failed: {e:#}"));
+                }
             }
         }
     }
     let outcomes = outcomes.into_iter().map(|o| o.and_then(|o| o.ok_or_else(|| "no round ran".to_string()))).collect();
     (outcomes, cpu)
+}
+
+/// CPU seconds the processes serving a target have used so far.
+fn serving_cpu(pids: &[u32]) -> Option<f64> {
+    pids.iter().map(|pid| rss::tree_cpu_seconds(*pid)).sum()
+}
+
+/// Microseconds of CPU per request between two readings in seconds;
+/// `None` when a reading is missing or nothing was answered.
+fn micros_per_request(before: Option<f64>, after: Option<f64>, requests: u64) -> Option<f64> {
+    let spent = after? - before?;
+    (requests > 0).then(|| spent * 1e6 / requests as f64)
 }
 
 /// Each target's CPU time per request, server and load generator, over
@@ -467,7 +484,7 @@ mod tests {
         let target = |subject: &str| Target {
             subject: subject.into(),
             addr: "127.0.0.1:1".parse().unwrap(),
-            pid: 0,
+            pids: Vec::new(),
             get_prefix: "",
             put_prefix: "",
             written: PathBuf::new(),
@@ -484,6 +501,14 @@ mod tests {
         let row = &rows[0];
         assert_eq!((row.subject.as_str(), row.metric.as_str()), ("depot hybrid", RATIO));
         assert_eq!((row.value, row.min, row.max), (Some(1.0), Some(0.25), Some(4.0)));
+    }
+
+    #[test]
+    fn cpu_is_counted_in_microseconds_per_request() {
+        assert_eq!(micros_per_request(Some(10.0), Some(10.5), 20_000), Some(25.0));
+        assert_eq!(micros_per_request(None, Some(10.5), 20_000), None, "a server gone meanwhile");
+        assert_eq!(micros_per_request(Some(10.0), None, 20_000), None);
+        assert_eq!(micros_per_request(Some(10.0), Some(10.5), 0), None, "nothing answered");
     }
 
     #[test]

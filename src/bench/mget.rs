@@ -7,8 +7,8 @@
 //! request; needs root). The floors are RocksDB's own in-process
 //! `multi_get` of the same keys in a fresh database, one with RocksDB's
 //! default options and one with those of depot's catalog, warm and cold the
-//! same way, each right after depot's request for the same keys. Every
-//! answer is checked to hold every key asked for.
+//! same way, each right after depot's request for the same keys (and the
+//! floors before it). Every answer is checked to hold every key asked for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,9 +127,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     }
     let ready: Vec<&Arc<Floor>> = floors.iter().filter_map(|f| f.as_ref().ok()).collect();
     // Each timed request to depot is followed by each floor's of the same
-    // keys, so all see the machine in the same state.
-    let mut floor_times: Vec<Timings> = ready.iter().map(|_| Timings::empty(sets.sizes.len())).collect();
-    let mut paired = false;
+    // keys, so all see the machine in the same state. A floor's times are
+    // those taken beside some engine, if any were.
+    let mut floor_times: Vec<Option<Timings>> = ready.iter().map(|_| None).collect();
     for (i, engine) in settings.engines.iter().enumerate() {
         progress.part(steps_per_subject);
         let subject = engine.subject();
@@ -148,7 +148,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                     match beside {
                         Ok(beside) => {
                             rows.extend(ratio_rows(&subject, &sets, &timings, &beside, floor.kind.ratio));
-                            times.add(&beside);
+                            times.get_or_insert_with(|| Timings::empty(sets.sizes.len())).add(&beside);
                         }
                         Err(why) => {
                             let why = format!("{} failed beside this engine: {why}", floor.kind.subject);
@@ -158,7 +158,6 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
                         }
                     }
                 }
-                paired = true;
             }
             Err(why) => {
                 rows.push(Row::skipped(NAME, &load_case, &subject, "keys/s", &why));
@@ -168,13 +167,14 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
             }
         }
     }
+    // In `ready`'s order: one for each floor that loaded.
     let mut paired_times = floor_times.into_iter();
     for (kind, floor) in FLOORS.iter().zip(floors) {
         progress.part(steps_per_subject - 1);
-        let floor_times = match floor {
-            Ok(_) if paired => paired_times.next().map(Ok).context("the times of each floor")?,
-            Ok(floor) => {
-                // No engine ran: the floor alone.
+        let floor_times = match floor.map(|f| (paired_times.next().flatten(), f)) {
+            Ok((Some(times), _)) => Ok(times),
+            Ok((None, floor)) => {
+                // No engine ran beside it: the floor alone.
                 progress.doing(kind.subject);
                 let (sets, cold) = (sets.clone(), cold_possible.clone());
                 tokio::task::spawn_blocking(move || floor.alone(&sets, cold)).await?
@@ -215,7 +215,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
              hash index in each block, bloom filters), still one call on one thread, where depot looks a \
              batch up in windows on every core. Like the floors, depot makes one lookup a key, values of \
              64 bytes or less being kept in their object records. Each timed request to depot is followed \
-             by each floor's of the same keys (warm, or cold after the same steps); × multi_get: depot's \
+             by each floor's of the same keys in turn (warm, or cold after the same steps); × multi_get: depot's \
              time over the default floor's beside it (the target's ratio), median and spread; × multi_get, \
              depot's options: over the other floor's."
                 .into(),

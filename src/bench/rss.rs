@@ -1,8 +1,10 @@
 //! Memory and CPU time of the processes under test, from `/proc`: a depot
-//! server's own peak (the kernel's high-water mark) and CPU seconds, and the
-//! peak of a backend server (PostgreSQL with its per-connection children, a
-//! Java server) found by the loopback port it listens on and sampled while
-//! an experiment runs.
+//! server's own peak (the kernel's high-water mark, which can be started
+//! over between phases) and CPU seconds; the CPU seconds of a tree of
+//! processes (nginx's master and workers, PostgreSQL's postmaster and
+//! backends); and the peak of a backend server (PostgreSQL with its
+//! per-connection children, a Java server) found by the loopback port it
+//! listens on and sampled while an experiment runs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,9 +72,15 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 /// CPU time a process and its descendants have used so far (nginx's master
 /// and its workers), in seconds; `None` when the process is gone.
 pub fn tree_cpu_seconds(pid: u32) -> Option<f64> {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
     let own = cpu_seconds(pid)?;
-    Some(own + children.split_whitespace().filter_map(|c| tree_cpu_seconds(c.parse().ok()?)).sum::<f64>())
+    Some(own + children(pid).into_iter().filter_map(tree_cpu_seconds).sum::<f64>())
+}
+
+/// The children of a process (of its main thread: a server's processes
+/// are started from it); none once it is gone.
+fn children(pid: u32) -> Vec<u32> {
+    let listed = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    listed.split_whitespace().filter_map(|c| c.parse().ok()).collect()
 }
 
 /// The port of a server URL (`postgres://u:p@127.0.0.1:5432/db`,
@@ -124,8 +132,7 @@ pub fn tree_rss(pid: u32) -> u64 {
 fn tree_memory(pid: u32) -> (u64, u64) {
     let [anon, file, shmem] = status_fields(pid, ["RssAnon", "RssFile", "RssShmem"]).unwrap_or_default();
     let (mut own, mut shared) = (anon + file, shmem);
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+    for child in children(pid) {
         let (o, s) = tree_memory(child);
         own += o;
         shared = shared.max(s);
@@ -211,6 +218,26 @@ impl Drop for Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    /// Runs a Python script until it prints `said`.
+    fn python_until(script: &str, said: &str) -> Child {
+        let mut child =
+            Command::new("python3").args(["-c", script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        assert_eq!(line.trim(), said);
+        child
+    }
+
+    /// Stops a process and its children.
+    fn stop(mut child: Child) {
+        for c in children(child.id()) {
+            let _ = Command::new("kill").arg(c.to_string()).status();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 
     #[test]
     fn finds_the_listener_of_a_port_and_its_memory() {
@@ -242,23 +269,14 @@ mod tests {
              print('ready', flush=True)\n\
              time.sleep(60)\n"
         );
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", &script])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut ready = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
-        assert_eq!(ready.trim(), "ready");
+        let child = python_until(&script, "ready");
         let pid = child.id();
         let shared_in = |p: u32| status_bytes(p, "RssShmem").unwrap();
-        let grandchild: u32 =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap().trim().parse().unwrap();
-        assert!(shared_in(pid) >= SHARED && shared_in(grandchild) >= SHARED, "both touched it all");
+        let grandchildren = children(pid);
         let total = tree_rss(pid);
-        let _ = child.kill();
-        let _ = std::process::Command::new("kill").arg(grandchild.to_string()).status();
-        let _ = child.wait();
+        let shared = (shared_in(pid), grandchildren.first().map(|g| shared_in(*g)));
+        stop(child);
+        assert!(shared.0 >= SHARED && shared.1 >= Some(SHARED), "both touched it all: {shared:?}");
         assert!((SHARED..SHARED * 3 / 2).contains(&total), "{total} bytes for {SHARED} shared and two interpreters");
     }
 
@@ -273,21 +291,12 @@ mod tests {
              print('freed', flush=True)\n\
              sys.stdin.readline()\n"
         );
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", &script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut freed = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut freed).unwrap();
-        assert_eq!(freed.trim(), "freed");
+        let child = python_until(&script, "freed");
         let pid = child.id();
         let before = peak_rss(pid).unwrap();
         reset_peak_rss(pid).unwrap();
         let after = peak_rss(pid).unwrap();
-        drop(child.stdin.take());
-        let _ = child.wait();
+        stop(child);
         assert!(before >= HELD, "the peak holds what was touched: {before}");
         assert!(after + HELD / 2 < before, "and starts over when reset: {before} -> {after}");
     }
@@ -315,21 +324,10 @@ mod tests {
              os.read(r, 1)\n\
              print('worked', flush=True)\n\
              sys.stdin.readline()\n";
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut worked = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut worked).unwrap();
-        assert_eq!(worked.trim(), "worked");
+        let child = python_until(script, "worked");
         let pid = child.id();
         let (own, tree) = (cpu_seconds(pid).unwrap(), tree_cpu_seconds(pid).unwrap());
-        let grandchild = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-        let _ = std::process::Command::new("kill").arg(grandchild.trim()).status();
-        drop(child.stdin.take());
-        let _ = child.wait();
+        stop(child);
         assert!(tree - own >= 0.3, "the child's 0.4 s: own {own} s, tree {tree} s");
     }
 
