@@ -2296,6 +2296,21 @@ def area_checksums(s3, buckets):
     expect_equal(
         (head.get("ChecksumSHA256"), head.get("ChecksumCRC32")), (want, None), "... and the copy keeps it alone"
     )
+    # A new checksum is a change S3 takes for a copy onto itself.
+    s3.copy_object(
+        Bucket=bucket, Key="to-copy", CopySource={"Bucket": bucket, "Key": "to-copy"}, ChecksumAlgorithm="SHA256"
+    )
+    head = s3.head_object(Bucket=bucket, Key="to-copy", ChecksumMode="ENABLED")
+    expect_equal(head.get("ChecksumSHA256"), want, "CopyObject onto itself with a new checksum algorithm adds it")
+    expect(body_of(s3.get_object(Bucket=bucket, Key="to-copy")) == body, "... and keeps the bytes")
+    expect_error(
+        "CopyObject onto itself asking for the checksum it has is InvalidRequest",
+        "InvalidRequest",
+        400,
+        lambda: s3.copy_object(
+            Bucket=bucket, Key="to-copy", CopySource={"Bucket": bucket, "Key": "to-copy"}, ChecksumAlgorithm="SHA256"
+        ),
+    )
 
     # A part declares its upload's algorithm, or is refused then, not at
     # its completion.

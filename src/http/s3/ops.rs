@@ -93,6 +93,12 @@ fn record_checksum(record: &ObjectRecord) -> (Checksum, Option<ChecksumType>) {
     }
 }
 
+/// Whether `record` has a checksum of its whole body under the header
+/// `name` (one of parts, `…-N`, is not of the whole).
+fn has_checksum_in(record: &ObjectRecord, name: &str) -> bool {
+    record.checksum().is_some_and(|(n, v)| n == name && !v.contains('-'))
+}
+
 /// [`record_checksum`] as GetObject and HeadObject answer it: only when
 /// the request asks (`x-amz-checksum-mode: ENABLED`), and only with the
 /// whole body, which a checksum of the whole cannot check a range of.
@@ -600,7 +606,7 @@ impl DepotS3 {
     /// gives a copy that asks for one: its own, or computed from its bytes.
     async fn checksummed(&self, mut source: ObjectRecord, algorithm: &ChecksumAlgorithm) -> S3Result<ObjectRecord> {
         let name = completion::header_for(algorithm.as_str())?;
-        if source.checksum().is_some_and(|(n, v)| n == name && !v.contains('-')) {
+        if has_checksum_in(&source, name) {
             return Ok(source);
         }
         let body = self.store.read(&source, ByteRange::full(source.size)).await.map_err(to_s3)?;
@@ -1142,14 +1148,22 @@ impl S3 for DepotS3 {
             Some(MetadataDirective::REPLACE) => Some(about!(input)),
             Some(other) => return Err(bad_argument(format!("metadata directive {other:?} is not COPY or REPLACE"))),
         };
+        // A checksum in an algorithm the source has none in is a change,
+        // as S3 takes it: how an object is given a checksum in place.
+        let new_checksum = match &input.checksum_algorithm {
+            Some(algorithm) => !has_checksum_in(&source, completion::header_for(algorithm.as_str())?),
+            None => false,
+        };
         if let CopySource::Bucket { bucket, key, .. } = &input.copy_source
             && **bucket == *input.bucket
             && **key == *input.key
             && replace.is_none()
+            && !new_checksum
         {
             return Err(s3_error!(
                 InvalidRequest,
-                "copying an object onto itself needs a change: send x-amz-metadata-directive: REPLACE"
+                "copying an object onto itself needs a change: send x-amz-metadata-directive: REPLACE, or \
+                 x-amz-checksum-algorithm naming an algorithm the object has no checksum in"
             ));
         }
         refuse_unsupported!(input)?;
