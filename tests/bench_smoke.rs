@@ -70,12 +70,17 @@ fn check_report(out: &Path, experiment: &str, subjects: &[&str]) {
 /// The chart of depot's ratios to the peer measured beside it, in the
 /// report and in both formats.
 fn check_ratio_chart(out: &Path, experiment: &str) {
+    check_chart(out, &format!("{experiment}-ratio"));
+}
+
+/// A chart drawn as `<stem>.svg` and `.png`, and shown in the report.
+fn check_chart(out: &Path, stem: &str) {
     for ext in ["svg", "png"] {
-        let len = std::fs::metadata(out.join(format!("{experiment}-ratio.{ext}"))).map(|m| m.len()).unwrap_or(0);
-        assert!(len > 1000, "{experiment}-ratio.{ext} missing or empty");
+        let len = std::fs::metadata(out.join(format!("{stem}.{ext}"))).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 1000, "{stem}.{ext} missing or empty");
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(report.contains(&format!("]({experiment}-ratio.svg)")), "{report}");
+    assert!(report.contains(&format!("]({stem}.svg)")), "{report}");
 }
 
 #[test]
@@ -108,6 +113,17 @@ fn bench_http_quick_writes_a_complete_report() {
         assert!(ratios.iter().all(|r| r.is_finite() && *r > 0.0), "{ratios:?}");
         check_ratio_chart(dir.path(), "http");
     }
+    // The CPU each side spent per request, in every case, and their chart.
+    for whose in ["depot hybrid: server", "depot hybrid: load generator"] {
+        let cpu: Vec<f64> = rows
+            .iter()
+            .filter(|r| r["subject"] == whose && r["metric"] == "CPU µs/request")
+            .filter_map(|r| r["value"].as_f64())
+            .collect();
+        assert_eq!(cpu.len(), 4, "{whose}: CPU per request in each case");
+        assert!(cpu.iter().all(|us| us.is_finite() && *us > 0.0), "{whose}: {cpu:?}");
+    }
+    check_chart(dir.path(), "http-cpu");
 }
 
 #[test]
@@ -127,13 +143,21 @@ fn bench_mget_quick_writes_a_complete_report() {
             .map(|r| (r["value"].as_f64().unwrap(), r["min"].as_f64().unwrap(), r["max"].as_f64().unwrap()))
             .unwrap_or_else(|| panic!("no {metric} for {subject} {case}"))
     };
-    for case in ["50 keys", "300 keys", "1,000 keys", "10,000 keys"] {
-        let (ratio, low, high) = find(case, "depot hybrid (warm)", "× multi_get");
-        let (_, depot_min, depot_max) = find(case, "depot hybrid (warm)", "ms/request");
-        let (_, floor_min, floor_max) = find(case, "rocksdb multi_get (warm)", "ms/request");
-        assert!(low <= ratio && ratio <= high, "{case}: {ratio} outside {low}..{high}");
-        let (floor, ceiling) = (depot_min / floor_max, depot_max / floor_min);
-        assert!(floor * 0.999 <= low && high <= ceiling * 1.001, "{case}: {low}..{high} outside {floor}..{ceiling}");
+    // Both floors: RocksDB's defaults, and the catalog's own options.
+    for (subject, metric) in
+        [("rocksdb multi_get", "× multi_get"), ("rocksdb multi_get, depot's options", "× multi_get, depot's options")]
+    {
+        for case in ["50 keys", "300 keys", "1,000 keys", "10,000 keys"] {
+            let (ratio, low, high) = find(case, "depot hybrid (warm)", metric);
+            let (_, depot_min, depot_max) = find(case, "depot hybrid (warm)", "ms/request");
+            let (_, floor_min, floor_max) = find(case, &format!("{subject} (warm)"), "ms/request");
+            assert!(low <= ratio && ratio <= high, "{subject}, {case}: {ratio} outside {low}..{high}");
+            let (floor, ceiling) = (depot_min / floor_max, depot_max / floor_min);
+            assert!(
+                floor * 0.999 <= low && high <= ceiling * 1.001,
+                "{subject}, {case}: {low}..{high} outside {floor}..{ceiling}"
+            );
+        }
     }
 }
 
