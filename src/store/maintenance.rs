@@ -16,7 +16,7 @@ use sha2::Digest as _;
 
 use super::{Result, Store, StoreError};
 use crate::catalog::rocks::RocksCatalog;
-use crate::catalog::{BlobRecord, Catalog, CatalogStats, ListQuery, ObjectRecord};
+use crate::catalog::{BlobRecord, Catalog, CatalogExt, CatalogStats, ListQuery, ObjectRecord};
 use crate::engine::{
     self, BlobEngine, BlobInfo, BlobRef, BlobWriter, ByteRange, Digest, DynEngine, EngineError, Locator,
 };
@@ -97,7 +97,8 @@ impl fmt::Display for Problem {
             Problem::StrayBytes { digest } => write!(
                 f,
                 "blob {digest}: objects refer to it, and the engine holds bytes of it its record does not point \
-                 at (kept: they may be the content's only copy)"
+                 at (kept: they may be the content's only copy; `--repair` points the record at them if they are \
+                 whole)"
             ),
             Problem::WrongRefs { digest, recorded, counted } => {
                 write!(f, "blob {digest}: {recorded} references recorded, {counted} counted")
@@ -131,8 +132,11 @@ pub struct VerifyReport {
     /// Blobs whose damaged bytes `repair` removed from the engine: an
     /// engine that keeps the first copy of a content would otherwise keep
     /// them through every upload of that content. Their objects still need
-    /// uploading again.
+    /// uploading again, unless their records were relinked.
     pub cleared: u64,
+    /// Blobs whose records `repair` pointed at whole bytes of theirs found
+    /// elsewhere in the engine, in place of lost or damaged ones.
+    pub relinked: u64,
     /// Objects whose bytes are lost or damaged, and parts of uploads in
     /// progress: they need uploading again.
     pub damaged_objects: Vec<DamagedObject>,
@@ -208,6 +212,9 @@ struct Scan {
     unreferenced: Vec<BlobRecord>,
     /// Blobs whose bytes are there but damaged.
     damaged: Vec<BlobRef>,
+    /// Bytes of contents objects refer to, where their records do not
+    /// point, while the records' own are lost or damaged.
+    strays: Vec<BlobInfo>,
 }
 
 /// What a backup copied.
@@ -355,6 +362,7 @@ impl Store {
                 for info in listed.into_iter().filter(|info| known.get(&info.digest) != Some(&hash_of(&info.locator))) {
                     if refs.get(&info.digest).is_some_and(|n| *n > 0) && !whole.contains(&info.digest) {
                         report.problems.push(Problem::StrayBytes { digest: info.digest });
+                        scan.strays.push(info);
                     } else {
                         report.leftovers.push(info);
                     }
@@ -368,6 +376,10 @@ impl Store {
             report.problems.push(Problem::WrongTotals { recorded, counted: counted_totals });
         }
 
+        let relinked = match repair {
+            true => self.repair(&mut report, counted_totals, scan).await?,
+            false => HashSet::new(),
+        };
         let damaged: HashSet<Digest> = report
             .problems
             .iter()
@@ -377,12 +389,10 @@ impl Store {
                 | Problem::DamagedBytes { digest, .. } => Some(*digest),
                 _ => None,
             })
+            .filter(|digest| !relinked.contains(digest))
             .collect();
         if !damaged.is_empty() {
             report.damaged_objects = self.objects_using(&damaged).await?;
-        }
-        if repair {
-            self.repair(&mut report, counted_totals, scan).await?;
         }
         Ok(report)
     }
@@ -463,8 +473,9 @@ impl Store {
 
     /// Fixes what can be fixed, and says in `report` how many problems
     /// that was and how many blobs went. `counted` are the totals the scan
-    /// found.
-    async fn repair(&self, report: &mut VerifyReport, counted: CatalogStats, scan: Scan) -> Result<()> {
+    /// found. Returns the blobs whose records now point at whole bytes
+    /// found elsewhere in the engine.
+    async fn repair(&self, report: &mut VerifyReport, counted: CatalogStats, scan: Scan) -> Result<HashSet<Digest>> {
         for batch in scan.wrong_refs.chunks(PAGE) {
             self.catalog.set_refs(batch).await?;
         }
@@ -487,6 +498,24 @@ impl Store {
         self.catalog.set_stats(totals).await?;
         // Lost bytes of a blob nothing refers to went with its record.
         let dropped = |d: &Digest| removed.contains(d);
+        // A content's bytes written afresh, whose record a crash kept from
+        // pointing at them, are its whole copy when they hash right: the
+        // record is pointed there. (Copies of one content differ only in
+        // where an engine keeps them, the hybrid engine's tiers, and the
+        // removal of the damaged one below goes to its own place.)
+        let mut relinked = HashSet::new();
+        for stray in scan.strays.iter().filter(|s| !dropped(&s.digest)) {
+            if relinked.contains(&stray.digest) {
+                continue;
+            }
+            let Some(record) = self.catalog.get_blob(&stray.digest).await? else { continue };
+            let found = BlobRef { digest: stray.digest, size: record.size, locator: stray.locator.clone() };
+            if holds_blob(self.engine.as_ref(), &found, &ProgressBar::hidden()).await.unwrap_or(false) {
+                self.catalog.set_locators(&[(stray.digest, stray.locator.clone())]).await?;
+                relinked.insert(stray.digest);
+            }
+        }
+        report.relinked = relinked.len() as u64;
         // Damaged bytes of a blob still referred to cannot be mended, only
         // removed: then the next upload of the content stores it afresh,
         // where engines that keep the first copy of a content (sqlite,
@@ -501,12 +530,13 @@ impl Store {
         let fixed = report.problems.iter().filter(|p| match p {
             Problem::MissingBytes { digest }
             | Problem::CorruptBytes { digest, .. }
-            | Problem::DamagedBytes { digest, .. } => dropped(digest),
+            | Problem::DamagedBytes { digest, .. } => dropped(digest) || relinked.contains(digest),
+            Problem::StrayBytes { digest } => relinked.contains(digest),
             p => p.repairable(),
         });
         report.repaired = fixed.count() as u64;
         report.removed = (report.leftovers.len() + removed.len()) as u64;
-        Ok(())
+        Ok(relinked)
     }
 
     /// Writes a copy of the store into `dir` (which must not exist, or be
@@ -971,6 +1001,45 @@ mod tests {
         put(&store, "a", b"alpha").await;
         assert_eq!(store.verify(false, &hidden()).await.unwrap().problems, vec![]);
         assert_eq!(read_all(&store, "files", "a").await, b"alpha");
+    }
+
+    /// A record pointing where its content's bytes are not, while they are
+    /// whole elsewhere in the engine (a crash between writing them afresh
+    /// and recording where): repair points the record at them. Bytes that
+    /// do not hash right are left alone, and their object reported.
+    #[tokio::test]
+    async fn repair_points_a_record_at_its_whole_bytes_found_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EngineConfig { inline_threshold: 16, ..EngineConfig::default() };
+        let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
+        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+        let store = Store::open(catalog, engine, StoreConfig::default()).await.unwrap();
+        // Past a page, so kept as files rather than in their locators.
+        let (whole, spoilt): (&'static [u8], &'static [u8]) = (vec![7u8; 5000].leak(), vec![9u8; 5000].leak());
+        let (a, b) = (put(&store, "a", whole).await, put(&store, "b", spoilt).await);
+        let file = |d: &Digest| {
+            let hex = d.to_hex();
+            dir.path().join("hybrid/files/blobs").join(&hex[0..2]).join(&hex[2..4]).join(hex)
+        };
+        let mut bytes = std::fs::read(file(&b)).unwrap();
+        bytes[100] ^= 1;
+        std::fs::write(file(&b), bytes).unwrap();
+        // Both records point into the RocksDB tier, which has neither.
+        store.catalog.set_locators(&[(a, b"r".to_vec()), (b, b"r".to_vec())]).await.unwrap();
+
+        let found = store.verify(false, &hidden()).await.unwrap();
+        for d in [a, b] {
+            assert!(found.problems.contains(&Problem::MissingBytes { digest: d }), "{:?}", found.problems);
+            assert!(found.problems.contains(&Problem::StrayBytes { digest: d }), "{:?}", found.problems);
+        }
+        assert_eq!(found.damaged_objects, vec![damaged("a", None), damaged("b", None)]);
+
+        let repaired = store.verify(true, &hidden()).await.unwrap();
+        assert_eq!((repaired.relinked, repaired.repaired, repaired.unresolved()), (1, 2, 2));
+        assert_eq!(repaired.damaged_objects, vec![damaged("b", None)], "a is whole again");
+        assert_eq!(read_all(&store, "files", "a").await, whole);
+        let after = store.verify(false, &hidden()).await.unwrap();
+        assert_eq!(after.problems, vec![Problem::MissingBytes { digest: b }, Problem::StrayBytes { digest: b }]);
     }
 
     #[tokio::test]
