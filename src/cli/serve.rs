@@ -592,9 +592,13 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             if repair { format!(", {} repaired", report.repaired) } else { String::new() },
             if repair {
                 format!(
-                    "; removed {} leftover and unreferenced blob(s) and the damaged bytes of {} blob(s); pointed \
-                     {} blob record(s) at whole bytes of theirs found elsewhere in the engine",
-                    report.removed, report.cleared, report.relinked
+                    "; removed {} leftover and unreferenced blob(s) and the damaged bytes of {} blob(s){}",
+                    report.removed,
+                    report.cleared,
+                    match report.relinked {
+                        0 => String::new(),
+                        n => format!("; pointed {n} blob record(s) at whole copies found elsewhere in the engine"),
+                    }
                 )
             } else if !report.leftovers.is_empty() {
                 " (from writes a crash cut short: the collector removes them after --gc-grace, --repair now)".into()

@@ -97,8 +97,8 @@ impl fmt::Display for Problem {
             Problem::StrayBytes { digest } => write!(
                 f,
                 "blob {digest}: objects refer to it, and the engine holds bytes of it its record does not point \
-                 at (kept: they may be the content's only copy; `--repair` points the record at them if they are \
-                 whole)"
+                 at (kept: they may be the content's only copy; where the content has a record, `--repair` points \
+                 it at them if they are whole)"
             ),
             Problem::WrongRefs { digest, recorded, counted } => {
                 write!(f, "blob {digest}: {recorded} references recorded, {counted} counted")
@@ -213,7 +213,8 @@ struct Scan {
     /// Blobs whose bytes are there but damaged.
     damaged: Vec<BlobRef>,
     /// Bytes of contents objects refer to, where their records do not
-    /// point, while the records' own are lost or damaged.
+    /// point (or that have no record), while the records' own are lost or
+    /// damaged.
     strays: Vec<BlobInfo>,
 }
 
@@ -498,8 +499,8 @@ impl Store {
         self.catalog.set_stats(totals).await?;
         // Lost bytes of a blob nothing refers to went with its record.
         let dropped = |d: &Digest| removed.contains(d);
-        // A content's bytes written afresh, whose record a crash kept from
-        // pointing at them, are its whole copy when they hash right: the
+        // Another copy of a content whose record points at lost or damaged
+        // bytes is its whole copy when it reads back as the content: the
         // record is pointed there. (Copies of one content differ only in
         // where an engine keeps them, the hybrid engine's tiers, and the
         // removal of the damaged one below goes to its own place.)
@@ -509,8 +510,17 @@ impl Store {
                 continue;
             }
             let Some(record) = self.catalog.get_blob(&stray.digest).await? else { continue };
+            if stray.size != record.size {
+                continue;
+            }
             let found = BlobRef { digest: stray.digest, size: record.size, locator: stray.locator.clone() };
-            if holds_blob(self.engine.as_ref(), &found, &ProgressBar::hidden()).await.unwrap_or(false) {
+            let whole = match holds_blob(self.engine.as_ref(), &found, &ProgressBar::hidden()).await {
+                Ok(whole) => whole,
+                Err(EngineError::NotFound(_) | EngineError::Damaged { .. }) => false,
+                // Trouble of the engine as a whole says nothing of these bytes.
+                Err(e) => return Err(naming_blob("reading another copy of", &stray.digest, e)),
+            };
+            if whole {
                 self.catalog.set_locators(&[(stray.digest, stray.locator.clone())]).await?;
                 relinked.insert(stray.digest);
             }
@@ -1004,9 +1014,9 @@ mod tests {
     }
 
     /// A record pointing where its content's bytes are not, while they are
-    /// whole elsewhere in the engine (a crash between writing them afresh
-    /// and recording where): repair points the record at them. Bytes that
-    /// do not hash right are left alone, and their object reported.
+    /// whole elsewhere in the engine: repair points the record at them.
+    /// Bytes that do not hash right are left alone, and their object
+    /// reported.
     #[tokio::test]
     async fn repair_points_a_record_at_its_whole_bytes_found_elsewhere() {
         let dir = tempfile::tempdir().unwrap();
@@ -1014,7 +1024,7 @@ mod tests {
         let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
         let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
         let store = Store::open(catalog, engine, StoreConfig::default()).await.unwrap();
-        // Past a page, so kept as files rather than in their locators.
+        // Over the threshold, and a page, so kept as files.
         let (whole, spoilt): (&'static [u8], &'static [u8]) = (vec![7u8; 5000].leak(), vec![9u8; 5000].leak());
         let (a, b) = (put(&store, "a", whole).await, put(&store, "b", spoilt).await);
         let file = |d: &Digest| {
@@ -1040,6 +1050,36 @@ mod tests {
         assert_eq!(read_all(&store, "files", "a").await, whole);
         let after = store.verify(false, &hidden()).await.unwrap();
         assert_eq!(after.problems, vec![Problem::MissingBytes { digest: b }, Problem::StrayBytes { digest: b }]);
+    }
+
+    /// The record points at damaged bytes, and a whole copy is elsewhere:
+    /// repair points the record at the whole copy, then removes the
+    /// damaged one, which is in another place and leaves the copy alone.
+    #[tokio::test]
+    async fn repair_relinks_past_damaged_bytes_and_removes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EngineConfig { inline_threshold: 256 * 1024, ..EngineConfig::default() };
+        let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
+        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
+        let store = Store::open(catalog, engine, StoreConfig::default()).await.unwrap();
+        // Under the threshold and over a page: kept in the RocksDB tier.
+        let content: &'static [u8] = vec![5u8; 5000].leak();
+        let digest = put(&store, "a", content).await;
+        // A damaged copy in the file tier, where the record now points.
+        let hex = digest.to_hex();
+        let file = dir.path().join("hybrid/files/blobs").join(&hex[0..2]).join(&hex[2..4]).join(&hex);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, [&content[1..], b"x"].concat()).unwrap();
+        store.catalog.set_locators(&[(digest, b"f".to_vec())]).await.unwrap();
+
+        let repaired = store.verify(true, &hidden()).await.unwrap();
+        assert!(matches!(repaired.problems[0], Problem::CorruptBytes { .. }), "{:?}", repaired.problems);
+        assert!(repaired.problems.contains(&Problem::StrayBytes { digest }), "{:?}", repaired.problems);
+        assert_eq!((repaired.relinked, repaired.cleared, repaired.unresolved()), (1, 1, 0));
+        assert!(repaired.damaged_objects.is_empty(), "{:?}", repaired.damaged_objects);
+        assert!(!file.exists(), "the damaged copy is still there");
+        assert_eq!(read_all(&store, "files", "a").await, content);
+        assert_eq!(store.verify(false, &hidden()).await.unwrap().problems, vec![]);
     }
 
     #[tokio::test]
