@@ -1020,20 +1020,13 @@ mod tests {
     #[tokio::test]
     async fn repair_points_a_record_at_its_whole_bytes_found_elsewhere() {
         let dir = tempfile::tempdir().unwrap();
-        let config = EngineConfig { inline_threshold: 16, ..EngineConfig::default() };
-        let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
-        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
-        let store = Store::open(catalog, engine, StoreConfig::default()).await.unwrap();
+        let store = hybrid_store(dir.path(), 16).await;
         // Over the threshold, and a page, so kept as files.
         let (whole, spoilt): (&'static [u8], &'static [u8]) = (vec![7u8; 5000].leak(), vec![9u8; 5000].leak());
         let (a, b) = (put(&store, "a", whole).await, put(&store, "b", spoilt).await);
-        let file = |d: &Digest| {
-            let hex = d.to_hex();
-            dir.path().join("hybrid/files/blobs").join(&hex[0..2]).join(&hex[2..4]).join(hex)
-        };
-        let mut bytes = std::fs::read(file(&b)).unwrap();
+        let mut bytes = std::fs::read(hybrid_file(dir.path(), &b)).unwrap();
         bytes[100] ^= 1;
-        std::fs::write(file(&b), bytes).unwrap();
+        std::fs::write(hybrid_file(dir.path(), &b), bytes).unwrap();
         // Both records point into the RocksDB tier, which has neither.
         store.catalog.set_locators(&[(a, b"r".to_vec()), (b, b"r".to_vec())]).await.unwrap();
 
@@ -1058,16 +1051,12 @@ mod tests {
     #[tokio::test]
     async fn repair_relinks_past_damaged_bytes_and_removes_them() {
         let dir = tempfile::tempdir().unwrap();
-        let config = EngineConfig { inline_threshold: 256 * 1024, ..EngineConfig::default() };
-        let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
-        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
-        let store = Store::open(catalog, engine, StoreConfig::default()).await.unwrap();
+        let store = hybrid_store(dir.path(), 256 * 1024).await;
         // Under the threshold and over a page: kept in the RocksDB tier.
         let content: &'static [u8] = vec![5u8; 5000].leak();
         let digest = put(&store, "a", content).await;
         // A damaged copy in the file tier, where the record now points.
-        let hex = digest.to_hex();
-        let file = dir.path().join("hybrid/files/blobs").join(&hex[0..2]).join(&hex[2..4]).join(&hex);
+        let file = hybrid_file(dir.path(), &digest);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, [&content[1..], b"x"].concat()).unwrap();
         store.catalog.set_locators(&[(digest, b"f".to_vec())]).await.unwrap();
@@ -1085,11 +1074,8 @@ mod tests {
     #[tokio::test]
     async fn a_backup_is_a_store_as_of_its_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
+        let store = hybrid_store(dir.path(), 16).await;
         let config = EngineConfig { inline_threshold: 16, ..EngineConfig::default() };
-        let engine = engine::open(EngineKind::Hybrid, &dir.path().join("hybrid"), &config).await.unwrap();
-        let catalog = Arc::new(RocksCatalog::open(&dir.path().join("catalog")).unwrap());
-        let store_config = StoreConfig { engine: Some((EngineKind::Hybrid, config.clone())), ..StoreConfig::default() };
-        let store = Store::open(catalog, engine, store_config).await.unwrap();
         put(&store, "small", b"tiny").await;
         put(&store, "large", b"more than sixteen bytes, kept as a file").await;
         put(&store, "gone", b"deleted before the backup").await;
@@ -1110,6 +1096,23 @@ mod tests {
         assert!(matches!(copy.head("files", "later").await, Err(StoreError::NoSuchKey(_))));
         assert_eq!(copy.verify(false, &hidden()).await.unwrap().problems, vec![]);
         assert_eq!(std::fs::read_to_string(target.join(engine::ENGINE_MARKER)).unwrap(), "hybrid\n");
+    }
+
+    /// A store over the hybrid engine in `dir`, blobs over `threshold`
+    /// bytes kept as files, which knows how its engine was opened (as a
+    /// backup needs).
+    async fn hybrid_store(dir: &Path, threshold: u64) -> Store {
+        let config = EngineConfig { inline_threshold: threshold, ..EngineConfig::default() };
+        let engine = engine::open(EngineKind::Hybrid, &dir.join("hybrid"), &config).await.unwrap();
+        let catalog = Arc::new(RocksCatalog::open(&dir.join("catalog")).unwrap());
+        let store_config = StoreConfig { engine: Some((EngineKind::Hybrid, config)), ..StoreConfig::default() };
+        Store::open(catalog, engine, store_config).await.unwrap()
+    }
+
+    /// Where a [`hybrid_store`] in `dir` keeps a blob as a file.
+    fn hybrid_file(dir: &Path, digest: &Digest) -> std::path::PathBuf {
+        let hex = digest.to_hex();
+        dir.join("hybrid/files/blobs").join(&hex[0..2]).join(&hex[2..4]).join(hex)
     }
 
     /// A store over the fs engine in `dir`, which knows how its engine was
