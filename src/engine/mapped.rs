@@ -16,6 +16,11 @@
 //! where a read would have returned short. Blob files never shrink unless
 //! damaged on disk, and only answers on sockets are given mapped chunks:
 //! there `sendfile` meets the short file and the connection is closed.
+//!
+//! Bodies kept in memory go out the same way when they are held in a file
+//! of memory ([`in_memory`]): `sendfile` hands the socket their pages, where
+//! `writev` would copy them, and the client's copy reads pages no other
+//! core has just written.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -93,6 +98,22 @@ pub fn cached(file: &Arc<File>, offset: u64, len: usize) -> Option<Bytes> {
     let start = base as usize + lead;
     regions().insert(start, Region { end: start + len, fd: file.as_raw_fd(), offset });
     Some(Bytes::from_owner(mapping))
+}
+
+/// `bytes`, copied into a file of memory (`memfd_create`), sealed against
+/// any change, mapped and registered for sending like a cached chunk of a
+/// blob file; `None` if the system refuses any step (out of file
+/// descriptors, say), for the caller to keep them as they are.
+pub fn in_memory(bytes: &[u8]) -> Option<Bytes> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    use std::io::Write;
+    let fd = rustix::fs::memfd_create("depot-body", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).ok()?;
+    let mut file = File::from(fd);
+    file.write_all(bytes).ok()?;
+    // Pages handed to a socket are sent later: they must never change.
+    rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL)
+        .ok()?;
+    cached(&Arc::new(file), 0, bytes.len())
 }
 
 /// Brings `len` bytes of `file` from `offset` into the page cache,
@@ -274,6 +295,26 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A body in a file of memory reads as itself, is found for sending
+    /// until dropped, and cannot be changed through its file.
+    #[test]
+    fn a_body_in_memory_reads_as_itself_and_is_sealed() {
+        let content: Vec<u8> = (0..100_000u32).map(|i| (i % 239) as u8).collect();
+        let body = in_memory(&content).expect("a file of memory");
+        assert_eq!(&body[..], &content[..]);
+        let (fd, offset, n) = find(body[10..].as_ptr(), body.len() - 10).expect("registered");
+        assert_eq!((offset, n), (10, 99_990));
+        // SAFETY: `fd` is the body's file, open while `body` lives; the
+        // duplicate is closed when `file` drops.
+        let mut file = File::from(rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap());
+        assert!(std::io::Write::write_all(&mut file, b"changed").is_err(), "a sealed file takes no writes");
+        assert!(file.set_len(10).is_err(), "nor a new length");
+        assert_eq!(&body[..], &content[..]);
+        let at = body.as_ptr();
+        drop(body);
+        assert_eq!(find(at, 1), None);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::engine::{
 };
 use guards::BlobGuards;
 use hot::HotBlobs;
-pub use hot::HotStats;
+pub use hot::{HotStats, MOST_FILES as HOT_FILES};
 pub use multipart::{
     CompletionChecksum, MAX_PART_NUMBER, MIN_PART_SIZE, MakeChecksum, PartsPage, UploadInfo, UploadQuery,
 };
