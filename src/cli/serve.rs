@@ -271,8 +271,9 @@ fn raise_open_files(connections: usize) {
         false => limit.current,
     };
     // Files beside the connections: the store's own, the engines', logs,
-    // and the bodies it keeps in memory.
-    let wanted = connections as u64 + 1024 + crate::store::HOT_FILES;
+    // and the bodies kept in files of memory, by the cache and by answers
+    // sending one it has let go (one a connection).
+    let wanted = 2 * connections as u64 + 1024 + crate::store::HOT_FILES;
     if now.is_some_and(|n| n < wanted) {
         tracing::warn!(
             "this process may open {} files, fewer than --max-connections {connections} and the store's own \

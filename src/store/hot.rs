@@ -22,8 +22,8 @@ use crate::engine::{ByteStream, Digest, EngineError, mapped};
 pub const LARGEST: u64 = 256 * 1024;
 /// Bytes of bodies kept, as much as RocksDB's default block cache.
 const CAPACITY: u64 = 32 << 20;
-/// Most files of memory the cache holds at once: the budget of file
-/// descriptors it needs beside the server's own.
+/// Most files of memory the cache holds at once. Bodies it has let go
+/// keep theirs while an answer still sends them: one a connection at most.
 pub const MOST_FILES: u64 = CAPACITY / mapped::SMALLEST as u64;
 /// What an entry costs besides its body: key, handle and bookkeeping.
 const ENTRY_OVERHEAD: u64 = 128;
@@ -150,7 +150,11 @@ impl HotBlobs {
             return Err(short(body.len()));
         }
         let body = match body.len() >= mapped::SMALLEST {
-            true => mapped::in_memory(&body).unwrap_or_else(|| body.freeze()),
+            true => mapped::in_memory(&body).unwrap_or_else(|e| {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| tracing::warn!("hot bodies stay on the heap, sent with a copy: {e}"));
+                body.freeze()
+            }),
             false => body.freeze(),
         };
         // Kept, then taken out again if a forget came meanwhile: a forget
@@ -257,7 +261,8 @@ mod tests {
             let read = hot.fill(d, size as u64, hot.read_begins(&d), stream(&[body])).await.unwrap();
             let kept = hot.get(&d).unwrap();
             assert_eq!((&read[..], &kept[..]), (body, body));
-            let in_memory = size >= mapped::SMALLEST;
+            // Unless the system's settings would give each a huge page.
+            let in_memory = size >= mapped::SMALLEST && !mapped::huge_memory_files();
             assert_eq!(mapped::find(kept.as_ptr(), size).is_some(), in_memory, "{size} bytes");
             assert_eq!(kept.as_ptr(), read.as_ptr(), "the reader is given the body kept");
         }
