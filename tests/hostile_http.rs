@@ -872,8 +872,8 @@ fn a_reader_slower_than_the_send_timeout_per_write_gets_its_whole_answer() {
 }
 
 /// A file's body, sent from the page cache, and a hot object's, sent from
-/// the file of memory it is kept in, come whole and in order to a reader
-/// slow enough that each `sendfile` sends only part of what it was given.
+/// memory, come whole and in order to a reader slow enough that each
+/// `sendfile` or `writev` sends only part of what it was given.
 #[test]
 fn bodies_sent_from_the_page_cache_come_whole_to_a_slow_reader() {
     let mut s = Server::start(&[]);

@@ -270,10 +270,8 @@ fn raise_open_files(connections: usize) {
         true => limit.maximum,
         false => limit.current,
     };
-    // Files beside the connections: the store's own, the engines', logs,
-    // and the bodies kept in files of memory, by the cache and by answers
-    // sending one it has let go (one a connection).
-    let wanted = 2 * connections as u64 + 1024 + crate::store::HOT_FILES;
+    // Files beside the connections: the store's own, the engines', logs.
+    let wanted = connections as u64 + 1024;
     if now.is_some_and(|n| n < wanted) {
         tracing::warn!(
             "this process may open {} files, fewer than --max-connections {connections} and the store's own \

@@ -16,13 +16,6 @@
 //! where a read would have returned short. Blob files never shrink unless
 //! damaged on disk, and only answers on sockets are given mapped chunks:
 //! there `sendfile` meets the short file and the connection is closed.
-//!
-//! Bodies kept in memory go out the same way when they are held in a file
-//! of memory ([`in_memory`]): `sendfile` hands the socket their pages, where
-//! `writev` would copy them, and the client's copy reads pages no other
-//! core has just written. Such a file is sealed: it can neither shrink nor
-//! change, so its mapping is safe wherever it is read (a copy of an object
-//! reads hot bodies too).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -100,73 +93,6 @@ pub fn cached(file: &Arc<File>, offset: u64, len: usize) -> Option<Bytes> {
     let start = base as usize + lead;
     regions().insert(start, Region { end: start + len, fd: file.as_raw_fd(), offset });
     Some(Bytes::from_owner(mapping))
-}
-
-/// `bytes`, copied into a file of memory (`memfd_create`), sealed against
-/// any change, mapped and registered for sending like a cached chunk of a
-/// blob file. Fails where the system refuses any step (out of file
-/// descriptors, say) or would give each file a huge page
-/// ([`huge_memory_files`]), for the caller to keep the bytes as they are.
-pub fn in_memory(bytes: &[u8]) -> io::Result<Bytes> {
-    use rustix::fs::{MemfdFlags, SealFlags, memfd_create};
-    use std::io::Write;
-    if huge_memory_files() {
-        return Err(io::Error::other("files of memory take huge pages here (transparent_hugepage/shmem_enabled)"));
-    }
-    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
-    // Not executable, sealed so; systems before Linux 6.3 know no such flag.
-    let fd = match memfd_create("depot-body", flags | MemfdFlags::NOEXEC_SEAL) {
-        Err(rustix::io::Errno::INVAL) => memfd_create("depot-body", flags)?,
-        made => made?,
-    };
-    let mut file = File::from(fd);
-    file.write_all(bytes)?;
-    // Pages handed to a socket are sent later: they must never change. A
-    // future write rather than any write, which systems before Linux 6.7
-    // would take to forbid the read-only shared mapping too.
-    let seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL;
-    rustix::fs::fcntl_add_seals(&file, seals)?;
-    cached(&Arc::new(file), 0, bytes.len()).ok_or_else(|| io::Error::other("a file of memory could not be mapped"))
-}
-
-/// Whether the system's settings give files of memory pages larger than
-/// the smallest body kept in one (up to 2 MiB for a body of 64 KiB): read
-/// once from `/sys/kernel/mm/transparent_hugepage`.
-pub(crate) fn huge_memory_files() -> bool {
-    static HUGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HUGE.get_or_init(|| {
-        let dir = std::path::Path::new("/sys/kernel/mm/transparent_hugepage");
-        let read = |path: std::path::PathBuf| std::fs::read_to_string(path).unwrap_or_default();
-        let sizes: Vec<(String, String)> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|entry| (entry.file_name().to_string_lossy().into_owned(), read(entry.path().join("shmem_enabled"))))
-            .collect();
-        larger_pages(&read(dir.join("shmem_enabled")), &sizes)
-    })
-}
-
-/// Whether shared memory gets pages larger than [`SMALLEST`] whatever is
-/// asked (`always` or `force`), by its setting as a whole (`whole`, for
-/// the largest size) or by that of one size (`sizes`: each directory's
-/// name, such as `hugepages-2048kB`, and its setting, which may
-/// `inherit` the whole's).
-fn larger_pages(whole: &str, sizes: &[(String, String)]) -> bool {
-    let forced = |setting: &str| matches!(chosen_mode(setting), Some("always" | "force"));
-    let larger = |name: &str| {
-        let kib = name.strip_prefix("hugepages-").and_then(|n| n.strip_suffix("kB")?.parse::<usize>().ok());
-        kib.is_some_and(|k| k * 1024 > SMALLEST)
-    };
-    forced(whole)
-        || sizes.iter().any(|(name, setting)| {
-            larger(name) && (forced(setting) || (chosen_mode(setting) == Some("inherit") && forced(whole)))
-        })
-}
-
-/// The mode in brackets of a sysfs list such as `always [never] deny`.
-fn chosen_mode(modes: &str) -> Option<&str> {
-    modes.split_whitespace().find_map(|m| m.strip_prefix('[')?.strip_suffix(']'))
 }
 
 /// Brings `len` bytes of `file` from `offset` into the page cache,
@@ -348,53 +274,6 @@ mod tests {
         })
         .join()
         .unwrap();
-    }
-
-    /// A body in a file of memory reads as itself, is found for sending
-    /// until dropped, and cannot be changed through its file.
-    #[test]
-    fn a_body_in_memory_reads_as_itself_and_is_sealed() {
-        let content: Vec<u8> = (0..100_000u32).map(|i| (i % 239) as u8).collect();
-        assert!(!huge_memory_files(), "this machine gives files of memory huge pages: the test needs it not to");
-        let body = in_memory(&content).expect("a file of memory");
-        assert_eq!(&body[..], &content[..]);
-        let (fd, offset, n) = find(body[10..].as_ptr(), body.len() - 10).expect("registered");
-        assert_eq!((offset, n), (10, 99_990));
-        // SAFETY: `fd` is the body's file, open while `body` lives; the
-        // duplicate is closed when `file` drops.
-        let mut file = File::from(rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap());
-        assert!(std::io::Write::write_all(&mut file, b"changed").is_err(), "a sealed file takes no writes");
-        assert!(file.set_len(10).is_err(), "nor a new length");
-        assert_eq!(&body[..], &content[..]);
-        let at = body.as_ptr();
-        drop(body);
-        assert_eq!(find(at, 1), None);
-    }
-
-    /// Files of memory are not made where each would take pages larger
-    /// than a body: shared memory forced to huge pages as a whole, or for
-    /// a size of page above 64 KiB.
-    #[test]
-    fn settings_that_force_larger_pages_are_told() {
-        let size = |name: &str, setting: &str| (name.to_string(), setting.to_string());
-        let never = "always within_size advise [never] deny force\n";
-        let this_machine = [
-            size("hugepages-2048kB", "always [inherit] within_size advise never"),
-            size("hugepages-64kB", "always inherit within_size advise [never]"),
-        ];
-        assert!(!larger_pages(never, &this_machine));
-        assert!(larger_pages("always within_size advise never deny [force]", &[]));
-        assert!(larger_pages("[always] within_size advise never deny force", &this_machine));
-        assert!(larger_pages(never, &[size("hugepages-128kB", "[always] inherit within_size advise never")]));
-        assert!(
-            !larger_pages(never, &[size("hugepages-64kB", "[always] inherit within_size advise never")]),
-            "pages no larger than a body"
-        );
-        assert!(
-            !larger_pages(never, &[size("hugepages-2048kB", "always inherit [within_size] advise never")]),
-            "pages only for files that large"
-        );
-        assert!(!larger_pages("", &[]), "no such settings");
     }
 
     #[test]

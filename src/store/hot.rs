@@ -2,9 +2,6 @@
 //! found, a hot object is answered from memory, without its blob record,
 //! an engine read or a copy, as a hot file is answered from the page cache.
 //!
-//! Bodies from [`mapped::SMALLEST`] bytes are kept in files of memory
-//! ([`mapped::in_memory`]), which a socket sends without copying them.
-//!
 //! A digest names its content, so an entry is stale only when the bytes it
 //! was read from were damaged (the cache does not hash what it keeps): an
 //! upload of the digest, which may put good bytes in their place, drops
@@ -15,16 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 
-use crate::engine::{ByteStream, Digest, EngineError, mapped};
+use crate::engine::{ByteStream, Digest, EngineError};
 
 /// Largest blob kept: the engine's small side holds blobs up to the inline
 /// threshold (256 KiB by default), and larger files are streamed.
 pub const LARGEST: u64 = 256 * 1024;
 /// Bytes of bodies kept, as much as RocksDB's default block cache.
 const CAPACITY: u64 = 32 << 20;
-/// Most files of memory the cache holds at once. Bodies it has let go
-/// keep theirs while an answer still sends them: one a connection at most.
-pub const MOST_FILES: u64 = CAPACITY / mapped::SMALLEST as u64;
 /// What an entry costs besides its body: key, handle and bookkeeping.
 const ENTRY_OVERHEAD: u64 = 128;
 
@@ -149,14 +143,7 @@ impl HotBlobs {
         if body.len() as u64 != size {
             return Err(short(body.len()));
         }
-        let body = match body.len() >= mapped::SMALLEST {
-            true => mapped::in_memory(&body).unwrap_or_else(|e| {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| tracing::warn!("hot bodies stay on the heap, sent with a copy: {e}"));
-                body.freeze()
-            }),
-            false => body.freeze(),
-        };
+        let body = body.freeze();
         // Kept, then taken out again if a forget came meanwhile: a forget
         // between a look and the insert would otherwise be missed.
         let forgets = &self.forgets[stripe(&digest)];
@@ -247,24 +234,6 @@ mod tests {
             let d = Digest([i; 32]);
             hot.fill(d, LARGEST, hot.read_begins(&d), stream(&[body])).await.unwrap();
             assert!(hot.get(&d).is_some(), "a body of {LARGEST} bytes was not kept");
-        }
-    }
-
-    /// Bodies from [`mapped::SMALLEST`] bytes are kept in files of memory,
-    /// which the socket sends without a copy; smaller ones on the heap.
-    #[tokio::test]
-    async fn large_bodies_are_kept_in_files_of_memory() {
-        let hot = HotBlobs::default();
-        for (i, size) in [(1u8, mapped::SMALLEST - 1), (2, mapped::SMALLEST)] {
-            let d = Digest([i; 32]);
-            let body: &'static [u8] = Box::leak(vec![i; size].into_boxed_slice());
-            let read = hot.fill(d, size as u64, hot.read_begins(&d), stream(&[body])).await.unwrap();
-            let kept = hot.get(&d).unwrap();
-            assert_eq!((&read[..], &kept[..]), (body, body));
-            // Unless the system's settings would give each a huge page.
-            let in_memory = size >= mapped::SMALLEST && !mapped::huge_memory_files();
-            assert_eq!(mapped::find(kept.as_ptr(), size).is_some(), in_memory, "{size} bytes");
-            assert_eq!(kept.as_ptr(), read.as_ptr(), "the reader is given the body kept");
         }
     }
 }

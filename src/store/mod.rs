@@ -35,7 +35,7 @@ use crate::engine::{
 };
 use guards::BlobGuards;
 use hot::HotBlobs;
-pub use hot::{HotStats, MOST_FILES as HOT_FILES};
+pub use hot::HotStats;
 pub use multipart::{
     CompletionChecksum, MAX_PART_NUMBER, MIN_PART_SIZE, MakeChecksum, PartsPage, UploadInfo, UploadQuery,
 };
@@ -1116,9 +1116,7 @@ impl Store {
     }
 
     /// Streams `range` of an object's body, across its parts, to be read
-    /// in this process. No chunk of a file comes mapped (a file cut short
-    /// on disk would fault a reader of its map); a hot body may, from its
-    /// sealed file of memory, which nothing can cut short.
+    /// in this process.
     pub async fn read(&self, record: &ObjectRecord, range: ByteRange) -> Result<ByteStream> {
         self.read_parts(record, range, false).await
     }
@@ -2193,9 +2191,8 @@ mod tests {
         }
     }
 
-    /// Bodies of files read in this process never come mapped, however
-    /// much of their files is cached; bodies read to be sent on a socket
-    /// may. A hot body comes from its sealed file of memory either way.
+    /// Bodies read in this process never come mapped, however much of
+    /// their files is cached; bodies read to be sent on a socket may.
     #[tokio::test(flavor = "multi_thread")]
     async fn only_bodies_to_send_come_mapped() {
         use crate::engine::mapped;
@@ -2212,16 +2209,6 @@ mod tests {
             assert_eq!(chunks.concat(), big);
             // The first read brought the file into the page cache.
             assert_eq!(any_mapped(&chunks), send);
-        }
-        let hot_body: &'static [u8] = Box::leak(vec![4; mapped::SMALLEST].into_boxed_slice());
-        store.put("files", "hot", body(hot_body), PutOptions::default()).await.unwrap();
-        let record = store.head("files", "hot").await.unwrap();
-        let full = ByteRange::full(record.size);
-        for send in [false, true, false] {
-            let body = if send { store.read_to_send(&record, full).await } else { store.read(&record, full).await };
-            let chunks: Vec<Bytes> = body.unwrap().try_collect().await.unwrap();
-            assert_eq!(chunks.concat(), hot_body);
-            assert_eq!(any_mapped(&chunks), !mapped::huge_memory_files());
         }
     }
 }
