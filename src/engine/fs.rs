@@ -218,9 +218,15 @@ impl FsEngine {
 
 impl Inner {
     fn blob_path(&self, digest: &Digest) -> PathBuf {
-        let hex = digest.to_hex();
-        self.blobs.join(&hex[0..2]).join(&hex[2..4]).join(hex)
+        blob_path_in(&self.blobs, digest)
     }
+}
+
+/// Where an engine whose blobs are under `blobs` keeps a blob's file: two
+/// levels of fan-out by the digest's first bytes.
+pub(crate) fn blob_path_in(blobs: &Path, digest: &Digest) -> PathBuf {
+    let hex = digest.to_hex();
+    blobs.join(&hex[0..2]).join(&hex[2..4]).join(hex)
 }
 
 /// Runs blocking file work off the async threads.

@@ -1075,7 +1075,6 @@ mod tests {
     async fn a_backup_is_a_store_as_of_its_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let store = hybrid_store(dir.path(), 16).await;
-        let config = EngineConfig { inline_threshold: 16, ..EngineConfig::default() };
         put(&store, "small", b"tiny").await;
         put(&store, "large", b"more than sixteen bytes, kept as a file").await;
         put(&store, "gone", b"deleted before the backup").await;
@@ -1088,9 +1087,7 @@ mod tests {
         let refused = store.backup(&target, &hidden()).await;
         assert!(matches!(refused, Err(StoreError::InvalidArgument(m)) if m.contains("not empty")));
 
-        let copy_engine = engine::open(EngineKind::Hybrid, &target.join("hybrid"), &config).await.unwrap();
-        let copy_catalog = Arc::new(RocksCatalog::open(&target.join("catalog")).unwrap());
-        let copy = Store::open(copy_catalog, copy_engine, StoreConfig::default()).await.unwrap();
+        let copy = hybrid_store(&target, 16).await;
         assert_eq!(read_all(&copy, "files", "small").await, b"tiny");
         assert_eq!(read_all(&copy, "files", "large").await, b"more than sixteen bytes, kept as a file");
         assert!(matches!(copy.head("files", "later").await, Err(StoreError::NoSuchKey(_))));
@@ -1111,8 +1108,7 @@ mod tests {
 
     /// Where a [`hybrid_store`] in `dir` keeps a blob as a file.
     fn hybrid_file(dir: &Path, digest: &Digest) -> std::path::PathBuf {
-        let hex = digest.to_hex();
-        dir.join("hybrid/files/blobs").join(&hex[0..2]).join(&hex[2..4]).join(hex)
+        crate::engine::fs::blob_path_in(&dir.join("hybrid/files/blobs"), digest)
     }
 
     /// A store over the fs engine in `dir`, which knows how its engine was
