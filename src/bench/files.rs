@@ -23,7 +23,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection};
-use super::nginx::Nginx;
+use super::nginx::{Nginx, Reads};
 use super::stats::Summary;
 use super::{
     DataDir, DepotServer, EngineChoice, ExperimentReport, Progress, Ratio, Row, Settings, disk_usage, drop_caches,
@@ -38,7 +38,7 @@ const CLIENTS: usize = 20;
 const READ_ROUNDS: usize = 3;
 const PLAIN: &str = "plain files (write + fsync)";
 const RATIO: &str = "× plain files";
-const NGINX: &str = "nginx (the plain files, sendfile)";
+const NGINX: &str = "nginx (the plain files, sendfile, aio threads)";
 const NGINX_RATIO: &str = "× nginx";
 /// Where nginx serves the plain files.
 const NGINX_DIR: &str = "plain";
@@ -169,7 +169,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     let cold = drop_caches().is_ok();
     let plain = Plain::new(&settings.scratch.join("files-plain"), scale, base.clone(), cold);
     progress.doing("nginx: starting");
-    let nginx = Nginx::start(&settings.scratch.join("files-nginx"), settings.threads)
+    let nginx = Nginx::start(&settings.scratch.join("files-nginx"), settings.threads, Reads::Cold)
         .and_then(|n| {
             std::os::unix::fs::symlink(&plain.dir, n.root.join(NGINX_DIR))?;
             Ok(n)

@@ -21,7 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::load::{self, Connection, Plan};
-use super::nginx::Nginx;
+use super::nginx::{Nginx, Reads};
 use super::rss;
 use super::stats::Summary;
 use super::{
@@ -159,7 +159,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExperimentReport> {
     }
     progress.doing("nginx: starting");
     let nginx_dir = DataDir::new(settings.scratch.join("nginx"));
-    let nginx = Nginx::start(nginx_dir.path(), settings.threads)
+    let nginx = Nginx::start(nginx_dir.path(), settings.threads, Reads::Hot)
         .and_then(|n| files.iter().try_for_each(|(name, bytes)| n.publish(name, bytes)).map(|()| n));
     match &nginx {
         Ok(nginx) => targets.push(Target {
