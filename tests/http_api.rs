@@ -337,6 +337,10 @@ async fn html_listing_shows_escaped_key_names() {
     let r = send(Method::GET, &url, &[("accept", "text/html,application/xhtml+xml,*/*;q=0.8")], None).await;
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("/_/ui/app.js"));
+    // A client that prefers JSON gets JSON, whatever else it accepts.
+    let r = send(Method::GET, &url, &[("accept", "application/json, text/html;q=0.1")], None).await;
+    assert!(header(&r, "content-type").starts_with("application/json"));
+    assert_eq!(keys_of(&r.json().await.unwrap()), ["<b>bold&co.txt", "plain.txt"]);
     let r = send(Method::GET, &url, &[("accept", "*/*")], None).await;
     assert_eq!(r.status(), 200);
     assert!(header(&r, "content-type").starts_with("text/html"));

@@ -226,6 +226,18 @@ async fn native_requests_keep_to_their_own_buckets() {
     assert_eq!(stranger.status(), 403, "a wrong token is refused as such");
     let said: serde_json::Value = stranger.json().await.unwrap();
     assert!(said["message"].as_str().unwrap().contains("not a configured secret"), "{said}");
+    // The scheme's case is the client's to choose (RFC 9110, section 11.1).
+    for who in ["bearer alice-secret-1", "BEARER  alice-secret-1"] {
+        assert_eq!(
+            send(Method::GET, server.object_url("alices", "secret.txt"), who).await.unwrap().status(),
+            200,
+            "{who}"
+        );
+    }
+    let stranger = send(Method::GET, server.object_url("alices", "secret.txt"), "bearer not-a-secret").await.unwrap();
+    assert_eq!(stranger.status(), 403);
+    let said: serde_json::Value = stranger.json().await.unwrap();
+    assert!(said["message"].as_str().unwrap().contains("not a configured secret"), "{said}");
 
     // A public-read bucket is for everyone to read, as S3's AllUsers:
     // callers of other accounts too, signed or with a token. Writes stay

@@ -17,7 +17,7 @@ use crate::store::names::{self, URL_PATH};
 const MAX_LIMIT: usize = 10_000;
 const DEFAULT_LIMIT: usize = 1000;
 
-fn wants_json(req: &Request) -> bool {
+pub(super) fn wants_json(req: &Request) -> bool {
     let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     accept.contains("application/json") || query_value(&query(req), "format") == Some("json")
 }

@@ -214,14 +214,7 @@ impl App {
     fn to_bucket_host<B>(&self, req: &http::Request<B>) -> bool {
         let Some(domain) = &self.s3_domain else { return false };
         let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
-        let Some(host) = host else { return false };
-        let name = match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host,
-        };
-        name.len() > domain.len() + 1
-            && name.as_bytes()[name.len() - domain.len() - 1] == b'.'
-            && name[name.len() - domain.len()..].eq_ignore_ascii_case(domain)
+        host.is_some_and(|host| s3::bucket_in_host(host, domain).is_some())
     }
 
     /// Whether requests need a secret or a signature.
@@ -247,11 +240,7 @@ impl App {
         if req.uri().path() == "/_/health" {
             return Some(Caller { access_key: String::new(), operator: false });
         }
-        let token = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))?;
+        let token = bearer_token(req.headers())?;
         let mut found = None;
         for (i, c) in self.credentials.iter().enumerate() {
             if bool::from(c.secret_key.as_bytes().ct_eq(token.as_bytes())) {
@@ -392,8 +381,7 @@ impl App {
         }
         // A Bearer token that is no configured secret is refused as such,
         // rather than passed to the S3 layer as an unreadable signature.
-        let bearer = req.headers().get(header::AUTHORIZATION).is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
-        if anonymous && bearer {
+        if anonymous && bearer_token(req.headers()).is_some() {
             return error_response(&ApiError::access_denied("the Bearer token is not a configured secret"));
         }
         let to_bucket = self.to_bucket_host(&req);
@@ -449,6 +437,15 @@ impl App {
 
 const REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
 const AMZ_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-amz-request-id");
+
+/// The token of `Authorization: Bearer <token>`. The scheme is a token
+/// matched without regard to case (RFC 9110, section 11.1), and any
+/// spaces may stand between it and the token.
+fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    let (scheme, token) = headers.get(header::AUTHORIZATION)?.to_str().ok()?.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
 
 /// The client's `X-Request-Id` when it is a sane token (so a proxy's IDs
 /// carry through), else a new random one.

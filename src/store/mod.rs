@@ -217,8 +217,28 @@ pub const MAX_METADATA_BYTES: usize = 2048;
 /// them, so they are kept small.
 pub const MAX_KEPT_HEADER_BYTES: usize = 8192;
 
-/// Checks what a writer says about an object besides its bytes.
+/// Checks what a writer says about an object besides its bytes: it all goes
+/// back out in the headers of every answer about the object, so it must fit
+/// in them, in size and in characters. (Names and values that came in as
+/// headers always fit; the fields of a form upload need not.)
 fn check_about(content_type: Option<&str>, metadata: &[(String, String)], headers: &[(String, String)]) -> Result<()> {
+    let unfit = |what: &str| {
+        StoreError::InvalidArgument(format!(
+            "{what} holds a character no header may carry (a line break or another control character)"
+        ))
+    };
+    let values = content_type.map(|v| ("Content-Type", v)).into_iter();
+    let values = values.chain(headers.iter().chain(metadata).map(|(name, value)| (name.as_str(), value.as_str())));
+    for (name, value) in values {
+        if http::HeaderValue::from_str(value).is_err() {
+            return Err(unfit(&format!("the value of {name}")));
+        }
+    }
+    for (name, _) in metadata {
+        if !name.is_empty() && http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(unfit(&format!("the metadata name {name:?}")));
+        }
+    }
     let pairs = |list: &[(String, String)]| list.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
     let bytes = pairs(metadata);
     if bytes > MAX_METADATA_BYTES {
@@ -636,6 +656,7 @@ impl Store {
         E: std::fmt::Display,
     {
         names::check_bucket(bucket).map_err(StoreError::InvalidBucketName)?;
+        self.check_key(key)?;
         check_about(opts.content_type.as_deref(), &opts.metadata, &opts.headers)?;
         self.put_unchecked(bucket, key, body, opts, None).await
     }

@@ -325,6 +325,20 @@ def area_buckets(s3, buckets):
     )
     message = refused.response.get("Error", {}).get("Message", "")
     expect("lowercase" in message, "... with a message saying what a bucket name is", short(refused.response))
+    # What a bucket cannot keep is refused rather than dropped.
+    refused_bucket = f"depot-t-{RUN}-refused"
+    buckets.adopt(s3, refused_bucket)  # removed at the end should it be created
+    for what, extra in [
+        ("object lock", {"ObjectLockEnabledForBucket": True}),
+        ("a grant", {"GrantFullControl": 'id="someone-else"'}),
+    ]:
+        expect_error(
+            f"CreateBucket with {what} is NotImplemented",
+            "NotImplemented",
+            501,
+            lambda: s3.create_bucket(Bucket=refused_bucket, **extra),
+        )
+        expect_error(f"... and no bucket was made ({what})", None, 404, lambda: s3.head_bucket(Bucket=refused_bucket))
 
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     expect_error(
@@ -1922,6 +1936,19 @@ def area_presign(s3, buckets):
         )
         key = post["fields"]["key"]
         expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key=key))
+    # A field that no header could carry back (every answer about the
+    # object names it) is refused, not stored to make the object unreadable.
+    for field, value in (("Content-Type", "image/png\r\nX-Evil: 1"), ("x-amz-meta-a b", "spaced name")):
+        post = v4.generate_presigned_post(
+            bucket, "pre/unfit", Conditions=[["starts-with", f"${field}", ""]], ExpiresIn=300
+        )
+        status, answer = form_post({**post, "fields": {**post["fields"], field: value}}, b"unfit")
+        expect(
+            status == 400 and error_code(answer) == "InvalidArgument",
+            f"a form upload whose {field} no header can carry is InvalidArgument",
+            f"status {status}: {answer[:300]!r}",
+        )
+        expect_error("... and stores nothing", None, 404, lambda: s3.head_object(Bucket=bucket, Key="pre/unfit"))
     status, answer = form_post({**summed, "fields": {**summed["fields"], "x-amz-checksum-sha256": right}}, file)
     expect(status == 204, "a form upload whose file matches its checksum is 204", f"status {status}: {answer[:300]!r}")
     head = s3.head_object(Bucket=bucket, Key=summed["fields"]["key"], ChecksumMode="ENABLED")
@@ -2094,6 +2121,13 @@ def area_auth(s3, buckets):
         "NotImplemented",
         501,
         lambda: s3.put_bucket_acl(Bucket=private, AccessControlPolicy=other),
+    )
+    all_users = 'uri="http://acs.amazonaws.com/groups/global/AllUsers"'
+    expect_error(
+        "a canned ACL with a grant beside it is NotImplemented",
+        "NotImplemented",
+        501,
+        lambda: s3.put_bucket_acl(Bucket=private, ACL="private", GrantRead=all_users),
     )
 
 

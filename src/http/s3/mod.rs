@@ -666,19 +666,30 @@ pub fn slow_down(message: String, request_id: &str) -> Response {
 /// would break path-style requests to `127.0.0.1:8080`.)
 pub(crate) struct Domain(pub(crate) String);
 
+/// The bucket a Host header (`BUCKET.DOMAIN[:port]`) names under `domain`.
+/// Host names are matched without regard to case (RFC 9110, section
+/// 4.2.3), as the bucket's own name is: see [`Domain`].
+pub(crate) fn bucket_in_host<'a>(host: &'a str, domain: &str) -> Option<&'a str> {
+    let name = host_name(host);
+    let cut = name.len().checked_sub(domain.len() + 1).filter(|&cut| cut > 0)?;
+    let (bucket, dot_domain) = (name.get(..cut)?, name.get(cut..)?);
+    dot_domain.strip_prefix('.').is_some_and(|d| d.eq_ignore_ascii_case(domain)).then_some(bucket)
+}
+
+/// A Host header without its port.
+fn host_name(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
 impl S3Host for Domain {
     fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<VirtualHost<'a>> {
-        let name = match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host,
-        };
-        let bucket = name
-            .strip_suffix(self.0.as_str())
-            .and_then(|b| b.strip_suffix('.'))
-            .filter(|b| !b.is_empty() && name.len() == b.len() + 1 + self.0.len());
-        Ok(match bucket {
-            Some(bucket) => VirtualHost::new(self.0.as_str()).with_bucket(bucket),
-            None => VirtualHost::new(name),
+        // Bucket names are lower case: `REV.s3.test` is the bucket `rev`.
+        Ok(match bucket_in_host(host, &self.0) {
+            Some(bucket) => VirtualHost::new(self.0.as_str()).with_bucket(bucket.to_ascii_lowercase()),
+            None => VirtualHost::new(host_name(host)),
         })
     }
 }
@@ -823,6 +834,29 @@ fn sigv2_date(value: &str) -> Option<std::time::SystemTime> {
 
 #[cfg(test)]
 mod tests {
+    use super::{Domain, bucket_in_host};
+    use s3s::host::S3Host;
+
+    /// Host names are matched without regard to case, and a bucket's name
+    /// is lower case whatever case its host was written in.
+    #[test]
+    fn a_bucket_is_found_in_its_host_in_any_case() {
+        let domain = Domain("s3.test".into());
+        for host in ["rev.s3.test", "rev.S3.Test:9000", "REV.s3.test"] {
+            let bucket = bucket_in_host(host, "s3.test");
+            assert_eq!(bucket.map(str::to_ascii_lowercase).as_deref(), Some("rev"), "{host}");
+            let parsed = domain.parse_host_header(host).unwrap();
+            assert_eq!(parsed.bucket(), Some("rev"), "{host}");
+        }
+        // The last: the cut before the dot falls inside a character.
+        for host in
+            ["s3.test", ".s3.test", "S3.Test:9000", "rev.s3.test.evil", "revs3.test", "127.0.0.1:9000", "és3.test"]
+        {
+            assert_eq!(bucket_in_host(host, "s3.test"), None, "{host}");
+        }
+        assert_eq!(domain.parse_host_header("127.0.0.1:9000").unwrap().bucket(), None);
+    }
+
     fn xml(status: u16, text: &str) -> Response {
         let mut r = http::Response::new(http_body_util::Full::new(Bytes::from(text.to_string())));
         *r.status_mut() = http::StatusCode::from_u16(status).unwrap();

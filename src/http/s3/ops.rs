@@ -707,6 +707,18 @@ fn public_acl(acl: Option<&BucketCannedACL>) -> S3Result<Option<bool>> {
     }
 }
 
+/// Refuses grants (`x-amz-grant-*`): only canned ACLs are kept, and a grant
+/// dropped must not look given.
+fn no_grants(grants: [&Option<String>; 5]) -> S3Result<()> {
+    if grants.iter().any(|g| g.is_some()) {
+        return Err(s3_error!(
+            NotImplemented,
+            "ACL grants (x-amz-grant-*) are not supported: use x-amz-acl: private or public-read"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether an ACL document is one of the canned ACLs depot keeps, as
 /// s3cmd's `setacl` sends them: the owner's full control, and anyone's
 /// read for public-read. `None` for any other.
@@ -856,6 +868,14 @@ impl S3 for DepotS3 {
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let me = caller(&req);
+        let i = &req.input;
+        no_grants([&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp])?;
+        if i.object_lock_enabled_for_bucket == Some(true) {
+            return Err(s3_error!(
+                NotImplemented,
+                "object lock is not supported: objects may always be overwritten and deleted"
+            ));
+        }
         let public = public_acl(req.input.acl.as_ref())?.unwrap_or(false);
         let bucket = &req.input.bucket;
         match self.store.create_bucket(bucket, &me, public).await {
@@ -892,6 +912,8 @@ impl S3 for DepotS3 {
     }
 
     async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let i = &req.input;
+        no_grants([&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp])?;
         let canned = match (public_acl(req.input.acl.as_ref())?, &req.input.access_control_policy) {
             (Some(public), _) => Some(public),
             (None, Some(policy)) => {

@@ -69,7 +69,10 @@ fn page(req: &Request) -> Response {
 /// asks for no JSON, and the request is not an S3 one.
 fn is_page(req: &Request, anonymous: bool) -> bool {
     let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if !accept.contains("text/html") || req.uri().query().is_some_and(|q| q.contains("format=")) {
+    if !accept.contains("text/html")
+        || super::listing::wants_json(req)
+        || req.uri().query().is_some_and(|q| q.contains("format="))
+    {
         return false;
     }
     // An anonymous request for `/` would be S3's ListBuckets, refused: the
