@@ -72,6 +72,9 @@ fn open_recovered(opts: &rocksdb::Options, path: &Path, cfs: impl Fn() -> Vec<Co
         opts.set_wal_recovery_mode(mode);
         opts
     };
+    // RocksDB syncs what it makes inside its directory, not the directory's
+    // own entry: without it, a crash could leave a new store no catalog.
+    crate::engine::create_dir_durably(path).map_err(err)?;
     let first = match DB::open_cf_descriptors(&with(TolerateCorruptedTailRecords), path, cfs()) {
         Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => e,
         opened => return opened.map_err(err),

@@ -116,7 +116,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     if data.exists() && !data.is_dir() {
         bail!("--data {} is a file: it must name a directory (it is made if missing)", data.display());
     }
-    std::fs::create_dir_all(data).with_context(|| format!("creating the data directory {}", data.display()))?;
+    engine::create_dir_durably(data).with_context(|| format!("creating the data directory {}", data.display()))?;
     super::migrate::refuse_while_switching(data)?;
     let wanted = engine::marker(settings.engine, &settings.engine_config);
     let found = read_engine_marker(data)?;

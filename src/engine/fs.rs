@@ -152,14 +152,8 @@ impl FsEngine {
     pub fn open(root: &Path) -> Result<FsEngine> {
         let blobs = root.join("blobs");
         let tmp = root.join("tmp");
-        let new_root = !root.exists();
         for dir in [&blobs, &tmp] {
-            fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
-            // Durable in the parent, which may itself be new.
-            sync_dir(dir.parent().expect("engine directories have parents"))?;
-        }
-        if new_root {
-            sync_dir(root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+            super::create_dir_durably(dir).map_err(|e| EngineError::io(NAME, e))?;
         }
         let host = hostname();
         remove_abandoned(&tmp, &host, true)?;

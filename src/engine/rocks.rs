@@ -230,6 +230,9 @@ impl RocksEngine {
         opts.set_enable_blob_files(true);
         opts.set_min_blob_size(4096);
         opts.set_enable_blob_gc(true);
+        // RocksDB syncs what it makes inside its directory, not the
+        // directory's own entry.
+        super::create_dir_durably(path).map_err(|e| EngineError::io(NAME, e))?;
         let db = DB::open(&opts, path).map_err(db_err)?;
         let mut batch = WriteBatch::default();
         for item in db.iterator(IteratorMode::From(b"p", Direction::Forward)) {

@@ -192,8 +192,12 @@ impl SqliteEngine {
             return Err(EngineError::other(NAME, format!("chunk size {chunk} is not within 1..={MAX_CHUNK}")));
         }
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| EngineError::io(NAME, e))?;
+        let new = !path.exists();
+        super::create_dir_durably(dir).map_err(|e| EngineError::io(NAME, e))?;
         let conn = connect(path).map_err(db_err)?;
+        if new {
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| EngineError::io(NAME, e))?;
+        }
         // Take effect only while the file is new: before any table and WAL
         // mode. With auto-vacuum, the file shrinks as blobs are deleted
         // (at the next checkpoint), where it would keep its largest size:

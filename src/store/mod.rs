@@ -676,7 +676,6 @@ impl Store {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
-        self.check_key(key)?;
         self.check_writable()?;
         if self.catalog.bucket(bucket).await?.is_none() {
             return Err(StoreError::NoSuchBucket(bucket.to_string()));

@@ -1148,6 +1148,24 @@ mod tests {
         assert_eq!(sizes, [Some(whole.clone()), None, Some(whole.clone()), Some((t, vec![t])), Some(whole)]);
     }
 
+    /// The key limit is the client's keys': the records a store keeps of an
+    /// upload's parts are named by the store, whatever the limit.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_short_key_limit_leaves_multipart_uploads_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RocksCatalog::open(dir.path()).unwrap());
+        let config = StoreConfig { max_key_bytes: 8, ..StoreConfig::default() };
+        let s = Store::open(catalog, Arc::new(MemoryEngine::new()), config).await.unwrap();
+        let id = s.create_upload("files", "k", NewMetadata::default()).await.unwrap();
+        let parts = vec![part(&s, &id, 1, b"under a short limit".to_vec()).await];
+        s.complete_upload("files", "k", &id, &parts, Precondition::default(), Box::new(|_| Ok(None))).await.unwrap();
+        assert_eq!(read(&s, "k").await, b"under a short limit");
+        let long = s.create_upload("files", "longer-key", NewMetadata::default()).await;
+        assert!(matches!(long, Err(StoreError::KeyTooLong(_))), "{long:?}");
+        let put = s.put("files", "longer-key", body(b"x".to_vec()), PutOptions::default()).await;
+        assert!(matches!(put, Err(StoreError::KeyTooLong(_))), "{:?}", put.map(|_| ()));
+    }
+
     /// A store whose collector takes blobs as soon as nothing refers to them,
     /// with files/k of two parts: the record, and each part's bytes.
     async fn two_parts_collected_at_once() -> (Store, tempfile::TempDir, ObjectRecord, Vec<u8>, Vec<u8>) {
