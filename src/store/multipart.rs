@@ -305,6 +305,10 @@ impl Store {
     {
         check_part_number(part)?;
         let upload = self.upload(bucket, key, upload_id).await?;
+        // A bucket deleted as the upload began (its delete found no upload
+        // record yet to remove) takes no parts, whose space nothing would
+        // use until the upload expired.
+        self.bucket(bucket).await?;
         // A part takes no conditions of its own: a failed one below is its
         // upload's.
         let opts = PutOptions {
@@ -1146,6 +1150,20 @@ mod tests {
         let t = BODY_IN_RECORD + 1;
         let whole = (3 * MIN_PART_SIZE + t, vec![MIN_PART_SIZE, MIN_PART_SIZE, MIN_PART_SIZE, t]);
         assert_eq!(sizes, [Some(whole.clone()), None, Some(whole.clone()), Some((t, vec![t])), Some(whole)]);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_upload_whose_bucket_went_as_it_began_takes_no_parts() {
+        let (s, _dir) = store().await;
+        s.create_bucket("work", "", false).await.unwrap();
+        let id = s.create_upload("work", "k", NewMetadata::default()).await.unwrap();
+        // As a delete of the bucket that ran before the upload's record was
+        // written, and so removed no upload.
+        s.catalog.delete_bucket("work").await.unwrap();
+        let r = s.upload_part("work", "k", &id, 1, body(b"held".to_vec()), PutOptions::default()).await;
+        assert!(matches!(r, Err(StoreError::NoSuchBucket(_))), "{:?}", r.map(|_| ()));
+        let digest = Digest(sha2::Sha256::digest(b"held").into());
+        assert!(s.catalog.get_blob(&digest).await.unwrap().is_none(), "no bytes were kept for it");
     }
 
     /// The key limit is the client's keys': the records a store keeps of an
