@@ -401,6 +401,16 @@ fn the_client_secret_variable_leaves_the_server_commands_working() {
     // A secret flag without its access key is still a mistake, named as such.
     let out = depot_env(&["verify", "--data", data, "--secret-key", SECRET], &[], dir.path());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-key needs its access key"), "{out:?}");
+
+    // A server without credentials takes the data directory's token, which
+    // goes with the secret exported for other servers.
+    let open = dir.path().join("open");
+    let mut server = Server::start_in(&open, &[]);
+    let bk = dir.path().join("bk-open");
+    let args = ["backup", "--data", open.to_str().unwrap(), "--listen", &server.addr, bk.to_str().unwrap()];
+    let out = depot_env(&args, &client_env, dir.path());
+    assert!(ok(&out).contains("backed up 0 objects"), "{out:?}");
+    assert!(server.stop().success());
 }
 
 /// A download cut short by Ctrl-C or by SIGTERM (kill, timeout, systemd)

@@ -43,11 +43,14 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     put(&server, "kept", kept.clone()).await;
     put(&server, "cut", cut.clone()).await;
     put(&server, "grown", grown.clone()).await;
+    // A key is the uploader's to choose: one that would act on a terminal.
+    let hostile = pattern(40_000, 8);
+    put(&server, "esc\u{1b}]0;pwned\u{7}\nleftover: all fine", hostile.clone()).await;
     server.stop();
     let d = data.to_str().unwrap();
     let clean = depot(&["verify", "--data", d, "--engine", "fs"]);
     assert!(clean.status.success(), "{}", text(&clean));
-    assert!(text(&clean).contains("5 objects, 5 blobs"), "{}", text(&clean));
+    assert!(text(&clean).contains("6 objects, 6 blobs"), "{}", text(&clean));
 
     let blob_file = |bytes: &[u8]| {
         let sha = sha256_hex(bytes);
@@ -57,6 +60,7 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     bytes[100] ^= 1;
     std::fs::write(blob_file(&damaged), bytes).unwrap();
     std::fs::remove_file(blob_file(&lost)).unwrap();
+    std::fs::remove_file(blob_file(&hostile)).unwrap();
     std::fs::OpenOptions::new().write(true).open(blob_file(&cut)).unwrap().set_len(1000).unwrap();
     let mut longer = std::fs::OpenOptions::new().append(true).open(blob_file(&grown)).unwrap();
     std::io::Write::write_all(&mut longer, b"0123456789").unwrap();
@@ -71,6 +75,8 @@ async fn verify_names_damaged_blobs_and_repair_removes_orphans() {
     assert!(report.contains(&format!("leftover: blob {}: 1234 bytes in the engine", sha256_hex(&stray))), "{report}");
     assert!(report.contains("lost or damaged: files/damaged"), "{report}");
     assert!(report.contains("lost or damaged: files/lost"), "{report}");
+    assert!(report.contains(r"lost or damaged: files/esc\u{1b}]0;pwned\u{7}\nleftover: all fine"), "{report}");
+    assert!(!report.contains('\u{1b}') && !report.contains("\nleftover: all fine"), "{report}");
     // Every damaged blob is named, a cut one among them: it does not end the check.
     assert!(report.contains(&format!("blob {}: fs engine: damaged blob: ", sha256_hex(&cut))), "{report}");
     let longer =
@@ -259,6 +265,35 @@ async fn a_backup_of_a_stopped_store_needs_no_server_and_refuses_a_used_director
     let copy = Server::start_in(&backup, &["--engine", "sqlite"]);
     let r = client().get(copy.object_url("files", "a/b.bin")).send().await.unwrap();
     assert_eq!(sha256_hex(&r.bytes().await.unwrap()), sha256_hex(&pattern(300_000, 9)));
+}
+
+/// A store whose embedded catalog is gone (it was in PostgreSQL, or was
+/// lost) is refused, not given a new, empty catalog that would take every
+/// stored file for a leftover, which repairs, the collector and a migration
+/// would then remove.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_its_catalog_is_refused_and_keeps_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start_in(&data, &["--engine", "fs"]);
+    put(&server, "kept", pattern(70_000, 7)).await;
+    server.stop();
+    std::fs::remove_dir_all(data.join("catalog")).unwrap();
+    let stored = files_under(&data.join("fs/blobs"));
+    assert_eq!(stored.len(), 1);
+    let d = data.to_str().unwrap();
+    for args in [
+        vec!["verify", "--data", d, "--engine", "fs", "--repair"],
+        vec!["gc", "--data", d, "--engine", "fs", "--gc-grace", "0"],
+        vec!["migrate", "--data", d, "--engine", "fs", "--to-engine", "sqlite"],
+        vec!["serve", "--data", d, "--engine", "fs", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = depot(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains("but no catalog in"), "{args:?}: {}", text(&out));
+        assert_eq!(files_under(&data.join("fs/blobs")), stored, "{args:?} touched the stored files");
+        assert!(!data.join("catalog").exists(), "{args:?} made a catalog");
+    }
 }
 
 /// A mistyped `--data` is an error, not a fresh store checked and found

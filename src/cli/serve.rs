@@ -95,8 +95,27 @@ fn held_elsewhere(error: &str) -> bool {
     error.contains("While lock file") || error.contains("lock hold by current process")
 }
 
-/// Opens the catalog the settings name.
+/// Opens the catalog of a store that exists. A store with its marker and
+/// no embedded catalog had its catalog elsewhere (PostgreSQL) or lost it:
+/// it is refused, for a new, empty catalog would take every blob stored
+/// for a leftover, which the collector, repairs and migrations remove.
 pub(crate) async fn open_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn Catalog>> {
+    let (data, path) = (&settings.data, settings.data.join("catalog"));
+    if settings.catalog == CatalogKind::Rocksdb && data.join(ENGINE_MARKER).exists() && !path.join("CURRENT").exists() {
+        bail!(
+            "{} holds a store (it has an {ENGINE_MARKER} file) but no catalog in {}: give --catalog if the \
+             store's catalog is in PostgreSQL; if it was lost, restore a backup (`depot backup`) rather than \
+             start the store over, which would remove every file it holds (a first start cut short before it \
+             stored anything leaves such a directory too: remove it)",
+            data.display(),
+            path.display()
+        );
+    }
+    open_or_make_catalog(settings).await
+}
+
+/// Opens the catalog the settings name, making an embedded one if missing.
+async fn open_or_make_catalog(settings: &Settings) -> anyhow::Result<Arc<dyn Catalog>> {
     let data = &settings.data;
     Ok(match &settings.catalog {
         CatalogKind::Rocksdb => Arc::new(RocksCatalog::open(&data.join("catalog")).map_err(|e| {
@@ -187,7 +206,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     }
     let catalog = match catalog {
         Some(catalog) => catalog,
-        None => open_catalog(settings).await?,
+        None => open_or_make_catalog(settings).await?,
     };
     if claimed.as_ref() != Some(&wanted) {
         record_engine(catalog.as_ref(), claimed.as_deref(), &wanted).await?;
@@ -559,8 +578,11 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             Ok(report)
         })
         .await?;
+        // Keys are the uploaders' to choose: escaped, as every command
+        // prints them, so that none acts on the terminal.
+        let printable = |line: String| super::client::printable(&line).into_owned();
         for problem in &report.problems {
-            say!("{problem}")?;
+            say!("{}", printable(problem.to_string()))?;
         }
         // The fs engine takes a new upload's bytes in place of damaged
         // ones; the others (the hybrid engine's small blobs, in RocksDB,
@@ -572,7 +594,7 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
             _ => "run `depot verify --repair`, which removes damaged bytes, then upload it again",
         };
         for damaged in &report.damaged_objects {
-            say!("lost or damaged: {damaged} ({remedy})")?;
+            say!("lost or damaged: {} ({remedy})", printable(damaged.to_string()))?;
         }
         for b in &report.leftovers {
             say!("leftover: blob {}: {} bytes in the engine that no record points at", b.digest, b.size)?;
@@ -612,10 +634,19 @@ pub fn verify(args: &ServeArgs, repair: bool) -> anyhow::Result<()> {
                 "the engine could not list its blobs (see above), so verification is incomplete: run it again once \
                  the engine reads"
             ),
-            n if repair => bail!("{n} problem(s) cannot be repaired: those objects' bytes are lost or damaged"),
-            n if report.damaged_objects.is_empty() => {
-                bail!("{n} problem(s); `depot verify --repair` fixes counts and totals")
+            n if repair && report.damaged_objects.is_empty() => {
+                bail!("{n} problem(s) remain (see above), which `--repair` does not fix")
             }
+            n if repair => bail!(
+                "{n} problem(s) remain, which `--repair` does not fix; {} object(s) lost or damaged bytes, which \
+                 only uploading them again restores",
+                report.damaged_objects.len()
+            ),
+            n if report.damaged_objects.is_empty() => match report.problems.iter().filter(|p| p.repairable()).count() {
+                0 => bail!("{n} problem(s) (see above), which `depot verify --repair` does not fix"),
+                fixed if fixed == n => bail!("{n} problem(s); `depot verify --repair` fixes counts and totals"),
+                fixed => bail!("{n} problem(s); `depot verify --repair` fixes {fixed} of them, counts and totals"),
+            },
             n => bail!(
                 "{n} problem(s); {} object(s) lost or damaged bytes, which only uploading them again restores \
                  (`--repair` fixes counts and totals and removes damaged bytes; see above how)",
@@ -676,20 +707,24 @@ async fn backup_through_server(
     // Straight to the server: a proxy of the environment's would see the
     // token.
     let mut request = reqwest::Client::builder().no_proxy().build()?.post(&url).query(&[("dir", dir), ("data", data)]);
-    // Without credentials, the data directory's token says the request
-    // comes from someone who may read it; sent to an address of this
-    // machine only. Why it was not sent, if the server wants it.
+    // A server with credentials takes a secret. One without takes the data
+    // directory's token, which says the request comes from someone who may
+    // read the directory: sent to an address of this machine only, and
+    // whether a secret is known or not (one exported for the client
+    // commands says nothing of the server's). Why it was not sent, if the
+    // server wants it.
+    if let Some(secret) = settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
+        request = request.bearer_auth(secret);
+    }
     let mut unsent = None;
-    match settings.credentials.first().map(|c| c.secret_key.as_str()).or(client_secret) {
-        Some(secret) => request = request.bearer_auth(secret),
-        None if this_machine(settings.listen.ip()) => {
-            let path = settings.data.join(crate::http::LOCAL_TOKEN_FILE);
-            match std::fs::read_to_string(&path) {
-                Ok(token) => request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim()),
-                Err(e) => unsent = Some(format!("reading {}: {e}", path.display())),
-            }
+    if this_machine(settings.listen.ip()) {
+        let path = settings.data.join(crate::http::LOCAL_TOKEN_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(token) => request = request.header(crate::http::LOCAL_TOKEN_HEADER, token.trim()),
+            Err(e) => unsent = Some(format!("reading {}: {e}", path.display())),
         }
-        None => unsent = Some(format!("--listen {} is not an address of this machine", settings.listen)),
+    } else {
+        unsent = Some(format!("--listen {} is not an address of this machine", settings.listen));
     }
     say!("a server holds {}: asking it at {url}", settings.data.display())?;
     let response = request.send().await.with_context(|| format!("asking {url} for a backup"))?;
