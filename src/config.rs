@@ -416,6 +416,15 @@ impl Settings {
             max_key_bytes,
             min_free_space: args.min_free_space.or(file.min_free_space),
         };
+        if matches!(settings.catalog, CatalogKind::Postgres(_))
+            && settings.max_key_bytes > crate::catalog::postgres::MAX_KEY_BYTES
+        {
+            bail!(
+                "--max-key-bytes may be at most {} with a PostgreSQL catalog, whose index of keys takes entries \
+                 of some 2.7 KB at most",
+                crate::catalog::postgres::MAX_KEY_BYTES
+            );
+        }
         if settings.engine == EngineKind::Memory && settings.catalog != CatalogKind::Rocksdb {
             bail!("the memory engine keeps nothing across restarts, so it takes the embedded catalog, not --catalog");
         }
@@ -777,6 +786,17 @@ mod tests {
         assert!(Settings::resolve(&open).is_ok());
         let keyed = ServeArgs { access_key: Some("k".into()), secret_key: Some("secret-123".into()), ..args };
         assert!(Settings::resolve(&keyed).is_ok());
+    }
+
+    #[test]
+    fn a_postgres_catalog_bounds_the_key_limit() {
+        let pg = || Some("postgres://depot@localhost/depot".to_string());
+        let args = ServeArgs { catalog: pg(), max_key_bytes: Some(3000), ..Default::default() };
+        assert!(Settings::resolve(&args).unwrap_err().to_string().contains("at most 2500 with a PostgreSQL catalog"));
+        let args = ServeArgs { catalog: pg(), max_key_bytes: Some(2500), ..Default::default() };
+        assert_eq!(Settings::resolve(&args).unwrap().max_key_bytes, 2500);
+        let args = ServeArgs { max_key_bytes: Some(3000), ..Default::default() };
+        assert_eq!(Settings::resolve(&args).unwrap().max_key_bytes, 3000, "the embedded catalog takes longer keys");
     }
 
     #[test]

@@ -175,6 +175,11 @@ const KEY_LOCKS: i32 = 0x6465_706e;
 /// wait for each other, as in the embedded catalog.
 const STRIPES: u64 = 512;
 
+/// The longest key this catalog takes, in bytes: a B-tree index entry of
+/// PostgreSQL holds some 2,700 bytes at most, and an object's (bucket, key)
+/// is one, with its bucket name of up to 63 bytes beside the key.
+pub const MAX_KEY_BYTES: usize = 2500;
+
 /// How long a claim counts: from the end of an upload's body to its commit,
 /// seconds at most, unless its node crashed meanwhile; a batch that takes
 /// longer renews its claims.
@@ -1225,6 +1230,23 @@ mod tests {
 
     /// A put ends its writer's claims as it commits, and commits nothing if
     /// one of them has lapsed.
+    /// The longest key allowed, of characters that do not compress, in a
+    /// bucket of the longest name: its index entry fits.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_longest_key_in_the_longest_bucket_fits_the_index() {
+        use super::super::conformance::{blob, bucket, put};
+        let url = pg::fresh_test_database().await;
+        let catalog = PostgresCatalog::connect(&url).await.unwrap();
+        let name = "b".repeat(63);
+        catalog.create_bucket(&bucket(&name)).await.unwrap();
+        let key: String = (0..MAX_KEY_BYTES).map(|_| char::from(b'!' + rand::random::<u8>() % 94)).collect();
+        catalog.put_objects(vec![put(&name, &key, &[blob(1, 10)])]).await.unwrap();
+        assert!(catalog.get_objects(&name, std::slice::from_ref(&key)).await.unwrap()[0].is_some());
+        // And one far longer does not: what the limit keeps out.
+        let longer: String = (0..2 * MAX_KEY_BYTES).map(|_| char::from(b'!' + rand::random::<u8>() % 94)).collect();
+        assert!(catalog.put_objects(vec![put(&name, &longer, &[blob(2, 10)])]).await.is_err());
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_put_ends_its_claims_and_fails_if_one_lapsed() {
         use super::super::conformance::{blob, bucket, put};

@@ -742,9 +742,13 @@ impl Store {
         let (mut stale, mut kept) = (Vec::new(), Vec::new());
         self.each_upload_record("u/", |r| if r.modified < cutoff { &mut stale } else { &mut kept }.push(r.clone()))
             .await?;
+        // Each write checks again that the store may be written (a node
+        // paused since the pass began may have lost its lease meanwhile).
         for upload in &stale {
+            self.check_writable()?;
             self.remove_upload(upload).await?;
         }
+        self.check_writable()?;
         self.list_uploads_of(&kept).await?;
         let kept: HashSet<&str> = kept.iter().map(|u| upload_of(u).1).collect();
         // Completions old enough to forget, and entries in the listing
@@ -770,6 +774,7 @@ impl Store {
         })
         .await?;
         for keys in gone.chunks(1000) {
+            self.check_writable()?;
             self.remove_upload_records(keys).await?;
         }
         Ok(stale.len() as u64)
