@@ -1228,8 +1228,6 @@ mod tests {
         catalog.renew_claims(&[]).await.unwrap();
     }
 
-    /// A put ends its writer's claims as it commits, and commits nothing if
-    /// one of them has lapsed.
     /// The longest key allowed, of characters that do not compress, in a
     /// bucket of the longest name: its index entry fits.
     #[tokio::test(flavor = "multi_thread")]
@@ -1239,14 +1237,18 @@ mod tests {
         let catalog = PostgresCatalog::connect(&url).await.unwrap();
         let name = "b".repeat(63);
         catalog.create_bucket(&bucket(&name)).await.unwrap();
-        let key: String = (0..MAX_KEY_BYTES).map(|_| char::from(b'!' + rand::random::<u8>() % 94)).collect();
+        // Printable ASCII at random.
+        let random_key =
+            |len: usize| -> String { (0..len).map(|_| char::from(b'!' + rand::random::<u8>() % 94)).collect() };
+        let key = random_key(MAX_KEY_BYTES);
         catalog.put_objects(vec![put(&name, &key, &[blob(1, 10)])]).await.unwrap();
         assert!(catalog.get_objects(&name, std::slice::from_ref(&key)).await.unwrap()[0].is_some());
         // And one far longer does not: what the limit keeps out.
-        let longer: String = (0..2 * MAX_KEY_BYTES).map(|_| char::from(b'!' + rand::random::<u8>() % 94)).collect();
-        assert!(catalog.put_objects(vec![put(&name, &longer, &[blob(2, 10)])]).await.is_err());
+        assert!(catalog.put_objects(vec![put(&name, &random_key(2 * MAX_KEY_BYTES), &[blob(2, 10)])]).await.is_err());
     }
 
+    /// A put ends its writer's claims as it commits, and commits nothing if
+    /// one of them has lapsed.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_put_ends_its_claims_and_fails_if_one_lapsed() {
         use super::super::conformance::{blob, bucket, put};
