@@ -2,11 +2,17 @@
 //! connection pool with timeouts, and retries with bounded exponential
 //! backoff for the errors that a retry can cure (a refused or reset
 //! connection, a serialization failure, a timeout).
+//!
+//! The server bounds each session too ([`STATEMENT_WITHIN`],
+//! [`IDLE_IN_TRANSACTION_WITHIN`]): a caller that gives up on a statement
+//! cannot stop the server working on it, and a node that froze or lost its
+//! network inside a transaction cannot end it; either would otherwise hold
+//! its locks, and every writer queued behind them, for good.
 
 use std::future::Future;
 use std::time::Duration;
 
-use deadpool_postgres::{ManagerConfig, Pool, PoolConfig, RecyclingMethod, Runtime, Timeouts};
+use deadpool_postgres::{Hook, HookError, ManagerConfig, Pool, PoolConfig, RecyclingMethod, Runtime, Timeouts};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
@@ -16,6 +22,17 @@ const ATTEMPTS: u32 = 6;
 /// connections and never answers (a hung host, a lock held elsewhere)
 /// is then unavailable, rather than a request that waits forever.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+/// Longest a statement runs on the server before the server cancels it:
+/// just under [`ANSWER_WITHIN`], so a statement whose caller gave up ends
+/// about then too, and lets go of its locks. A transaction that may take
+/// longer raises it for itself ([`allow`]).
+pub const STATEMENT_WITHIN: Duration = Duration::from_secs(14);
+/// Longest a session may sit inside a transaction with no statement to
+/// run before the server ends the session, undoing the transaction and
+/// releasing its locks. depot sends a transaction's statements one after
+/// another, with nothing slow between them: a session idle this long
+/// belongs to a node that froze or was cut off midway.
+pub const IDLE_IN_TRANSACTION_WITHIN: Duration = Duration::from_secs(5);
 const FIRST_DELAY: Duration = Duration::from_millis(50);
 const MAX_DELAY: Duration = Duration::from_secs(1);
 
@@ -50,6 +67,12 @@ impl From<tokio_postgres::Error> for PgError {
                     || c == &SqlState::CRASH_SHUTDOWN
                     || c == &SqlState::CANNOT_CONNECT_NOW
                     || c == &SqlState::TOO_MANY_CONNECTIONS
+                    // A statement past its time, or a lock not had in time
+                    // (see [`STATEMENT_WITHIN`]): a session elsewhere held
+                    // up what this one needed, and may since have let go.
+                    || c == &SqlState::QUERY_CANCELED
+                    || c == &SqlState::LOCK_NOT_AVAILABLE
+                    || c == &SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
                     // The shared lock table full (`max_locks_per_transaction`):
                     // big batches on several nodes at once take many locks,
                     // and hold them until they commit.
@@ -78,14 +101,18 @@ impl From<tokio_postgres::Error> for PgError {
 impl From<deadpool_postgres::PoolError> for PgError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         match e {
-            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            deadpool_postgres::PoolError::Backend(e)
+            | deadpool_postgres::PoolError::PostCreateHook(HookError::Backend(e)) => e.into(),
             other => PgError::Unavailable(other.to_string()),
         }
     }
 }
 
 /// A pool of connections to `url`; connecting, waiting for a connection and
-/// recycling one each time out after five seconds.
+/// recycling one each time out after five seconds. Each new session is
+/// bounded by [`STATEMENT_WITHIN`] and [`IDLE_IN_TRANSACTION_WITHIN`], set
+/// once it connects rather than as a startup option, which connection
+/// poolers in front of PostgreSQL may refuse.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool, PgError> {
     let mut config = deadpool_postgres::Config::new();
     config.url = Some(url.to_string());
@@ -97,7 +124,29 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, PgError> {
         ..Default::default()
     });
     config.connect_timeout = five;
-    config.create_pool(Some(Runtime::Tokio1), NoTls).map_err(|e| PgError::Query(format!("bad PostgreSQL URL: {e}")))
+    let bounds = format!(
+        "SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+        STATEMENT_WITHIN.as_millis(),
+        IDLE_IN_TRANSACTION_WITHIN.as_millis()
+    );
+    let bad_url = |e: &dyn std::fmt::Display| PgError::Query(format!("bad PostgreSQL URL: {e}"));
+    config
+        .builder(NoTls)
+        .map_err(|e| bad_url(&e))?
+        .runtime(Runtime::Tokio1)
+        .post_create(Hook::async_fn(move |client, _| {
+            let bounds = bounds.clone();
+            Box::pin(async move { client.batch_execute(&bounds).await.map_err(HookError::Backend) })
+        }))
+        .build()
+        .map_err(|e| bad_url(&e))
+}
+
+/// Inside a transaction that may take up to `limit` (a scan of a whole
+/// table), lets each of its statements run that long.
+pub async fn allow(transaction: &tokio_postgres::Transaction<'_>, limit: Duration) -> Result<(), PgError> {
+    transaction.batch_execute(&format!("SET LOCAL statement_timeout = {}", limit.as_millis())).await?;
+    Ok(())
 }
 
 /// Waits until the pool has a connection, retrying as [`retry`] does; a

@@ -66,6 +66,9 @@ macro_rules! in_txn {
             $(let $replay = unsure.load(std::sync::atomic::Ordering::Relaxed);)?
             let mut client = $pool.get().await?;
             let transaction = client.transaction().await?;
+            if $limit > pg::ANSWER_WITHIN {
+                pg::allow(&transaction, $limit).await?;
+            }
             let result = {
                 let $txn = &transaction;
                 async { $body }.await
@@ -102,8 +105,17 @@ fn unsure() -> CatalogError {
 }
 
 const STATS_SHARDS: i32 = 16;
-/// Connections per node.
+/// Connections per node for requests and maintenance.
 const POOL_SIZE: usize = 16;
+/// Connections per node for its heartbeats, apart from [`POOL_SIZE`]: with
+/// every request connection held up (a lock another node holds, a slow
+/// disk on the server), a heartbeat waiting its turn behind them would let
+/// the node's lease on writes lapse, and unrelated writes fail.
+const NODE_POOL_SIZE: usize = 2;
+/// Longest a schema change waits for each lock it needs. DDL locks its
+/// table against every reader and writer, and while it waits behind a
+/// transaction under way, every request behind it waits too.
+const DDL_LOCK_WITHIN: Duration = Duration::from_secs(2);
 /// Longest wait for a transaction over whole tables (schema changes,
 /// maintenance), where others answer within [`pg::ANSWER_WITHIN`].
 const SCAN_WITHIN: Duration = Duration::from_secs(600);
@@ -197,6 +209,8 @@ const DELETE_POLL: Duration = Duration::from_millis(20);
 #[derive(Clone)]
 pub struct PostgresCatalog {
     pool: Pool,
+    /// For the notes of live nodes alone ([`NODE_POOL_SIZE`]).
+    nodes: Pool,
     /// The token of each delete mark this catalog made and has not ended
     /// ([`Catalog::begin_delete`], [`Catalog::remove_dead_blob`]): an end
     /// removes that mark alone, never one another node made since (once
@@ -212,18 +226,71 @@ impl PostgresCatalog {
         }
     }
 
-    /// Connects and applies the schema (idempotent).
+    /// Connects, and brings the schema up to date if it is not.
     pub async fn connect(url: &str) -> Result<PostgresCatalog> {
         let pool = pg::pool(url, POOL_SIZE)?;
         pg::reach(&pool, url).await?;
-        let catalog = PostgresCatalog { pool, marks: Default::default() };
-        in_txn!(catalog.pool, "migrating the catalog schema", within SCAN_WITHIN, |txn| {
-            txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
-            txn.batch_execute(MIGRATION).await?;
-            Ok(())
-        })?;
+        let catalog = PostgresCatalog { pool, nodes: pg::pool(url, NODE_POOL_SIZE)?, marks: Default::default() };
+        catalog.migrate().await?;
         Ok(catalog)
     }
+
+    /// Applies [`MIGRATION`] unless the settings note that it was: a node
+    /// starting beside others changes no table (`ALTER TABLE ... IF NOT
+    /// EXISTS` takes its lock all the same). A change waits at most
+    /// [`DDL_LOCK_WITHIN`] for each lock, and is tried again.
+    async fn migrate(&self) -> Result<()> {
+        let version = schema_version();
+        let version = &version;
+        if in_txn!(self.pool, "reading the catalog's schema", |txn| { schema_is(txn, version).await })? {
+            return Ok(());
+        }
+        // In a block of its own: a failure to retry would leave through the
+        // `?` inside, past the explanation below.
+        let migrated: Result<()> = async {
+            in_txn!(self.pool, "migrating the catalog schema", within SCAN_WITHIN, |txn| {
+                txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+                if schema_is(txn, version).await? {
+                    return Ok(());
+                }
+                txn.batch_execute(&format!("SET LOCAL lock_timeout = {}", DDL_LOCK_WITHIN.as_millis())).await?;
+                txn.batch_execute(MIGRATION).await?;
+                txn.execute(
+                    "INSERT INTO depot_catalog_settings (name, value) VALUES ('schema', $1) \
+                     ON CONFLICT (name) DO UPDATE SET value = $1",
+                    &[version],
+                )
+                .await?;
+                Ok(())
+            })
+        }
+        .await;
+        migrated.map_err(|e| match e {
+            CatalogError::Unavailable(m) => CatalogError::Unavailable(format!(
+                "{m} (while bringing the catalog's schema up to date, which waits at most {} s for each table's \
+                 lock behind transactions under way)",
+                DDL_LOCK_WITHIN.as_secs()
+            )),
+            e => e,
+        })
+    }
+}
+
+/// The schema [`MIGRATION`] makes, as its settings note it: the first 16
+/// hex digits of its SHA-256, so that any change to it is a new schema.
+fn schema_version() -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(MIGRATION.as_bytes())[..8])
+}
+
+/// Whether the settings note `version` as the schema's.
+async fn schema_is(txn: &Transaction<'_>, version: &str) -> std::result::Result<bool, TxnError> {
+    let made = txn.query_one("SELECT to_regclass('depot_catalog_settings') IS NOT NULL", &[]).await?;
+    if !made.get::<_, bool>(0) {
+        return Ok(false);
+    }
+    let noted = txn.query_opt("SELECT value FROM depot_catalog_settings WHERE name = 'schema'", &[]).await?;
+    Ok(noted.is_some_and(|row| row.get::<_, &str>(0) == version))
 }
 
 /// Inside a transaction: a database failure (retried when transient) or
@@ -933,7 +1000,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn node_seen(&self, node: &str) -> Result<()> {
-        in_txn!(self.pool, "noting a node", |txn| {
+        in_txn!(self.nodes, "noting a node", |txn| {
             txn.execute(
                 "INSERT INTO depot_catalog_nodes (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET seen = now()",
                 &[&node],
@@ -944,7 +1011,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn node_gone(&self, node: &str) -> Result<()> {
-        in_txn!(self.pool, "noting a node gone", |txn| {
+        in_txn!(self.nodes, "noting a node gone", |txn| {
             txn.execute("DELETE FROM depot_catalog_nodes WHERE name = $1", &[&node]).await?;
             Ok(())
         })
@@ -952,7 +1019,7 @@ impl Catalog for PostgresCatalog {
 
     async fn live_nodes(&self, within: Duration) -> Result<Vec<String>> {
         let seconds = within.as_secs_f64();
-        in_txn!(self.pool, "listing nodes", |txn| {
+        in_txn!(self.nodes, "listing nodes", |txn| {
             let rows = txn
                 .query(
                     "SELECT name FROM depot_catalog_nodes WHERE seen > now() - make_interval(secs => $1) ORDER BY name",
@@ -1437,5 +1504,92 @@ mod tests {
         // One not heard from within the window is taken for stopped.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(c.live_nodes(Duration::from_millis(200)).await.unwrap().is_empty());
+    }
+
+    /// Every session carries the server-side bounds, and a scan raises its
+    /// own statements' for its transaction alone.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn sessions_are_bounded_on_the_server() {
+        let url = pg::fresh_test_database().await;
+        let c = PostgresCatalog::connect(&url).await.unwrap();
+        let show = |pool: Pool, within: Duration| async move {
+            in_txn!(pool, "reading the bounds", within within, |txn| {
+                let sql = "SELECT current_setting('statement_timeout'), \
+                           current_setting('idle_in_transaction_session_timeout')";
+                let row = txn.query_one(sql, &[]).await?;
+                Ok((row.get::<_, String>(0), row.get::<_, String>(1)))
+            })
+        };
+        for pool in [c.pool.clone(), c.nodes.clone()] {
+            assert_eq!(show(pool, pg::ANSWER_WITHIN).await.unwrap(), ("14s".to_string(), "5s".to_string()));
+        }
+        assert_eq!(show(c.pool.clone(), SCAN_WITHIN).await.unwrap().0, "10min");
+        let after = show(c.pool.clone(), pg::ANSWER_WITHIN).await.unwrap().0;
+        assert_eq!(after, "14s", "the scan's bound ended with it");
+    }
+
+    /// A node that froze inside a transaction holds its locks for
+    /// [`pg::IDLE_IN_TRANSACTION_WITHIN`], not for good: a write of the same
+    /// key on another node then goes through.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_node_frozen_in_a_transaction_holds_others_up_for_seconds() {
+        use super::super::conformance::{blob, bucket, put};
+        let url = pg::fresh_test_database().await;
+        let (frozen, live) =
+            (PostgresCatalog::connect(&url).await.unwrap(), PostgresCatalog::connect(&url).await.unwrap());
+        live.create_bucket(&bucket("files")).await.unwrap();
+        let mut client = frozen.pool.get().await.unwrap();
+        let holder = client.transaction().await.unwrap();
+        holder.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&KEY_LOCKS, &key_stripe("files", "k")]).await.unwrap();
+        let began = std::time::Instant::now();
+        live.put_objects(vec![put("files", "k", &[blob(1, 10)])]).await.unwrap();
+        let waited = began.elapsed();
+        assert!(waited >= pg::IDLE_IN_TRANSACTION_WITHIN - Duration::from_millis(500), "the lock held: {waited:?}");
+        assert!(live.get_objects("files", &["k".into()]).await.unwrap()[0].is_some());
+        let ended = holder.execute("SELECT 1", &[]).await;
+        assert!(ended.is_err(), "the frozen session was ended");
+    }
+
+    /// Heartbeats have connections of their own: with every request
+    /// connection held, the node is still noted live.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn heartbeats_do_not_wait_behind_requests() {
+        let url = pg::fresh_test_database().await;
+        let c = PostgresCatalog::connect(&url).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..POOL_SIZE {
+            held.push(c.pool.get().await.unwrap());
+        }
+        assert_eq!(c.pool.status().available, 0, "every request connection is held");
+        c.node_seen("a").await.unwrap();
+        assert_eq!(c.live_nodes(Duration::from_secs(20)).await.unwrap(), ["a"]);
+    }
+
+    /// A node starting beside a current schema changes no table, so a long
+    /// transaction elsewhere does not hold its start up, nor everyone's
+    /// requests behind its lock; a schema that needs changing waits for
+    /// its locks a bounded time, and says why it failed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_current_schema_is_left_alone() {
+        let url = pg::fresh_test_database().await;
+        PostgresCatalog::connect(&url).await.unwrap();
+        let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let reading = client.transaction().await.unwrap();
+        reading.query("SELECT * FROM depot_catalog_buckets", &[]).await.unwrap();
+        let started = tokio::time::timeout(Duration::from_secs(10), PostgresCatalog::connect(&url)).await;
+        assert!(matches!(started, Ok(Ok(_))), "a start waited behind a reader");
+        // An older schema, the reader still there: the change gives up.
+        let (other, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        other.execute("DELETE FROM depot_catalog_settings WHERE name = 'schema'", &[]).await.unwrap();
+        let refused = tokio::time::timeout(Duration::from_secs(60), PostgresCatalog::connect(&url)).await;
+        let Ok(Err(CatalogError::Unavailable(m))) = refused else { panic!("{:?}", refused.map(|r| r.err())) };
+        assert!(m.contains("lock timeout") && m.contains("schema up to date"), "{m}");
+        // Once it has gone, the schema is brought up to date and noted.
+        reading.commit().await.unwrap();
+        PostgresCatalog::connect(&url).await.unwrap();
+        let noted = other.query_one("SELECT value FROM depot_catalog_settings WHERE name = 'schema'", &[]).await;
+        assert_eq!(noted.unwrap().get::<_, String>(0), schema_version());
     }
 }

@@ -705,8 +705,10 @@ impl BlobEngine for PostgresEngine {
     async fn list(&self) -> Result<Vec<BlobInfo>> {
         let pool = &self.inner.pool;
         let rows = pg::retry_within(pool, "listing blobs", LISTING_WITHIN, || async move {
-            let client = pool.get().await?;
-            Ok(client.query("SELECT digest, size, modified FROM depot_engine_blobs", &[]).await?)
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            pg::allow(&tx, LISTING_WITHIN).await?;
+            Ok(tx.query("SELECT digest, size, modified FROM depot_engine_blobs", &[]).await?)
         })
         .await
         .map_err(pg_err)?;
@@ -724,8 +726,10 @@ impl BlobEngine for PostgresEngine {
     async fn disk_usage(&self) -> Result<Option<u64>> {
         let pool = &self.inner.pool;
         let bytes = pg::retry_within(pool, "measuring the tables", LISTING_WITHIN, || async move {
-            let client = pool.get().await?;
-            let row = client
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            pg::allow(&tx, LISTING_WITHIN).await?;
+            let row = tx
                 .query_one(
                     "SELECT pg_total_relation_size('depot_engine_blobs') \
                      + pg_total_relation_size('depot_engine_chunks') \
