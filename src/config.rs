@@ -224,7 +224,8 @@ pub enum FreeSpace {
 impl FreeSpace {
     /// The least the default keeps free, whatever the file system's size:
     /// room for the catalog to flush its memory tables (two of 16 MiB in
-    /// each of its tables that take writes) while it records deletes.
+    /// each of its tables that take writes) while it records deletes. A
+    /// store that keeps anything in RocksDB keeps no less, or nothing.
     pub const DEFAULT_FLOOR: u64 = 64 << 20;
 
     /// Bytes to keep free on a file system of `total` bytes; `None` is the

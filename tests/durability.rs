@@ -261,12 +261,12 @@ async fn a_full_device_is_507_and_keeps_what_was_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_nearly_full_device_refuses_uploads_and_deletes_free_it() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(_device) = Tmpfs::mount(dir.path(), "96m") else {
+    let Some(_device) = Tmpfs::mount(dir.path(), "128m") else {
         eprintln!("skipped: cannot mount a tmpfs here");
         return;
     };
     let data = dir.path().join("data");
-    let args = ["--min-free-space", "33554432", "--gc-grace", "0", "--gc-interval", "1"];
+    let args = ["--min-free-space", "67108864", "--gc-grace", "0", "--gc-interval", "1"];
     let mut server = Server::start_in(&data, &args);
     let http = client();
     let put = |i: u64| http.put(server.object_url("files", &format!("k{i}"))).body(pattern(700_000, i)).send();

@@ -366,6 +366,18 @@ async fn html_listing_links_survive_dot_segments_in_keys() {
     let url = reqwest::Url::parse(&format!("{}/{B}/d/sub/", s.url)).unwrap().join(href).unwrap();
     let html = listing(url.to_string()).await;
     assert!(html.contains(">x<") && !html.contains("other"), "{url}: {html}");
+    // A key that is nothing but a dot segment is listed by name, unlinked:
+    // a browser would take any link to it for the bucket or its parent.
+    for key in [".", ".."] {
+        let request = format!("PUT /{B}/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nd");
+        let answer = common::raw(&s.addr, request.as_bytes(), Duration::from_secs(1));
+        assert_eq!(common::status_of(&answer), 201, "{answer}");
+    }
+    let html = listing(format!("{}/{B}/", s.url)).await;
+    assert!(html.contains("<td>.</td>") && html.contains("<td>..</td>"), "{html}");
+    for key in [".", ".."] {
+        assert!(!html.contains(&format!("href=\"/{B}/{key}\"")), "{html}");
+    }
 }
 
 #[tokio::test]
@@ -1105,6 +1117,30 @@ async fn a_refusal_before_100_continue_closes_the_connection() {
     assert_eq!(common::status_of(&answer), 400, "{answer}");
     assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
     assert_healthy(&s).await;
+}
+
+/// A refusal that leaves no body unread keeps the connection, though the
+/// request asked for 100 Continue: one with no body, and one whose body
+/// the client sent without waiting and the server read to its end.
+#[tokio::test]
+async fn a_refusal_of_a_request_with_nothing_left_unread_keeps_the_connection() {
+    let s = Server::start(&[]);
+    put(&s, "k", b"hello", &[]).await;
+    let no_body = "GET /files/k HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nRange: bytes=100-\r\n\r\n";
+    let wrong = sha256_hex(b"another body");
+    let read = format!(
+        "PUT /files/d HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nX-Depot-Sha256: {wrong}\r\n\
+         Content-Length: 5\r\n\r\nhello"
+    );
+    let next = "GET /_/health HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (first, status) in [(no_body.to_string(), 416), (read, 400)] {
+        let answer = common::raw(&s.addr, format!("{first}{next}").as_bytes(), Duration::from_secs(1));
+        let answer = answer.trim_start_matches("HTTP/1.1 100 Continue\r\n\r\n");
+        assert_eq!(common::status_of(answer), status, "{answer}");
+        assert!(answer.contains("HTTP/1.1 200 OK"), "the next request was answered: {answer}");
+        assert!(!answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    }
+    assert_absent(&s, "d").await;
 }
 
 #[tokio::test]

@@ -335,6 +335,11 @@ fn maintenance_of_a_directory_without_a_store_is_refused() {
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("more than the file system"), "{}", text(&out));
+    // Nor one that keeps less than RocksDB needs to flush and recover.
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--data", data.to_str().unwrap(), "--min-free-space"];
+    let out = depot(&[&serve[..], &["8388608"]].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("too little for RocksDB"), "{}", text(&out));
 }
 
 /// Writers that lose a race for `If-None-Match: *` leave no bytes behind:

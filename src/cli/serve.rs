@@ -231,6 +231,20 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
                         indicatif::HumanBytes(total)
                     );
                 }
+                // RocksDB writes what it takes twice (its log, then its
+                // tables as it flushes the memory tables, up to two of 16
+                // MiB), and recovers from a full disk only with 16 MiB
+                // free; with less kept, a full disk stops its writes, and
+                // the next start, which flushes the log, fails.
+                let rocksdb = !shared || matches!(settings.engine, EngineKind::Rocksdb | EngineKind::Hybrid);
+                if rocksdb && keep > 0 && keep < FreeSpace::DEFAULT_FLOOR {
+                    bail!(
+                        "--min-free-space {} is too little for RocksDB, which needs {} free to flush its memory \
+                         tables and to recover from a full disk: keep at least that, or 0 to fill the disk",
+                        indicatif::HumanBytes(keep),
+                        indicatif::HumanBytes(FreeSpace::DEFAULT_FLOOR)
+                    );
+                }
                 keep
             }
             _ => 0,

@@ -93,34 +93,60 @@ fn staging_prefix(host: &str) -> String {
     format!("{host}-{}-{:08x}-", std::process::id(), rand::random::<u32>())
 }
 
-/// Whether the staging file `name` (`host-pid-token-n`) may have been left
-/// by a process of `host` (this one) that is gone: its pid is not running,
-/// or, `at_open`, is this process's (an earlier run, or another
-/// container's pid 1). Other hosts' files are kept. Only a file nobody
-/// holds locked is actually abandoned (see [`remove_if_unlocked`]).
-fn abandoned_here(name: &str, host: &str, at_open: bool) -> bool {
+/// How a staging file `name` (`host-pid-token-n`) of `host` (this one) is
+/// told abandoned, or `None` for another host's, which are kept: only the
+/// host that wrote a file can know whether its writer lives. A writer
+/// holds its file locked, so a file nobody holds is abandoned, but for a
+/// moment between its creation and its lock: a file of a writer that still
+/// runs counts only once older than [`LOCK_WINDOW`]. Where the file system
+/// has no locks, the pid must do: its writer is gone when it is not
+/// running, or, `at_open`, is this process's (an earlier run, or another
+/// container's pid 1). A live pid may be another process's since, which
+/// is why the lock, where there is one, decides.
+fn staged_here(name: &str, host: &str, at_open: bool) -> Option<Writer> {
     let mut parts = name.rsplitn(4, '-');
     let (Some(_n), Some(_token), Some(pid), Some(h)) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return false;
+        return None;
     };
-    h == host && ((at_open && pid == std::process::id().to_string()) || !Path::new("/proc").join(pid).exists())
+    let ours = pid == std::process::id().to_string();
+    (h == host).then(|| match (ours, at_open) {
+        (true, true) => Writer::Gone,
+        (true, false) => Writer::Running,
+        (false, _) if Path::new("/proc").join(pid).exists() => Writer::MayRun,
+        (false, _) => Writer::Gone,
+    })
 }
 
+/// What the pid in a staging file's name tells of its writer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Writer {
+    /// Not running, or an earlier run of this process: abandoned, unless
+    /// the file is locked.
+    Gone,
+    /// This process, which removes its own staging files.
+    Running,
+    /// A running process, maybe another than the writer since.
+    MayRun,
+}
+
+/// Longest a writer takes from creating its staging file to locking it.
+const LOCK_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Removes the staging files in `tmp` older than [`STALE`], whoever wrote
-/// them, and those [`abandoned_here`]: at open, and by the collector, so
-/// that nodes sharing the directory that never restart get the space of
-/// one another's crashes back too.
+/// them, and this host's abandoned ones ([`staged_here`]): at open, and by
+/// the collector, so that nodes sharing the directory that never restart
+/// get the space of one another's crashes back too.
 fn remove_abandoned(tmp: &Path, host: &str, at_open: bool) -> Result<()> {
     for entry in fs::read_dir(tmp).map_err(|e| EngineError::io(NAME, e))? {
         let entry = entry.map_err(|e| EngineError::io(NAME, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
-        let removed = if old {
-            fs::remove_file(entry.path())
-        } else if abandoned_here(&name, host, at_open) {
-            remove_if_unlocked(&entry.path())
-        } else {
-            Ok(())
+        let age = entry.metadata().and_then(|m| m.modified()).map(|t| t.elapsed().unwrap_or_default());
+        let age = age.unwrap_or_default();
+        let removed = match staged_here(&name, host, at_open) {
+            _ if age > STALE => fs::remove_file(entry.path()),
+            Some(Writer::Gone) => remove_if_unlocked(&entry.path(), true),
+            Some(Writer::MayRun) if age > LOCK_WINDOW => remove_if_unlocked(&entry.path(), false),
+            _ => Ok(()),
         };
         // One gone meanwhile was removed by another node sharing the
         // directory, or was a live writer's, finished since.
@@ -134,15 +160,17 @@ fn remove_abandoned(tmp: &Path, host: &str, at_open: bool) -> Result<()> {
 }
 
 /// Removes the staging file at `path` unless its writer still holds it
-/// locked: pids do not tell apart processes of different containers.
-fn remove_if_unlocked(path: &Path) -> io::Result<()> {
+/// locked. On a file system without locks, removes it only if `gone` (its
+/// writer's pid said so).
+fn remove_if_unlocked(path: &Path, gone: bool) -> io::Result<()> {
     use rustix::fs::{FlockOperation, flock};
     let file = File::open(path)?;
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        // Held while removing, so no writer can take it meanwhile.
+        Ok(()) => fs::remove_file(path),
         Err(Errno::WOULDBLOCK) => Ok(()),
-        // Held while removing, so no writer can take it meanwhile. A file
-        // system without locks leaves the pid as the only clue.
-        _ => fs::remove_file(path),
+        Err(_) if gone => fs::remove_file(path),
+        Err(_) => Ok(()),
     }
 }
 
@@ -745,11 +773,27 @@ mod tests {
         File::options().write(true).open(&stale).unwrap().set_modified(old).unwrap();
         let in_flight = tmp.join("another-host-1-0000abcd-2");
         std::fs::write(&in_flight, b"in flight").unwrap();
+        // Of this host, under a pid that runs (pid 1, not this process):
+        // a file past the lock's window that nobody holds was left by a
+        // writer whose pid another process has since; one that is held, or
+        // new enough to be about to be, is a live writer's.
+        let running = |n: u32| tmp.join(format!("{}-1-0000abcd-{n}", hostname()));
+        let (reused, held, new) = (running(1), running(2), running(3));
+        for path in [&reused, &held, &new] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        let past_window = std::time::SystemTime::now() - LOCK_WINDOW - std::time::Duration::from_secs(1);
+        for path in [&reused, &held] {
+            File::options().write(true).open(path).unwrap().set_modified(past_window).unwrap();
+        }
+        let holder = File::open(&held).unwrap();
+        rustix::fs::flock(&holder, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
         engine.remove_abandoned().await.unwrap();
         let mut left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().path()).collect();
         left.sort();
-        assert_eq!(left.len(), 2, "{left:?}");
+        assert_eq!(left.len(), 4, "{left:?}");
         assert!(left.contains(&in_flight) && !left.contains(&dead) && !left.contains(&stale), "{left:?}");
+        assert!(!left.contains(&reused) && left.contains(&held) && left.contains(&new), "{left:?}");
         let digest = Digest(crate::engine::sha2_digest(&conformance::pattern(5000, 3)));
         live.finish(digest).await.unwrap();
     }

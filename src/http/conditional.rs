@@ -36,7 +36,9 @@ impl<'a> Validators<'a> {
 }
 
 /// The tags of an `If-Match`/`If-None-Match` list, each with whether it
-/// is weak (quotes and the `W/` prefix removed; `*` kept as is).
+/// is weak (quotes and the `W/` prefix removed; `*` kept as is). A tag
+/// sent without its quotes counts as the quoted one, as S3 and MinIO take
+/// it: S3 clients pass on an ETag as their user typed it.
 fn tags(value: &str) -> impl Iterator<Item = (bool, String)> + '_ {
     value.split(',').map(str::trim).filter(|t| !t.is_empty()).filter_map(|t| {
         let (weak, tag) = t.strip_prefix("W/").map_or((false, t), |w| (true, w));
@@ -142,7 +144,7 @@ pub fn if_range_holds(headers: &HeaderMap, current: Validators<'_>) -> bool {
     let Some(v) = v else { return true };
     let Ok(v) = v.to_str() else { return false };
     let v = v.trim();
-    v.starts_with('"') && v.trim_matches('"') == current.etag
+    v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) == Some(current.etag)
 }
 
 #[cfg(test)]
@@ -268,6 +270,9 @@ mod tests {
         assert!(if_range_holds(&headers(&[]), c));
         assert!(if_range_holds(&headers(&[("if-range", "\"abc\"")]), c));
         assert!(!if_range_holds(&headers(&[("if-range", "\"old\"")]), c));
+        for half in ["\"abc", "abc\"", "abc", "\"\"abc\"\""] {
+            assert!(!if_range_holds(&headers(&[("if-range", half)]), c), "not an entity tag: {half}");
+        }
         assert!(!if_range_holds(&headers(&[("if-range", "\"abc\""), ("if-range", "\"abc\"")]), c), "twice");
         let mut unreadable = HeaderMap::new();
         unreadable.insert(header::IF_RANGE, http::HeaderValue::from_bytes(b"\"\xe4abc\"").unwrap());

@@ -114,28 +114,24 @@ pub(super) async fn objects(app: &Arc<App>, req: &Request, bucket: &str, folder:
         return Ok(negotiated(json(StatusCode::OK, &body)));
     }
     // Keys with `.` or `..` segments are linked so that a browser leaves
-    // them be; a key that is nothing but one cannot be linked at all.
-    let link = |key: &str| {
-        let path =
-            names::key_path(key).unwrap_or_else(|| percent_encoding::utf8_percent_encode(key, URL_PATH).to_string());
-        escape(&format!("/{bucket}/{path}"))
+    // them be; a key that is nothing but one cannot be linked at all (a
+    // browser would resolve the link to the folder or its parent), so
+    // its name is shown alone.
+    let cell = |key: &str, name: &str| match names::key_path(key) {
+        Some(path) => format!("<a href=\"{}\">{}</a>", escape(&format!("/{bucket}/{path}")), escape(name)),
+        None => escape(name),
     };
     let mut rows = String::new();
     if let Some(parent) = parent_of(folder) {
-        rows.push_str(&format!("<tr><td><a href=\"{}\">../</a></td><td></td><td></td></tr>\n", link(parent)));
+        rows.push_str(&format!("<tr><td>{}</td><td></td><td></td></tr>\n", cell(parent, "../")));
     }
     for d in &page_of.prefixes {
-        rows.push_str(&format!(
-            "<tr><td><a href=\"{}\">{}</a></td><td>-</td><td></td></tr>\n",
-            link(d),
-            escape(&d[folder.len()..])
-        ));
+        rows.push_str(&format!("<tr><td>{}</td><td>-</td><td></td></tr>\n", cell(d, &d[folder.len()..])));
     }
     for o in &page_of.objects {
         rows.push_str(&format!(
-            "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td></tr>\n",
-            link(&o.key),
-            escape(&o.key[folder.len()..]),
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            cell(&o.key, &o.key[folder.len()..]),
             o.size,
             rfc3339(o.shown_modified())
         ));

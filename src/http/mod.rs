@@ -274,8 +274,6 @@ impl App {
     async fn respond(self: Arc<Self>, req: http::Request<Incoming>, id: &str) -> Response {
         let started = Instant::now();
         let method = req.method().clone();
-        let expects_continue =
-            req.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let linger = req.extensions().get::<Peer>().map(|p| p.linger.clone());
         // Requests without credentials on a server that has them are
         // anonymous S3 requests: the S3 policy lets them read public-read
@@ -306,8 +304,10 @@ impl App {
         // read to its end, leaves the body unsent or unread: the connection
         // cannot carry another request (the server would read the rest of
         // the body as the next request), so the answer says it closes, and
-        // the connection closes gently.
-        if refused && (expects_continue || (has_body && !body.ended())) {
+        // the connection closes gently. A request with no body, or whose
+        // body was read, leaves the connection as it found it, whether it
+        // asked for 100 Continue or not (RFC 9110 section 10.1.1).
+        if refused && has_body && !body.ended() {
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             if let Some(linger) = linger {
                 linger.ask();
