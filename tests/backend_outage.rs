@@ -442,3 +442,24 @@ async fn a_silent_postgres_catalog_is_503_within_the_limit_every_time() {
     assert_eq!(r.text().await.unwrap(), "kept");
     server.assert_no_panic();
 }
+
+/// A postgres engine that takes connections but stops answering holds
+/// `/_/stats`, which asks it for its tables' size, no longer than any
+/// other request (it had a table scan's ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silent_postgres_engine_is_503_on_stats_within_the_limit() {
+    let url = depot::pg::fresh_test_database().await;
+    let (proxied, silent) = silenceable_proxy(&url).await;
+    let server = Server::start(&["--engine", "postgres", "--engine-url", &proxied]);
+    let http = client();
+    let stats = format!("{}/_/stats", server.url);
+    assert_eq!(http.get(&stats).send().await.unwrap().status(), 200);
+    silent.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let r = http.get(&stats).send().await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    assert!(waited < Duration::from_secs(18), "stats waited {waited:?}");
+    silent.store(false, Ordering::SeqCst);
+    server.assert_no_panic();
+}

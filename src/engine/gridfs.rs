@@ -193,9 +193,13 @@ fn mongo_err(e: mongodb::error::Error) -> EngineError {
         | ErrorKind::ConnectionPoolCleared { .. }
         | ErrorKind::DnsResolve { .. }
         | ErrorKind::Shutdown => true,
-        ErrorKind::Command(c) => TRANSIENT_CODES.contains(&c.code),
-        ErrorKind::Write(WriteFailure::WriteConcernError(c)) => TRANSIENT_CODES.contains(&c.code),
-        _ => e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError"),
+        // A command's, a write concern's or a single write's: a primary
+        // stepping down fails the writes it was given with its code.
+        _ => {
+            code.is_some_and(|c| TRANSIENT_CODES.contains(&c))
+                || e.contains_label("RetryableWriteError")
+                || e.contains_label("TransientTransactionError")
+        }
     };
     if transient {
         EngineError::Unavailable(format!("{NAME} engine: the server is unavailable: {e}"))
@@ -918,6 +922,20 @@ mod tests {
     use super::*;
     use crate::engine::conformance::{self, pattern};
     use crate::engine::{BlobEngineExt, sha2_digest};
+
+    /// A single write failed with a code a retry may cure (the primary
+    /// stepped down) is the server's being unavailable (503), as the same
+    /// code on a command is; another code is not.
+    #[test]
+    fn a_write_failed_by_a_stepping_down_primary_is_unavailable() {
+        let write = |code: i32| {
+            let failure: mongodb::error::WriteError =
+                mongodb::bson::from_document(mongodb::bson::doc! {"code": code, "errmsg": "write failed"}).unwrap();
+            mongo_err(mongodb::error::Error::from(ErrorKind::Write(WriteFailure::WriteError(failure))))
+        };
+        assert!(matches!(write(189), EngineError::Unavailable(_)));
+        assert!(matches!(write(2), EngineError::Other { .. }));
+    }
 
     #[test]
     fn a_database_replaces_any_the_url_names_and_keeps_its_options() {

@@ -141,6 +141,9 @@ pub enum EngineError {
     SyncFailed(std::io::Error),
     #[error("no space left on the storage device")]
     NoSpace,
+    /// A blob larger than the engine can keep (the `s3` engine's 5 GiB).
+    #[error("{engine} engine: blobs are limited to {max} bytes")]
+    TooLarge { engine: &'static str, max: u64 },
     /// The engine's server is unreachable; the request may succeed later.
     #[error("{0}")]
     Unavailable(String),

@@ -91,7 +91,17 @@ pub const RETRY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for the next bytes of an answer. There is no limit on a
 /// whole request: a GET streams as fast as its client reads, however long.
+/// The wait starts as a request is sent, so for an upload it covers sending
+/// the body too: uploads of more than [`SMALL_UPLOAD`] have longer
+/// ([`Tuning::upload_timeout`]).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The slowest link to the server that uploads are given time for: a part
+/// of 8 MiB may take a minute beyond [`READ_TIMEOUT`].
+pub const MIN_UPLOAD_RATE: u64 = 128 * 1024;
+/// The largest upload sent within [`READ_TIMEOUT`] alone: at
+/// [`MIN_UPLOAD_RATE`] it takes 8 s. Smaller ones, the most, still find a
+/// hung server out in that time.
+const SMALL_UPLOAD: usize = 1024 * 1024;
 /// Longest self-copy (a server-side copy of up to [`MAX_BLOB`]).
 const COPY_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where uploads in progress live.
@@ -103,11 +113,21 @@ pub struct Tuning {
     pub part_size: usize,
     /// Staging objects older than this are deleted at connect.
     pub stale_after: Duration,
+    /// [`READ_TIMEOUT`].
+    pub read_timeout: Duration,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { part_size: DEFAULT_PART, stale_after: STALE_AFTER }
+        Tuning { part_size: DEFAULT_PART, stale_after: STALE_AFTER, read_timeout: READ_TIMEOUT }
+    }
+}
+
+impl Tuning {
+    /// The wait for an upload's answer, from when it is sent: the read
+    /// timeout, and the time a part takes at [`MIN_UPLOAD_RATE`].
+    fn upload_timeout(&self) -> Duration {
+        self.read_timeout + Duration::from_secs(self.part_size as u64 / MIN_UPLOAD_RATE)
     }
 }
 
@@ -119,6 +139,9 @@ pub struct S3Engine {
 
 struct Inner {
     store: AmazonS3,
+    /// The same store, for uploads of more than [`SMALL_UPLOAD`], which
+    /// are given [`Tuning::upload_timeout`].
+    uploads: AmazonS3,
     bucket: String,
     region: String,
     /// `http(s)://host[:port]/bucket`: path-style requests.
@@ -334,29 +357,33 @@ impl S3Engine {
             max_retries: MAX_RETRIES,
             retry_timeout: RETRY_TIMEOUT,
         };
-        let options = ClientOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout_disabled()
-            .with_config(object_store::ClientConfigKey::ReadTimeout, format!("{}s", READ_TIMEOUT.as_secs()))
-            .with_allow_http(true);
-        let store = builder
-            // One DeleteObject per blob: S3Proxy and others lack DeleteObjects.
-            .with_disable_bulk_delete(true)
-            .with_retry(retry)
-            .with_client_options(options)
-            .build()
-            .map_err(|e| EngineError::other(NAME, e))?;
+        let store = |read_timeout: Duration| {
+            let options = ClientOptions::new()
+                .with_connect_timeout(CONNECT_TIMEOUT)
+                .with_timeout_disabled()
+                .with_config(object_store::ClientConfigKey::ReadTimeout, format!("{}ms", read_timeout.as_millis()))
+                .with_allow_http(true);
+            builder
+                .clone()
+                // One DeleteObject per blob: S3Proxy and others lack DeleteObjects.
+                .with_disable_bulk_delete(true)
+                .with_retry(retry.clone())
+                .with_client_options(options)
+                .build()
+                .map_err(|e| EngineError::other(NAME, e))
+        };
+        let (uploads, store) = (store(tuning.upload_timeout())?, store(tuning.read_timeout)?);
         // A server silent for READ_TIMEOUT is taken for hung, copies
         // included (S3 keeps a long copy's answer alive with whitespace):
         // without it a stopped server held every write for COPY_TIMEOUT.
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(READ_TIMEOUT)
+            .read_timeout(tuning.read_timeout)
             .timeout(COPY_TIMEOUT)
             .build()
             .map_err(|e| EngineError::other(NAME, e))?;
         let (part_size, stale_after) = (tuning.part_size, tuning.stale_after);
-        let inner = Inner { store, bucket, region, bucket_url, http, part_size, stale_after };
+        let inner = Inner { store, uploads, bucket, region, bucket_url, http, part_size, stale_after };
         Ok(S3Engine { inner: Arc::new(inner) })
     }
 }
@@ -474,7 +501,7 @@ impl S3Writer {
     async fn send_part(&mut self, part: PutPayload) -> Result<()> {
         if self.staging.is_none() {
             let path = Path::from(format!("{STAGING}/{}", hex::encode(rand::random::<[u8; 16]>())));
-            let upload = self.inner.store.put_multipart(&path).await.map_err(|e| store_err(e, None))?;
+            let upload = self.inner.uploads.put_multipart(&path).await.map_err(|e| store_err(e, None))?;
             self.staging = Some(Staging { path, upload, parts: JoinSet::new(), completed: false });
         }
         let Some(staging) = self.staging.as_mut() else { return Ok(()) };
@@ -528,7 +555,7 @@ impl BlobWriter for S3Writer {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
         self.size += chunk.len() as u64;
         if self.size > MAX_BLOB {
-            return Err(EngineError::other(NAME, format!("blobs are limited to {MAX_BLOB} bytes (S3's copy limit)")));
+            return Err(EngineError::TooLarge { engine: NAME, max: MAX_BLOB });
         }
         self.pending_len += chunk.len();
         self.pending.push_back(chunk);
@@ -546,8 +573,10 @@ impl BlobWriter for S3Writer {
         if self.staging.is_some() {
             self.finish_staged(&key).await?;
         } else if !self.inner.touch(&key).await? {
+            let inner = self.inner.clone();
+            let store = if self.pending_len > SMALL_UPLOAD { &inner.uploads } else { &inner.store };
             let payload = self.take_pending(self.pending_len);
-            self.inner.store.put(&key, payload).await.map_err(|e| store_err(e, None))?;
+            store.put(&key, payload).await.map_err(|e| store_err(e, None))?;
         }
         Ok(BlobRef { digest, size: self.size, locator: Vec::new() })
     }
@@ -605,7 +634,11 @@ impl BlobEngine for S3Engine {
         Ok(())
     }
 
-    async fn writer(&self, _size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
+    async fn writer(&self, size_hint: Option<u64>) -> Result<Box<dyn BlobWriter>> {
+        // Refused before a byte is sent when the body says its length.
+        if size_hint.is_some_and(|n| n > MAX_BLOB) {
+            return Err(EngineError::TooLarge { engine: NAME, max: MAX_BLOB });
+        }
         Ok(Box::new(S3Writer {
             inner: self.inner.clone(),
             pending: VecDeque::new(),
@@ -879,6 +912,13 @@ mod tests {
 
     /// A TCP proxy to the test server that counts the bytes the server sends.
     async fn counting_proxy() -> (String, Arc<AtomicU64>) {
+        proxy(None).await
+    }
+
+    /// A TCP proxy to the test server that counts the bytes the server
+    /// sends, and passes what it is sent on at `rate` bytes a second, if
+    /// given.
+    async fn proxy(rate: Option<u64>) -> (String, Arc<AtomicU64>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let target = endpoint().trim_start_matches("http://").to_string();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -890,7 +930,17 @@ mod tests {
                 let upstream = tokio::net::TcpStream::connect(&target).await.unwrap();
                 let (mut client_read, mut client_write) = client.into_split();
                 let (mut upstream_read, mut upstream_write) = upstream.into_split();
-                tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut upstream_write).await });
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 16 * 1024];
+                    while let Ok(n) = client_read.read(&mut buf).await {
+                        if n == 0 || upstream_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        if let Some(rate) = rate {
+                            tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
+                        }
+                    }
+                });
                 let counter = counter.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0; 64 * 1024];
@@ -906,6 +956,35 @@ mod tests {
             }
         });
         (format!("http://{addr}"), received)
+    }
+
+    /// A blob past S3's copy limit is refused as too large (a 400), before
+    /// any of it is sent when its length is known.
+    #[tokio::test]
+    async fn a_blob_past_the_limit_is_refused_before_a_byte_is_sent() {
+        let engine = S3Engine::client(Some("http://127.0.0.1:1"), &config("depot-nowhere"), Tuning::default()).unwrap();
+        let e = engine.writer(Some(MAX_BLOB + 1)).await.err().unwrap();
+        assert!(matches!(e, EngineError::TooLarge { max: MAX_BLOB, .. }), "{e:?}");
+        let e = crate::store::StoreError::from(e);
+        assert!(matches!(e, crate::store::StoreError::EntityTooLarge(_)), "{e:?}");
+    }
+
+    /// The read timeout counts from when a request is sent, its body
+    /// included: an upload on a slow link that keeps going is given the
+    /// time its size needs, as a single PUT and as a part.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_slow_upload_that_keeps_going_is_not_cut_off() {
+        let bucket = fresh_test_bucket().await;
+        let (proxy, _) = proxy(Some(2 * 1024 * 1024)).await;
+        let tuning = Tuning { part_size: MIN_PART, read_timeout: Duration::from_secs(1), ..Tuning::default() };
+        let engine = S3Engine::connect_tuned(Some(&proxy), &config(&bucket), tuning).await.unwrap();
+        for size in [MIN_PART, MIN_PART + 1] {
+            let data = conformance::pattern(size, 4);
+            let started = Instant::now();
+            let blob = engine.put_bytes(data.clone()).await.unwrap();
+            assert!(started.elapsed() > 2 * tuning.read_timeout, "the link was slow: {:?}", started.elapsed());
+            assert!(engine.read_to_vec(&blob, ByteRange::full(blob.size)).await.unwrap() == data, "{size} bytes");
+        }
     }
 
     /// A fake server answering each request, as a 200, with the next of

@@ -129,6 +129,7 @@ impl From<EngineError> for StoreError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::NoSpace => StoreError::NoSpace,
+            e @ EngineError::TooLarge { .. } => StoreError::EntityTooLarge(e.to_string()),
             EngineError::SyncFailed(e) => StoreError::WritesDisabled(e.to_string()),
             EngineError::Unavailable(m) => StoreError::Unavailable(m),
             e => StoreError::Internal(e.to_string()),
