@@ -429,7 +429,10 @@ impl Settings {
         if settings.engine == EngineKind::Memory && settings.catalog != CatalogKind::Rocksdb {
             bail!("the memory engine keeps nothing across restarts, so it takes the embedded catalog, not --catalog");
         }
-        if !settings.listen.ip().is_loopback() && settings.credentials.is_empty() && !settings.allow_anonymous_write {
+        if !settings.listen.ip().to_canonical().is_loopback()
+            && settings.credentials.is_empty()
+            && !settings.allow_anonymous_write
+        {
             bail!(
                 "refusing to listen on {} without credentials: anyone could write. \
                  Set --access-key and --secret-key, or pass --allow-anonymous-write",
@@ -576,6 +579,9 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
         });
         anyhow::anyhow!("parsing {}{}: {}", path.display(), at.unwrap_or_default(), without_values(e.message()))
     })?;
+    if file.data.as_ref().is_some_and(|data| data.as_os_str().is_empty()) {
+        anyhow::bail!("{}: `data` is empty; name the data directory, or leave the line out", path.display());
+    }
     let dir = path.parent().unwrap_or(Path::new(""));
     file.data = file.data.map(|data| dir.join(data));
     Ok(file)
@@ -602,6 +608,19 @@ mod tests {
             assert!(!e.contains("hunter2") && !e.contains("1234567890"), "{e}");
             assert!(e.contains("line 2"), "{e}");
         }
+    }
+
+    /// An empty `data` would be the file's own directory, or the working
+    /// one: refused, as `--data ""` is.
+    #[test]
+    fn an_empty_data_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("depot.toml");
+        std::fs::write(&path, "data = \"\"\n").unwrap();
+        let e = format!("{:#}", read_file(&path).unwrap_err());
+        assert!(e.contains("`data` is empty"), "{e}");
+        std::fs::write(&path, "data = \"store\"\n").unwrap();
+        assert_eq!(read_file(&path).unwrap().data, Some(dir.path().join("store")));
     }
 
     /// Names are kept as Host headers carry them; anything a Host header

@@ -515,8 +515,9 @@ async fn batch_put_stores_every_entry() {
 async fn batch_put_with_a_malformed_last_entry_stores_nothing() {
     let s = Server::start(&[]);
     let good = b"one\n3\nabc\ntwo\n3\ndef\n";
-    // A length past the end, a length that is no number, no final newline.
-    let tails: [&[u8]; 3] = [b"three\n10\nabc\n", b"three\nten\nabc\n", b"three\n3\nabc"];
+    // A length past the end, lengths that are no number (a sign is not a
+    // digit), no final newline.
+    let tails: [&[u8]; 4] = [b"three\n10\nabc\n", b"three\nten\nabc\n", b"three\n+3\nabc\n", b"three\n3\nabc"];
     for tail in tails {
         error_body(batch(&s, "put", &[&good[..], tail].concat()).await, 400).await;
         for key in ["one", "two", "three"] {
@@ -552,6 +553,51 @@ async fn conditional_batch_writes_are_refused() {
         assert!(r.text().await.unwrap().contains("take no conditions"), "{route}");
     }
     assert_eq!(read(&s, "a").await, b"1");
+    // So is a digest of the body, which would be one for the whole batch,
+    // not for any entry: refused rather than left unchecked.
+    let zeros = "0".repeat(64);
+    let digests =
+        [("content-md5", "AAAAAAAAAAAAAAAAAAAAAA=="), ("x-depot-sha256", &zeros), ("x-amz-checksum-crc32", "AAAAAA==")];
+    for (name, value) in digests {
+        let url = format!("{}/_/batch/put?bucket={B}", s.url);
+        let r = send(Method::POST, &url, &[(name, value)], Some(b"a\n1\ny\n")).await;
+        assert_eq!(r.status(), 400, "{name}");
+        assert!(r.text().await.unwrap().contains(name), "{name}");
+    }
+    assert_eq!(read(&s, "a").await, b"1");
+}
+
+/// A batch get's answer outlives its objects, as a single GET's does: the
+/// collector leaves the blobs of the windows it has looked up alone until
+/// they are sent, though their keys are deleted meanwhile.
+#[tokio::test]
+async fn a_batch_get_is_answered_whole_though_its_objects_go_meanwhile() {
+    let s = Server::start(&["--gc-grace", "0", "--gc-interval", "1"]);
+    let (n, size) = (20, 1_000_000);
+    let mut put = Vec::new();
+    let mut keys = String::new();
+    for i in 0..n {
+        put.extend_from_slice(format!("k{i}\n{size}\n").as_bytes());
+        put.extend_from_slice(&pattern(size, i as u64));
+        put.push(b'\n');
+        keys.push_str(&format!("k{i}\n"));
+    }
+    assert_eq!(batch(&s, "put", &put).await.status(), 200);
+    let mut answer = batch(&s, "get", keys.as_bytes()).await;
+    assert_eq!(answer.status(), 200);
+    let mut got = answer.chunk().await.unwrap().unwrap().to_vec();
+    assert_eq!(batch(&s, "delete", keys.as_bytes()).await.status(), 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    while let Some(chunk) = answer.chunk().await.expect("the answer was not cut short") {
+        got.extend_from_slice(&chunk);
+    }
+    let mut expected = Vec::new();
+    for i in 0..n {
+        expected.extend_from_slice(format!("{size}\n").as_bytes());
+        expected.extend_from_slice(&pattern(size, i as u64));
+        expected.push(b'\n');
+    }
+    assert!(got == expected, "{} bytes of {}", got.len(), expected.len());
 }
 
 // ----- blobs, health, metrics -----
@@ -888,6 +934,10 @@ async fn uploaded_pages_are_sandboxed_and_types_are_not_sniffed() {
     let r = get(&s, "doc.pdf", &[]).await;
     assert_eq!(header(&r, "content-security-policy"), "");
     assert_eq!(header(&r, "x-content-type-options"), "nosniff");
+    // The server's own answers, listings and errors, are what they say too.
+    for url in [format!("{}/{B}/?format=json", s.url), format!("{}/{B}/", s.url), format!("{}/{B}/missing", s.url)] {
+        assert_eq!(header(&call(Method::GET, &url).await, "x-content-type-options"), "nosniff", "{url}");
+    }
 }
 
 #[tokio::test]

@@ -257,6 +257,34 @@ async fn native_requests_keep_to_their_own_buckets() {
     assert_eq!(s3_signed(bob_s3, Method::DELETE, &url, http::HeaderMap::new()).await.status(), 403);
     assert_eq!(send(Method::GET, url.clone(), bob).await.unwrap().status(), 200);
     assert_eq!(send(Method::GET, format!("{bucket_url}/"), bob).await.unwrap().status(), 200);
+    let batch = |route: &str| {
+        let url = format!("{}/_/batch/{route}?bucket=alices", server.url);
+        http.post(url).header("authorization", bob).body("secret.txt\n").send()
+    };
+    let got = batch("get").await.unwrap();
+    assert_eq!(got.status(), 200, "a batch reads a public-read bucket as a GET does");
+    assert!(got.bytes().await.unwrap().starts_with(b"0\n"), "the object, empty");
+    assert_eq!(batch("delete").await.unwrap().status(), 403);
+    // An answer given for a Bearer token (the web UI's) is kept by a
+    // browser only to ask again, so a sign-out is not passed over by its
+    // cache; S3 answers carry what S3's do (SDKs report and copy it), the
+    // public read of the same object stays cacheable, and an object's own
+    // Cache-Control stands.
+    let cache = |r: &reqwest::Response| r.headers().get("cache-control").map(|v| v.to_str().unwrap().to_string());
+    let private = send(Method::GET, url.clone(), bob).await.unwrap();
+    assert_eq!(cache(&private).as_deref(), Some("private, no-cache"));
+    let signed = s3_signed(bob_s3, Method::GET, &url, http::HeaderMap::new()).await;
+    assert_eq!(cache(&signed), None, "S3");
+    assert_eq!(cache(&http.get(url.clone()).send().await.unwrap()), None, "anonymous");
+    // A browser asking for the bucket gets the web UI's page, S3 clients
+    // its listing: a cache is told that the answer depends on Accept.
+    let listing = http.get(format!("{bucket_url}/")).header("accept", "*/*").send().await.unwrap();
+    assert_eq!(listing.status(), 200);
+    assert_eq!(listing.headers().get("vary").map(|v| v.to_str().unwrap()), Some("Accept"));
+    let own = server.object_url("alices", "kept.txt");
+    let put = http.put(&own).header("authorization", alice).header("cache-control", "max-age=60").body("k");
+    assert_eq!(put.send().await.unwrap().status(), 201);
+    assert_eq!(cache(&send(Method::GET, own, bob).await.unwrap()).as_deref(), Some("max-age=60"));
     assert_eq!(send(Method::PUT, url.clone(), bob).await.unwrap().status(), 403);
     assert_eq!(send(Method::DELETE, url, bob).await.unwrap().status(), 403);
 }

@@ -55,12 +55,19 @@ fn bucket_param(req: &Request) -> Result<String, ApiError> {
 
 /// The bucket of a batch that writes. A condition on the request would
 /// be one for every entry, which the batch routes do not check: refused,
-/// not ignored (an `If-None-Match: *` would otherwise overwrite).
+/// not ignored (an `If-None-Match: *` would otherwise overwrite). So is a
+/// digest of the body, which no entry could be checked against.
 fn written_bucket(req: &Request) -> Result<String, ApiError> {
     let conditions = [header::IF_MATCH, header::IF_NONE_MATCH, header::IF_UNMODIFIED_SINCE, header::IF_MODIFIED_SINCE];
     if let Some(name) = conditions.iter().find(|h| req.headers().contains_key(*h)) {
         return Err(ApiError::bad_request(format!(
             "{name}: the batch routes take no conditions; write such keys one by one"
+        )));
+    }
+    let digest = |name: &str| name == "content-md5" || name == "x-depot-sha256" || name.starts_with("x-amz-checksum-");
+    if let Some(name) = req.headers().keys().map(|h| h.as_str()).find(|h| digest(h)) {
+        return Err(ApiError::bad_request(format!(
+            "{name}: the batch routes check no digest of their body; send each entry's with a PUT of its own"
         )));
     }
     bucket_param(req)
@@ -140,7 +147,6 @@ async fn answer_gets(
 ) -> Result<(), StoreError> {
     let mut started = Some(started);
     let mut out = BytesMut::with_capacity(SEND_AT * 2);
-    let closed = || StoreError::Internal("client went away".into());
     let store = &app.store;
     // Small objects of a window come from the engine in a call or a few
     // (the first while the window is read ahead, the others as the answer
@@ -191,14 +197,14 @@ async fn answer_gets(
                 let mut stream = app.store.read_blob(blob).await?;
                 while let Some(chunk) = stream.next().await {
                     out.extend_from_slice(&chunk?);
-                    if out.len() >= SEND_AT {
-                        tx.send(Ok(out.split().freeze())).await.map_err(|_| closed())?;
+                    if out.len() >= SEND_AT && tx.send(Ok(out.split().freeze())).await.is_err() {
+                        return Ok(()); // the client went away
                     }
                 }
             }
             out.extend_from_slice(b"\n");
-            if out.len() >= SEND_AT {
-                tx.send(Ok(out.split().freeze())).await.map_err(|_| closed())?;
+            if out.len() >= SEND_AT && tx.send(Ok(out.split().freeze())).await.is_err() {
+                return Ok(()); // the client went away
             }
         }
     }
@@ -206,7 +212,8 @@ async fn answer_gets(
         let _ = started.send(Ok(()));
     }
     if !out.is_empty() {
-        tx.send(Ok(out.freeze())).await.map_err(|_| closed())?;
+        // Whether or not the client is still there, the answer is done.
+        let _ = tx.send(Ok(out.freeze())).await;
     }
     Ok(())
 }
@@ -313,8 +320,10 @@ where
         }
         let len_line =
             self.line(24).await?.ok_or_else(|| bad_body(format!("the body ends before the length of {key:?}")))?;
+        // Digits alone: a sign, which the parser would take, is no length.
         let len: u64 = std::str::from_utf8(&len_line)
             .ok()
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| bad_body(format!("the length of {key:?} is not a number")))?;
         Ok(Some((key, len)))

@@ -163,7 +163,7 @@ impl App {
     ) -> anyhow::Result<App> {
         let store = Arc::new(store);
         let s3 = s3::service(store.clone(), credentials, s3_domain)?;
-        let local_names = (credentials.is_empty() && listen.ip().is_loopback()).then(|| {
+        let local_names = (credentials.is_empty() && listen.ip().to_canonical().is_loopback()).then(|| {
             s3_domain.into_iter().chain(allowed_hosts.iter().map(String::as_str)).map(str::to_string).collect()
         });
         let credentials = credentials.to_vec();
@@ -313,6 +313,16 @@ impl App {
                 linger.ask();
             }
         }
+        // What a native request is answered for its Bearer token is the
+        // caller's: a browser may keep it only to ask again (RFC 9111
+        // section 5.2.2.4). Kept as fresh for a while by its Last-Modified,
+        // a private object read through the web UI would be shown from the
+        // cache after sign-out, to anyone. An object's own Cache-Control
+        // stands, and S3 answers keep S3's headers, which SDKs report and
+        // copy.
+        if self.auth_required() && authorized && !s3 && !response.headers().contains_key(header::CACHE_CONTROL) {
+            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("private, no-cache"));
+        }
         // A HEAD answer's length is the object's; it sends none of it.
         let bytes_out = if method == http::Method::HEAD { 0 } else { content_length(response.headers()).unwrap_or(0) };
         self.metrics.record(&method, response.status().as_u16(), started.elapsed(), body.read(), bytes_out);
@@ -406,8 +416,14 @@ impl App {
             },
         };
         if s3 {
+            // A browser's read of the same URL gets the page (above).
+            let varies = !to_bucket && ui::may_be_page(&req, anonymous);
             // Boxed, as the native routes are (below).
-            Box::pin(s3::handle(&self.s3, req, anonymous, id)).await
+            let mut r = Box::pin(s3::handle(&self.s3, req, anonymous, id)).await;
+            if varies {
+                r.headers_mut().append(header::VARY, HeaderValue::from_static("Accept"));
+            }
+            r
         } else {
             // A future holds the future it awaits, at about twice its size,
             // and is moved whole when it starts: a route's kilobytes of
@@ -587,6 +603,8 @@ pub fn full(status: StatusCode, content_type: &str, bytes: impl Into<Bytes>) -> 
     if let Ok(v) = HeaderValue::from_str(content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
+    // Listings, errors and the server's own answers are what they say.
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::CONTENT_LENGTH, len.into());
     r
 }

@@ -133,9 +133,11 @@ async fn check_access(app: &App, caller: &Caller, endpoint: &Endpoint, req: &Req
     if matches!(endpoint, Endpoint::Bucket(_)) && req.method() == Method::PUT {
         return Ok(());
     }
-    // Anyone may read a public-read bucket, as anonymous callers may.
-    let reads = matches!(endpoint, Endpoint::Bucket(_) | Endpoint::Object { .. })
-        && matches!(*req.method(), Method::GET | Method::HEAD);
+    // Anyone may read a public-read bucket, as anonymous callers may, a
+    // key at a time or in a batch.
+    let reads = (matches!(endpoint, Endpoint::Bucket(_) | Endpoint::Object { .. })
+        && matches!(*req.method(), Method::GET | Method::HEAD))
+        || matches!(endpoint, Endpoint::BatchGet);
     match app.store.bucket(&bucket).await {
         Ok(b) if !(may_use(&b, &caller.access_key) || (b.public_read && reads)) => {
             Err(ApiError::access_denied(format!("the bucket {bucket} belongs to another account")))

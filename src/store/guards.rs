@@ -56,6 +56,31 @@ impl BlobGuards {
         self.writing(digest).await
     }
 
+    /// Holds each of `digests` while they are read, as [`Self::reading`]
+    /// does one, under one lock for them all but those the collector is
+    /// deleting, which wait for it one by one.
+    pub async fn reading_all(&self, digests: &[Digest]) -> Guards {
+        let mut busy = Vec::new();
+        let mut taken = Vec::with_capacity(digests.len());
+        {
+            let mut held = self.inner.held.lock();
+            for digest in digests {
+                let n = held.entry(*digest).or_insert(0);
+                if *n >= 0 {
+                    *n += 1;
+                    taken.push(*digest);
+                } else {
+                    busy.push(*digest);
+                }
+            }
+        }
+        let mut waited = Vec::with_capacity(busy.len());
+        for digest in busy {
+            waited.push(self.writing(digest).await);
+        }
+        Guards { inner: self.inner.clone(), digests: taken, _waited: waited }
+    }
+
     /// Holds `digest` for the collector, unless a writer holds it.
     pub fn collecting(&self, digest: Digest) -> Option<Guard> {
         let mut held = self.inner.held.lock();
@@ -69,14 +94,77 @@ impl BlobGuards {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let mut held = self.inner.held.lock();
-        if let Some(n) = held.get_mut(&self.digest) {
-            if *n > 1 {
-                *n -= 1;
-            } else {
-                held.remove(&self.digest);
-                self.inner.released.notify_waiters();
-            }
+        if release(&mut self.inner.held.lock(), &self.digest) {
+            self.inner.released.notify_waiters();
         }
+    }
+}
+
+/// Guards on many digests ([`BlobGuards::reading_all`]), released together
+/// when dropped.
+pub(super) struct Guards {
+    inner: Arc<Inner>,
+    digests: Vec<Digest>,
+    /// Those taken after the collector's delete, held as one guard each.
+    _waited: Vec<Guard>,
+}
+
+impl Drop for Guards {
+    fn drop(&mut self) {
+        let mut held = self.inner.held.lock();
+        let mut freed = false;
+        for digest in &self.digests {
+            freed |= release(&mut held, digest);
+        }
+        if freed {
+            self.inner.released.notify_waiters();
+        }
+    }
+}
+
+/// Lets go of one hold on `digest`; whether it was the last.
+fn release(held: &mut HashMap<Digest, i64>, digest: &Digest) -> bool {
+    match held.get_mut(digest) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            false
+        }
+        Some(_) => {
+            held.remove(digest);
+            true
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Many digests held at once keep the collector off each of them until
+    /// the hold goes, and one the collector holds is waited for.
+    #[tokio::test]
+    async fn many_digests_are_held_and_released_together() {
+        let guards = BlobGuards::default();
+        let (a, b, c) = (Digest([1; 32]), Digest([2; 32]), Digest([3; 32]));
+        let single = guards.reading(a).await;
+        let all = guards.reading_all(&[a, b]).await;
+        assert!(guards.collecting(a).is_none() && guards.collecting(b).is_none());
+        drop(single);
+        assert!(guards.collecting(a).is_none(), "still held by the many");
+        drop(all);
+        assert!(guards.collecting(a).is_some() && guards.collecting(b).is_some());
+        let collected = guards.collecting(c).unwrap();
+        let waiting = tokio::spawn({
+            let guards = BlobGuards { inner: guards.inner.clone() };
+            async move { guards.reading_all(&[c]).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "waits for the collector's delete");
+        drop(collected);
+        let held = waiting.await.unwrap();
+        assert!(guards.collecting(c).is_none());
+        drop(held);
+        assert!(guards.collecting(c).is_some());
     }
 }

@@ -1286,12 +1286,16 @@ impl Store {
                 })
             })
             .collect();
+        // As for a single GET's parts: the collector leaves the blobs alone
+        // until the answer has sent them (not only from when it reads them:
+        // a batch looks windows up well ahead of sending them).
+        let held = self.guards.reading_all(&digests).await;
         let blobs = self.catalog.get_blobs(&digests).await?;
         if let Some(lost) = blobs.iter().position(Option::is_none) {
             let key = objects.iter().flatten().find(|(_, b)| b.contains(&lost)).map(|(r, _)| r.key.as_str());
             return Err(StoreError::Internal(format!("a blob of {:?} is missing", key.unwrap_or_default())));
         }
-        Ok(Found { entries, objects, blobs: blobs.into_iter().flatten().collect() })
+        Ok(Found { entries, objects, blobs: blobs.into_iter().flatten().collect(), _held: held })
     }
 
     /// Reads a whole blob given its record: for batch answers.
@@ -1623,6 +1627,8 @@ pub struct Found {
     objects: Vec<Option<(ObjectRecord, Vec<usize>)>>,
     /// Per distinct content.
     blobs: Vec<BlobRecord>,
+    /// Kept from the collector while this lives.
+    _held: guards::Guards,
 }
 
 impl Found {

@@ -180,6 +180,16 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
         return refuse("a request is signed either in its query or in its Authorization header, not in both");
     }
     let sigv2 = param("Signature").is_some() || auth.strip_prefix("AWS ").is_some_and(|a| a.contains(':'));
+    // SigV2 signs a sub-resource (`?acl`, `?uploads`, ...) given once; one
+    // given twice the protocol layer leaves out of what it signs, yet still
+    // routes by, so a signed request could be made another operation.
+    let mut seen = std::collections::HashSet::new();
+    if sigv2 && let Some((name, _)) = query.iter().find(|(name, _)| !seen.insert(name)) {
+        return Some(bad_request(
+            "InvalidArgument",
+            format!("the query parameter {name} is given twice; a SigV2 request names each once"),
+        ));
+    }
     let signed = if sigv2 {
         None
     } else if param("X-Amz-Signature").is_some() {
@@ -204,6 +214,11 @@ pub(super) fn refused_signing<B>(req: &http::Request<B>) -> Option<S3Error> {
                 "AuthorizationHeaderMalformed",
                 "the signed headers must be header names in lowercase, separated by `;`",
             ));
+        }
+        // As S3 does: unsigned, the host could be changed, and with it the
+        // bucket of a virtual-host request.
+        if !signed.split(';').any(|s| s == "host") {
+            return Some(S3Error::with_message(S3ErrorCode::AccessDenied, "the Host header must be signed"));
         }
         let unsigned: Vec<&str> = req
             .headers()
@@ -783,7 +798,7 @@ fn to_s3(e: StoreError) -> S3Error {
 }
 
 /// A 400 with an S3 error code s3s has no variant for.
-fn bad_request(code: &str, message: &'static str) -> S3Error {
+fn bad_request(code: &str, message: impl Into<std::borrow::Cow<'static, str>>) -> S3Error {
     let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), message);
     e.set_status_code(http::StatusCode::BAD_REQUEST);
     e
@@ -902,6 +917,31 @@ mod tests {
         let (status, body) = text(kept_alive(panicked, Duration::from_secs(30), "t").await).await;
         assert_eq!(status, 500, "{body}");
     }
+    /// A SigV2 request may not name a query parameter twice (its signature
+    /// would leave a sub-resource out, and the route still take it), and a
+    /// SigV4 one must sign its host.
+    #[test]
+    fn signatures_that_leave_part_of_the_request_out_are_refused() {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        let v2 = |query: &str| {
+            let uri = format!("/bucket?{query}");
+            http::Request::builder().method("PUT").uri(uri).header("authorization", "AWS AK:c2ln").header("date", &now)
+        };
+        let twice = refused_signing(&v2("acl&acl").body(()).unwrap()).expect("refused");
+        assert!(twice.message().is_some_and(|m| m.contains("acl is given twice")), "{twice:?}");
+        assert!(refused_signing(&v2("acl").body(()).unwrap()).is_none());
+        let v4 = |signed: &str| {
+            let auth = format!(
+                "AWS4-HMAC-SHA256 Credential=AK/20261129/us-east-1/s3/aws4_request, SignedHeaders={signed}, \
+                 Signature=00"
+            );
+            http::Request::builder().uri("/bucket/k").header("authorization", auth).body(()).unwrap()
+        };
+        let unsigned = refused_signing(&v4("x-amz-content-sha256;x-amz-date")).expect("refused");
+        assert_eq!(unsigned.code(), &S3ErrorCode::AccessDenied);
+        assert!(refused_signing(&v4("host;x-amz-content-sha256;x-amz-date")).is_none());
+    }
+
     #[test]
     fn sigv2_dates_may_end_in_an_offset_or_utc() {
         let gmt = sigv2_date("Fri, 27 Nov 2026 12:59:19 GMT").unwrap();

@@ -69,10 +69,17 @@ fn page(req: &Request) -> Response {
 /// asks for no JSON, and the request is not an S3 one.
 fn is_page(req: &Request, anonymous: bool) -> bool {
     let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if !accept.contains("text/html")
-        || super::listing::wants_json(req)
-        || req.uri().query().is_some_and(|q| q.contains("format="))
-    {
+    accept.contains("text/html")
+        && !super::listing::wants_json(req)
+        && !req.uri().query().is_some_and(|q| q.contains("format="))
+        && may_be_page(req, anonymous)
+}
+
+/// Whether a read of this URL is answered the page when it accepts HTML:
+/// its answer then depends on `Accept`, which caches must be told of
+/// (RFC 9110 section 12.5.5), whichever answer it gets.
+pub(super) fn may_be_page(req: &Request, anonymous: bool) -> bool {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
         return false;
     }
     // An anonymous request for `/` would be S3's ListBuckets, refused: the

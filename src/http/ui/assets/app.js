@@ -104,7 +104,7 @@
     const h = Object.assign({ Accept: accept }, headers);
     if (S.cred && bearer) h.Authorization = 'Bearer ' + S.cred.sk;
     let r;
-    try { r = await fetch(url, { method, headers: h, body }); } catch (e) { throw new Error(`the server could not be reached (${e.message})`); }
+    try { r = await fetch(url, { method, headers: h, body, cache: 'no-store' }); } catch (e) { throw new Error(`the server could not be reached (${e.message})`); }
     if (!r.ok) {
       const text = await r.text().catch(() => '');
       if (r.status === 403 && S.cred && !(await credentialsHold())) throw new Error('the saved credentials are no longer valid: sign in again');
