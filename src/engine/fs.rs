@@ -118,7 +118,7 @@ fn staged_here(name: &str, host: &str, at_open: bool) -> Option<Writer> {
 }
 
 /// What the pid in a staging file's name tells of its writer.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 enum Writer {
     /// Not running, or an earlier run of this process: abandoned, unless
     /// the file is locked.

@@ -115,7 +115,7 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP depot_put_seconds_total Upload time by phase: streaming bytes into the engine, registering in the catalog.\n\
+            "# HELP depot_put_seconds_total Upload time of single PUTs by phase: streaming bytes into the engine, registering in the catalog.\n\
              # TYPE depot_put_seconds_total counter\n\
              depot_put_seconds_total{{phase=\"bytes\"}} {}\ndepot_put_seconds_total{{phase=\"catalog\"}} {}",
             put.bytes, put.catalog

@@ -74,11 +74,13 @@ impl BlobGuards {
                 }
             }
         }
-        let mut waited = Vec::with_capacity(busy.len());
+        // Made before any wait: dropped while waiting, the call lets go of
+        // what it took.
+        let mut guards = Guards { inner: self.inner.clone(), digests: taken, waited: Vec::with_capacity(busy.len()) };
         for digest in busy {
-            waited.push(self.writing(digest).await);
+            guards.waited.push(self.writing(digest).await);
         }
-        Guards { inner: self.inner.clone(), digests: taken, _waited: waited }
+        guards
     }
 
     /// Holds `digest` for the collector, unless a writer holds it.
@@ -106,7 +108,7 @@ pub(super) struct Guards {
     inner: Arc<Inner>,
     digests: Vec<Digest>,
     /// Those taken after the collector's delete, held as one guard each.
-    _waited: Vec<Guard>,
+    waited: Vec<Guard>,
 }
 
 impl Drop for Guards {
