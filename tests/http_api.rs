@@ -574,14 +574,11 @@ async fn conditional_batch_writes_are_refused() {
 async fn a_batch_get_is_answered_whole_though_its_objects_go_meanwhile() {
     let s = Server::start(&["--gc-grace", "0", "--gc-interval", "1"]);
     let (n, size) = (20, 1_000_000);
-    let mut put = Vec::new();
-    let mut keys = String::new();
-    for i in 0..n {
-        put.extend_from_slice(format!("k{i}\n{size}\n").as_bytes());
-        put.extend_from_slice(&pattern(size, i as u64));
-        put.push(b'\n');
-        keys.push_str(&format!("k{i}\n"));
-    }
+    // An entry as a batch put sends it and a batch get answers it, after
+    // the key: its length, its bytes, a newline.
+    let entry = |i: u64| [format!("{size}\n").as_bytes(), &pattern(size, i), b"\n"].concat();
+    let keys: String = (0..n).map(|i| format!("k{i}\n")).collect();
+    let put: Vec<u8> = (0..n).flat_map(|i| [format!("k{i}\n").into_bytes(), entry(i)].concat()).collect();
     assert_eq!(batch(&s, "put", &put).await.status(), 200);
     let mut answer = batch(&s, "get", keys.as_bytes()).await;
     assert_eq!(answer.status(), 200);
@@ -591,12 +588,7 @@ async fn a_batch_get_is_answered_whole_though_its_objects_go_meanwhile() {
     while let Some(chunk) = answer.chunk().await.expect("the answer was not cut short") {
         got.extend_from_slice(&chunk);
     }
-    let mut expected = Vec::new();
-    for i in 0..n {
-        expected.extend_from_slice(format!("{size}\n").as_bytes());
-        expected.extend_from_slice(&pattern(size, i as u64));
-        expected.push(b'\n');
-    }
+    let expected: Vec<u8> = (0..n).flat_map(entry).collect();
     assert!(got == expected, "{} bytes of {}", got.len(), expected.len());
 }
 

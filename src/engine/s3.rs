@@ -573,9 +573,9 @@ impl BlobWriter for S3Writer {
         if self.staging.is_some() {
             self.finish_staged(&key).await?;
         } else if !self.inner.touch(&key).await? {
-            let inner = self.inner.clone();
-            let store = if self.pending_len > SMALL_UPLOAD { &inner.uploads } else { &inner.store };
+            let small = self.pending_len <= SMALL_UPLOAD;
             let payload = self.take_pending(self.pending_len);
+            let store = if small { &self.inner.store } else { &self.inner.uploads };
             store.put(&key, payload).await.map_err(|e| store_err(e, None))?;
         }
         Ok(BlobRef { digest, size: self.size, locator: Vec::new() })
